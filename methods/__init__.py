@@ -1,0 +1,26 @@
+"""The method registry: a name on the command line -> the module and class that implement it.
+
+Modules are imported only when their method is chosen, so a heavy method costs nothing to the others.
+A new method adds a module here and one line below; the decode loop does not change.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from specbench_cli.errors import unknown
+
+METHODS: dict[str, tuple[str, str, str]] = {
+    # name: (module, class, one-line description)
+    "baseline": ("methods.baseline", "Baseline", "autoregressive decoding on the same engine (one token per round)"),
+    "hf-generate": ("methods.hf_generate", "HFGenerate", "transformers generate(), an outside reference"),
+    "suffix": ("methods.suffix", "Suffix", "SuffixDecoding: frequency-scored drafts from suffix trees of prompt + earlier outputs"),
+    "pld": ("methods.pld", "PromptLookup", "prompt lookup decoding: copy the continuation of the last n-gram's earlier match"),
+}
+
+
+def method_class(name: str):
+    if name not in METHODS:
+        raise unknown("method", name, METHODS)
+    module, cls, _ = METHODS[name]
+    return getattr(importlib.import_module(module), cls)

@@ -1,0 +1,107 @@
+"""What the decode loop needs from a method.
+
+A method is a `Proposer` (returns a DraftTree each round) or, for routed methods, a `Method` whose
+`route` picks one of several proposers each round. Hyper-parameters are a dataclass `Options` on the
+method class; `--opt key=value` fills it, typed by the dataclass fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from specbench_cli.errors import UsageError, unknown
+from specbench_cli.tree import DraftTree
+
+if TYPE_CHECKING:
+    from specbench_cli.models import LoadedModel
+    from specbench_cli.target import Target
+
+
+@dataclass
+class DecodeState:
+    """What a proposer may read in a round. `tokens` is prompt + output so far; its last one is the root."""
+
+    tokens: list[int]
+    prompt_len: int
+    target: Target
+    temperature: float
+    generator: torch.Generator | None
+
+
+class Proposer:
+    """A draft source. Model-free proposers only read `state.tokens`."""
+
+    name: ClassVar[str] = "?"
+
+    def start(self, state: DecodeState) -> None:
+        """A new turn begins (its prompt is `state.tokens`, whose last token is the prefill's token)."""
+
+    def catch_up(self, state: DecodeState) -> None:
+        """Absorb tokens accepted while this proposer was idle (routed methods' lazy catch-up)."""
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        raise NotImplementedError
+
+    def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
+        """Tokens committed this round (accepted drafts + bonus, cut at a stop)."""
+
+    def finish(self, state: DecodeState) -> None:
+        """The turn ended; `state.tokens[state.prompt_len:]` is its output."""
+
+    def absorb(self, output_ids: list[int]) -> None:
+        """Take in the output of a turn decoded earlier (resume and warm-up replay cross-prompt state)."""
+
+
+class Method(Proposer):
+    """A registered method. Single-proposer methods are their own proposer; routed ones override `route`."""
+
+    @dataclass
+    class Options:
+        pass
+
+    routed: ClassVar[bool] = False
+    owns_loop: ClassVar[bool] = False  # hf-generate: an outside reference that runs its own loop
+    # Host syncs the algorithm needs in a round beyond reading the accepted length (recorded in run.json).
+    inherent_syncs: ClassVar[str] = "one per round: accepted length to host"
+
+    def __init__(self, options: Options, model: LoadedModel) -> None:
+        self.options = options
+        self.model = model
+
+    def route(self, state: DecodeState) -> Proposer:
+        return self
+
+
+def parse_options(cls: type[Method], pairs: list[str]) -> Method.Options:
+    """Turn `key=value` strings into the method's typed Options; unknown keys and bad values are errors."""
+    fields = {f.name: f for f in dataclasses.fields(cls.Options)}
+    values: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise UsageError(f"malformed --opt '{pair}': expected key=value")
+        if key not in fields:
+            raise unknown(f"option for {cls.name}", key, fields) if fields else UsageError(f"method {cls.name} takes no --opt (got '{key}')")
+        values[key] = _convert(key, raw.strip(), fields[key].type)
+    return cls.Options(**values)
+
+
+def _convert(key: str, raw: str, typ: object) -> object:
+    name = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    try:
+        if name == "bool":
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return raw.lower() in ("true", "1", "yes")
+        if name == "int":
+            return int(raw)
+        if name == "float":
+            return float(raw)
+        return raw
+    except ValueError:
+        raise UsageError(f"bad value for --opt {key}: '{raw}' is not a {name}") from None

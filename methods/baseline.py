@@ -1,0 +1,15 @@
+"""baseline: plain autoregressive decoding through the same loop (an empty draft every round).
+
+Speedups are measured against this, so both sides pay the same engine costs."""
+
+from __future__ import annotations
+
+from methods.base import DecodeState, Method
+from specbench_cli.tree import DraftTree
+
+
+class Baseline(Method):
+    name = "baseline"
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        return DraftTree()

@@ -1,0 +1,207 @@
+"""suffix: SuffixDecoding (Oliaro et al.; reference snowflakedb/ArcticInference `csrc/suffix_decoding`).
+
+Two suffix trees answer each round: a local one over this request's prompt + output, and a global one
+over the outputs of every earlier request in the run (and this one's). A tree of depth D counts, for
+every substring of length <= D, how many times it occurs. To draft, the last `match_len` tokens are
+matched for match_len = 1, 2, ... (the longest match is never tried, as in the reference); from the
+matched node the draft follows the most frequent children, a child's probability being
+count(child) / count(node) times its parent's; tokens below `min_token_prob` are not drafted. The draft
+with the highest score (sum of probabilities) wins, the global tree only if strictly better.
+
+We keep the trees implicitly: a node is the set of positions where its substring ends, so a node's count
+is the size of that set and its children are the tokens that follow those positions. This gives the
+reference's counts exactly (a depth-truncated suffix tree counts substring occurrences) with only the token
+arrays in memory. Ties between equally frequent children go to the smaller token id, so the draft does not
+depend on the order requests were cached in (resume gives the same drafts).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from methods.base import DecodeState, Method
+from specbench_cli.tree import DraftTree
+
+SEPARATOR = -1
+
+
+@dataclass
+class SuffixDraft:
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)  # index into tokens, -1 = the matched context
+    probs: list[float] = field(default_factory=list)
+    match_len: int = 0
+
+    @property
+    def score(self) -> float:
+        return float(sum(self.probs))
+
+    def truncated(self, n: int, match_len: int) -> SuffixDraft:
+        return SuffixDraft(self.tokens[:n], self.parents[:n], self.probs[:n], match_len)
+
+
+class TokenStore:
+    """Sequences of token ids in one growable array, separated by SEPARATOR; the last one is open."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(1024, dtype=np.int64)
+        self.size = 0
+
+    def new_sequence(self) -> None:
+        if self.size:
+            self.extend([SEPARATOR])
+
+    def extend(self, tokens: list[int]) -> None:
+        need = self.size + len(tokens)
+        if need > len(self._buf):
+            self._buf = np.concatenate([self._buf, np.empty(max(need, 2 * len(self._buf)), dtype=np.int64)])
+        self._buf[self.size:need] = tokens
+        self.size = need
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._buf[: self.size]
+
+
+@dataclass
+class SpecParams:
+    """SuffixDecoding's speculation knobs (HVD seed Table 7; ArcticInference's vLLM defaults)."""
+
+    max_depth: int = 64
+    max_spec_tokens: int = 64
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    tree: bool = True
+
+    def cap(self, match_len: int) -> int:
+        """Draft tokens allowed for a match of this length; a tree path cannot go below max_depth."""
+        allowed = min(self.max_spec_tokens, int(match_len * self.max_spec_factor + self.max_spec_offset + 1e-6))
+        return max(0, min(allowed, self.max_depth - match_len))
+
+
+def speculate(store: TokenStore, pattern: list[int], params: SpecParams) -> SuffixDraft:
+    """The best draft over all match lengths 1 .. len(pattern)-1 in one tree."""
+    data = store.data
+    pattern = pattern[-params.max_depth:]
+    ends = np.flatnonzero(data == pattern[-1]) if pattern else np.empty(0, dtype=np.int64)
+    caps = [params.cap(m) for m in range(len(pattern))]
+    best, cached, cached_size = SuffixDraft(), SuffixDraft(), -1
+    for m in range(1, len(pattern)):
+        if m > 1:  # keep the ends whose substring also matches one more token to the left
+            ok = ends >= m - 1
+            ends = ends[ok]
+            ends = ends[data[ends - (m - 1)] == pattern[-m]]
+        if ends.size == 0:
+            break
+        if ends.size != cached_size:  # a new node; same size means the same set, so the same draft
+            limit = max(caps[m:])
+            grow = _grow_tree if params.tree else _grow_path
+            cached, cached_size = grow(data, ends, limit, params.min_token_prob), ends.size
+        draft = cached.truncated(caps[m], m)
+        if draft.score >= best.score:
+            best = draft
+    return best
+
+
+def _children(data: np.ndarray, ends: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(token, end positions of the child) for every child of the node ending at `ends`, by token id."""
+    nxt = ends + 1
+    nxt = nxt[nxt < len(data)]
+    vals = data[nxt]
+    keep = vals != SEPARATOR
+    nxt, vals = nxt[keep], vals[keep]
+    order = np.argsort(vals, kind="stable")
+    vals, nxt = vals[order], nxt[order]
+    tokens, starts = np.unique(vals, return_index=True)
+    bounds = [*starts[1:], len(vals)]
+    return [(int(t), nxt[s:e]) for t, s, e in zip(tokens, starts, bounds)]
+
+
+def _grow_path(data: np.ndarray, ends: np.ndarray, limit: int, min_prob: float) -> SuffixDraft:
+    draft, prob = SuffixDraft(), 1.0
+    while len(draft.tokens) < limit:
+        if ends.size == 1:  # a single occurrence: its continuation follows with probability unchanged
+            p = int(ends[0]) + 1
+            rest = data[p:p + limit - len(draft.tokens)]
+            stop = np.flatnonzero(rest == SEPARATOR)
+            rest = rest[: stop[0]] if stop.size else rest
+            for t in rest.tolist():
+                _push(draft, t, len(draft.tokens) - 1, prob)
+            break
+        kids = _children(data, ends)
+        if not kids:
+            break
+        token, child = max(kids, key=lambda kid: (kid[1].size, -kid[0]))  # most frequent, then smaller id
+        prob *= child.size / ends.size
+        if prob < min_prob:
+            break
+        _push(draft, token, len(draft.tokens) - 1, prob)
+        ends = child
+    return draft
+
+
+def _grow_tree(data: np.ndarray, ends: np.ndarray, limit: int, min_prob: float) -> SuffixDraft:
+    """Best-first expansion by probability (the reference's `_speculate_tree`)."""
+    draft, heap, counter = SuffixDraft(), [], 0
+
+    def expand(node_ends: np.ndarray, prob: float, parent: int) -> None:
+        nonlocal counter
+        for token, child in _children(data, node_ends):
+            p = prob * child.size / node_ends.size
+            if p >= min_prob:
+                heapq.heappush(heap, (-p, counter, token, child, parent))
+                counter += 1
+
+    expand(ends, 1.0, -1)
+    while heap and len(draft.tokens) < limit:
+        neg_p, _, token, child, parent = heapq.heappop(heap)
+        _push(draft, token, parent, -neg_p)
+        expand(child, -neg_p, len(draft.tokens) - 1)
+    return draft
+
+
+def _push(draft: SuffixDraft, token: int, parent: int, prob: float) -> None:
+    draft.tokens.append(token)
+    draft.parents.append(parent)
+    draft.probs.append(prob)
+
+
+class Suffix(Method):
+    name = "suffix"
+
+    @dataclass
+    class Options(SpecParams):
+        pass
+
+    def __init__(self, options: Options, model) -> None:
+        super().__init__(options, model)
+        self.global_store = TokenStore()  # outputs of every request so far
+        self.local_store = TokenStore()  # this request's prompt + output
+        self.last_draft = SuffixDraft()
+
+    def start(self, state: DecodeState) -> None:
+        self.local_store = TokenStore()
+        self.local_store.extend(state.tokens)
+        self.global_store.new_sequence()
+        self.global_store.extend(state.tokens[state.prompt_len:])
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        pattern = state.tokens[-self.options.max_depth:]
+        draft = speculate(self.local_store, pattern, self.options)
+        other = speculate(self.global_store, pattern, self.options)
+        if other.score > draft.score:
+            draft = other
+        self.last_draft = draft
+        return DraftTree(draft.tokens, [p + 1 for p in draft.parents])
+
+    def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
+        self.local_store.extend(new_tokens)
+        self.global_store.extend(new_tokens)
+
+    def absorb(self, output_ids: list[int]) -> None:
+        self.global_store.new_sequence()
+        self.global_store.extend(output_ids)

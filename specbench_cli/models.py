@@ -160,7 +160,10 @@ class LoadedModel:
 
 def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
     where = checkpoint_location(spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)

@@ -1,0 +1,136 @@
+"""The `specbench` command line: run, profile, oracle, calibrate, report."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specbench_cli.errors import UsageError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Benchmark speculative decoding methods: lossless outputs, per-round timings, Parquet records.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str) -> None:
+    err_console.print(f"error: {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def run(
+    method: Annotated[str, typer.Option(help="Decoding method (see --list).")] = "baseline",
+    model: Annotated[str, typer.Option(help="Registered model name (see --list); with --target, any new name.")] = "smollm2-135m",
+    dataset: Annotated[str, typer.Option(help="Registered dataset name (see --list) or a path to a .jsonl file.")] = "spec-bench",
+    category: Annotated[Optional[list[str]], typer.Option("--category", "--subtask", help="Keep only these categories or subtasks (repeatable).")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Keep N prompts, taken round-robin across subtasks. Default: all.")] = None,
+    shard: Annotated[Optional[str], typer.Option(help="Run shard i/n (0-based) of the selection. Default: SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT if set, else 0/1.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens generated per turn (Spec-Bench uses 1024).")] = 1024,
+    temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 samples, with lossless rejection sampling.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Base seed; each prompt and turn derives its own.")] = 0,
+    dtype: Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16 or float16.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu, cuda, cuda:N.")] = "auto",
+    warmup: Annotated[int, typer.Option(help="Prompts decoded first and not recorded, taken from the dataset outside the scored selection.")] = 1,
+    out: Annotated[Optional[Path], typer.Option(help="Results directory. Default: results/<model>_<dataset>_<method>_t<temperature>[_shardIofN].")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue an existing results directory (same settings required).")] = False,
+    opt: Annotated[Optional[list[str]], typer.Option(help="Method hyper-parameter key=value (repeatable); see --list for each method's options and defaults.")] = None,
+    target: Annotated[Optional[str], typer.Option(help="Target checkpoint (local folder or Hugging Face id) replacing the model's registered one.")] = None,
+    drafter: Annotated[Optional[list[str]], typer.Option(help="Drafter checkpoint override NAME=PATH (repeatable).")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="List methods, models and datasets, then exit.")] = False,
+) -> None:
+    """Decode a dataset with one method and write rounds.parquet, prompts.parquet and run.json."""
+    if list_:
+        show_lists()
+        return
+    from specbench_cli.runner import RunConfig, execute, plan
+
+    config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
+                       shard=shard, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
+                       device=device, warmup=warmup, out=out, resume=resume, opts=opt or [], target=target,
+                       drafters=drafter or [])
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        checked = plan(config, dict(os.environ))
+        execute(checked, console)
+    except UsageError as err:
+        fail(str(err))
+    except KeyboardInterrupt:
+        err_console.print("interrupted: finished prompts are kept; continue with --resume")
+        raise typer.Exit(130)
+
+
+def show_lists() -> None:
+    import dataclasses
+
+    from methods import METHODS, method_class
+    from specbench_cli.datasets import DATASETS
+    from specbench_cli.models import MODELS
+
+    t = Table(title="methods")
+    t.add_column("name")
+    t.add_column("what")
+    t.add_column("--opt defaults")
+    for name, (_, _, about) in METHODS.items():
+        opts = dataclasses.fields(method_class(name).Options)
+        t.add_row(name, about, " ".join(f"{f.name}={f.default}" for f in opts) or "—")
+    console.print(t)
+    t = Table(title="models")
+    t.add_column("name")
+    t.add_column("target")
+    t.add_column("about")
+    for spec in MODELS.values():
+        t.add_row(spec.name, spec.target, spec.about)
+    console.print(t)
+    t = Table(title="datasets")
+    t.add_column("name")
+    t.add_column("file")
+    for name, entry in DATASETS.items():
+        t.add_row(name, f"datasets/{entry.path}")
+    console.print(t)
+
+
+def _not_yet(command: str, issue: int) -> None:
+    fail(f"`specbench {command}` is not implemented yet (issue #{issue})")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def profile() -> None:
+    """Phase breakdowns and head microbenchmarks (not implemented yet: issue #4)."""
+    _not_yet("profile", 4)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def oracle() -> None:
+    """Trace-replay oracle: Oracle-Task/Prompt/Token (not implemented yet: issue #6)."""
+    _not_yet("oracle", 6)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def calibrate() -> None:
+    """Router threshold calibration (not implemented yet: issue #6)."""
+    _not_yet("calibrate", 6)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def report() -> None:
+    """Tables and plots from results directories (not implemented yet: issue #4)."""
+    _not_yet("report", 4)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

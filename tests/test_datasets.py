@@ -1,0 +1,60 @@
+"""Vendored datasets load, normalise and verify their checksums."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from specbench_cli.datasets import DATASET_DIR, DATASETS, load_dataset, parse_shard, select
+from specbench_cli.errors import UsageError
+
+
+def test_vendored_sets_have_their_sizes_and_shapes():
+    spec = load_dataset("spec-bench")
+    assert len(spec) == 480
+    assert len({p.category for p in spec}) == 13
+    assert {p.subtask for p in spec} == {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
+    assert all(len(p.turns) == 2 for p in spec if p.subtask == "mt_bench")
+    mt = load_dataset("mt-bench")
+    assert len(mt) == 80 and all(len(p.turns) == 2 for p in mt)
+    assert spec[0].turns == mt[0].turns  # Spec-Bench's first 80 prompts are MT-Bench
+    for name in ("aime24", "aime25"):
+        aime = load_dataset(name)
+        assert len(aime) == 30 and all(p.reference.isdigit() and "\\boxed{}" in p.turns[0] for p in aime)
+    assert load_dataset("aime25")[0].reference == "70"
+
+
+def test_checksum_mismatch_is_refused(tmp_path):
+    shutil.copytree(DATASET_DIR / "aime25", tmp_path / "aime25")
+    path = tmp_path / DATASETS["aime25"].path
+    path.chmod(0o644)
+    path.write_text(path.read_text().replace("bases", "basis", 1))
+    with pytest.raises(UsageError, match="checksum"):
+        load_dataset("aime25", base=tmp_path)
+
+
+def test_user_jsonl_and_its_errors(tmp_path):
+    good = tmp_path / "mine.jsonl"
+    good.write_text('{"question_id": 1, "category": "chat", "turns": ["hi", "more"]}\n{"prompt": "solo"}\n')
+    prompts = load_dataset(str(good))
+    assert [p.turns for p in prompts] == [("hi", "more"), ("solo",)]
+    assert prompts[1].category == "custom" and prompts[0].dataset == "mine"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"turns": ["ok"]}\n{oops\n')
+    with pytest.raises(UsageError, match="bad.jsonl:2"):
+        load_dataset(str(bad))
+    with pytest.raises(UsageError, match="not found"):
+        load_dataset(str(tmp_path / "missing.jsonl"))
+
+
+def test_limit_is_round_robin_across_subtasks_and_shards_partition():
+    spec = load_dataset("spec-bench")
+    chosen = select(spec, None, 12)
+    assert len(chosen) == 12 and len({p.subtask for p in chosen}) == 6
+    assert [p.id for p in select(spec, ["rag"], 3)] == ["481", "482", "483"]
+    shards = [chosen[i::3] for i in range(3)]
+    assert sorted(p.id for s in shards for p in s) == sorted(p.id for p in chosen)
+    assert parse_shard(None, {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "4"}) == (2, 4)
+    with pytest.raises(UsageError):
+        parse_shard("4/4", {})

@@ -1,0 +1,108 @@
+"""End-to-end runs on the embedded model: multi-turn losslessness, records, kill-and-resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from specbench_cli.cli import app
+from specbench_cli.records import PromptRecord, RoundRecord, read_table, schema
+from tests.conftest import needs_embedded
+
+pytestmark = needs_embedded
+COMMON = ["--model", "smollm2-135m", "--threads", "2"]
+
+
+def run_cli(*args: str) -> None:
+    result = CliRunner().invoke(app, ["run", *COMMON, *args])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.fixture(scope="module")
+def multi_turn(tmp_path_factory):
+    """mt-bench (2 turns) and two repetitive spec-bench subtasks, decoded by every method."""
+    root = tmp_path_factory.mktemp("results")
+    runs = {}
+    for method in ("baseline", "suffix", "pld", "hf-generate"):
+        out = root / method
+        run_cli("--method", method, "--dataset", "spec-bench", "--category", "writing", "--category", "summarization",
+                "--limit", "2", "--max-new-tokens", "48", "--warmup", "0", "--out", str(out))
+        runs[method] = out
+    return runs
+
+
+def test_every_method_matches_baseline_turn_by_turn(multi_turn):
+    base = read_table(multi_turn["baseline"], "prompts").sort_values(["prompt_id", "turn"])
+    assert base.turn.max() == 1  # the writing prompt has two turns
+    for method, out in multi_turn.items():
+        mine = read_table(out, "prompts").sort_values(["prompt_id", "turn"])
+        assert list(mine.output_hash) == list(base.output_hash), method
+        assert [list(x) for x in mine.output_ids] == [list(x) for x in base.output_ids], method
+
+
+def test_suffix_accepts_drafts_on_the_real_model(multi_turn):
+    rounds = read_table(multi_turn["suffix"], "rounds")
+    assert rounds.accepted.sum() > 0 and rounds.accepted.max() >= 2
+    prompts = read_table(multi_turn["suffix"], "prompts")
+    assert (prompts.tau >= 1).all() and prompts.tau.max() > 1
+
+
+def test_records_follow_the_schema(multi_turn):
+    out = multi_turn["suffix"]
+    for name, cls in (("rounds", RoundRecord), ("prompts", PromptRecord)):
+        for part in (out / f"{name}.parquet").glob("part-*.parquet"):
+            assert pq.read_schema(part).remove_metadata() == schema(cls)
+    prompts, rounds = read_table(out, "prompts"), read_table(out, "rounds")
+    assert len(rounds) == prompts.rounds.sum()
+    assert (prompts.decode_tokens == prompts.new_tokens - 1).all()
+    per_turn = rounds.groupby(["prompt_id", "turn"]).emitted.sum()
+    assert list(per_turn.values) == list(prompts.sort_values(["prompt_id", "turn"]).decode_tokens)
+    assert (rounds.wall_ms >= rounds.verify_ms).all()
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "complete" and info["clock"] == "perf_counter_ns"
+    assert info["settings"]["options"]["max_depth"] == 64
+    summary = pd.read_csv(out / "summary.csv")
+    assert summary.speedup.notna().all()  # the baseline beside it was found
+    assert (out / "summary.md").exists()
+
+
+def test_kill_and_resume_gives_the_uninterrupted_records(tmp_path):
+    args = ["--method", "suffix", "--dataset", "spec-bench", "--limit", "3", "--max-new-tokens", "24", "--warmup", "1"]
+    whole = tmp_path / "whole"
+    run_cli(*args, "--out", str(whole))
+
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "specbench_cli.cli", "run", *COMMON, *args, "--out", str(killed)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.time() + 120
+    while not list((killed / "prompts.parquet").glob("part-*.parquet")) and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = read_table(killed, "prompts")
+    assert 1 <= kept["index"].nunique() < 3, "the kill should land after the first prompt and before the last"
+
+    run_cli(*args, "--out", str(killed), "--resume")
+    for name, cols in (("prompts", ["prompt_id", "turn", "output_hash", "rounds", "decode_tokens"]),
+                       ("rounds", ["prompt_id", "turn", "round", "tree_size", "accepted", "emitted", "kv_len"])):
+        a = read_table(whole, name)[cols].sort_values(cols[:3]).reset_index(drop=True)
+        b = read_table(killed, name)[cols].sort_values(cols[:3]).reset_index(drop=True)
+        pd.testing.assert_frame_equal(a, b)
+
+
+def test_resume_refuses_changed_settings(tmp_path):
+    out = tmp_path / "r"
+    run_cli("--method", "baseline", "--dataset", "aime25", "--limit", "1", "--max-new-tokens", "4", "--warmup", "0", "--out", str(out))
+    result = CliRunner().invoke(app, ["run", *COMMON, "--method", "baseline", "--dataset", "aime25", "--limit", "1",
+                                      "--max-new-tokens", "8", "--warmup", "0", "--out", str(out), "--resume"])
+    assert result.exit_code == 2 and "max_new_tokens" in result.output

@@ -215,12 +215,13 @@ def execute(plan: Plan, console: Console) -> Path:
     with _progress(console) as bar:
         task = bar.add_task(f"{plan.config.method} on {plan.config.dataset}", total=len(plan.prompts),
                             completed=len(plan.prompts) - len(todo), stats="")
+        toks = rounds = secs = 0.0  # running totals over this session's prompts, for the bar
         for index, prompt in todo:
             turns = runner.decode_prompt(prompt)
             writer.write_prompt(index, *runner.records(index, prompt, turns))
-            toks = sum(len(r.output_ids) - 1 for _, r in turns)
-            rounds = sum(len(r.rounds) for _, r in turns)
-            secs = sum(r.decode_ms for _, r in turns) / 1e3
+            toks += sum(len(r.output_ids) - 1 for _, r in turns)
+            rounds += sum(len(r.rounds) for _, r in turns)
+            secs += sum(r.decode_ms for _, r in turns) / 1e3
             bar.update(task, advance=1, stats=f"τ {toks / max(rounds, 1):.2f}  {toks / max(secs, 1e-9):.1f} tok/s")
 
     info.update(status="complete", finished=dt.datetime.now().isoformat(timespec="seconds"),

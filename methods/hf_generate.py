@@ -47,7 +47,8 @@ class HFGenerate(Method):
             out = model.generate(torch.tensor([prompt_ids], device=device), max_new_tokens=settings.max_new_tokens,
                                  do_sample=sample, temperature=settings.temperature if sample else None,
                                  top_k=0 if sample else None, top_p=1.0 if sample else None,
-                                 eos_token_id=stops, pad_token_id=stops[0], streamer=stamps)
+                                 eos_token_id=stops or None, pad_token_id=stops[0] if stops else 0,
+                                 streamer=stamps)
         sync(device)
         new, stopped = cut(out[0, len(prompt_ids):].tolist(), settings.stop_ids, settings.max_new_tokens)
         ttft_ms = (stamps.times[0] - t0) / 1e6

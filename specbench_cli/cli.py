@@ -100,32 +100,18 @@ def show_lists() -> None:
     console.print(t)
 
 
-def _not_yet(command: str, issue: int) -> None:
-    fail(f"`specbench {command}` is not implemented yet (issue #{issue})")
+def _not_yet(command: str, issue: int, about: str) -> None:
+    def stub() -> None:
+        fail(f"`specbench {command}` is not implemented yet (issue #{issue})")
+
+    stub.__doc__ = f"{about} (not implemented yet: issue #{issue})."
+    app.command(name=command, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(stub)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def profile() -> None:
-    """Phase breakdowns and head microbenchmarks (not implemented yet: issue #4)."""
-    _not_yet("profile", 4)
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def oracle() -> None:
-    """Trace-replay oracle: Oracle-Task/Prompt/Token (not implemented yet: issue #6)."""
-    _not_yet("oracle", 6)
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def calibrate() -> None:
-    """Router threshold calibration (not implemented yet: issue #6)."""
-    _not_yet("calibrate", 6)
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def report() -> None:
-    """Tables and plots from results directories (not implemented yet: issue #4)."""
-    _not_yet("report", 4)
+_not_yet("profile", 4, "Phase breakdowns and head microbenchmarks")
+_not_yet("oracle", 6, "Trace-replay oracle: Oracle-Task/Prompt/Token")
+_not_yet("calibrate", 6, "Router threshold calibration")
+_not_yet("report", 4, "Tables and plots from results directories")
 
 
 def main() -> None:

@@ -23,7 +23,9 @@ NAN = float("nan")
 
 
 @dataclass
-class RoundRecord:
+class Identity:
+    """Columns that say which run, prompt and turn a row belongs to (first in both tables)."""
+
     run: str
     method: str
     model: str
@@ -32,6 +34,10 @@ class RoundRecord:
     subtask: str
     prompt_id: str
     turn: int
+
+
+@dataclass
+class RoundRecord(Identity):
     round: int
     proposer: str
     tree_size: int
@@ -52,15 +58,7 @@ class RoundRecord:
 
 
 @dataclass
-class PromptRecord:
-    run: str
-    method: str
-    model: str
-    dataset: str
-    category: str
-    subtask: str
-    prompt_id: str
-    turn: int
+class PromptRecord(Identity):
     index: int  # position of the prompt in this run's selection
     prompt_tokens: int
     new_tokens: int  # all tokens emitted, the prefill's first one included

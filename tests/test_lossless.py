@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from methods import method_class
 from methods.base import parse_options
+from methods.hf_generate import HFGenerate
 from tests.helpers import OracleTree, random_prompt, run_method
 
 MODEL_FREE = ["suffix", "pld"]
@@ -30,6 +34,13 @@ def test_model_free_methods_are_lossless_and_accept(tiny, reference, name, opts)
     accepted = sum(r.accepted for r in result.rounds)
     assert accepted >= 50, f"{name} accepted only {accepted} draft tokens: the acceptance path barely ran"
     assert len(result.rounds) < len(base.rounds) / 2
+
+
+def test_hf_generate_matches_baseline(tiny, reference):
+    prompt, base = reference
+    loaded = SimpleNamespace(model=tiny, device=torch.device("cpu"))
+    result = run_method(tiny, HFGenerate(HFGenerate.Options(), loaded), prompt, max_new=150)
+    assert result.output_ids == base.output_ids
 
 
 @pytest.mark.parametrize("chain", [False, True])

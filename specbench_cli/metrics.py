@@ -20,7 +20,7 @@ def per_prompt(prompts: pd.DataFrame) -> pd.DataFrame:
     g = prompts.groupby(["prompt_id", "subtask", "category"], sort=False)
     out = g.agg(decode_tokens=("decode_tokens", "sum"), rounds=("rounds", "sum"), decode_ms=("decode_ms", "sum"),
                 ttft_ms=("ttft_ms", "mean"), turns=("turn", "count")).reset_index()
-    out["tokens_per_s"] = out.decode_tokens / (out.decode_ms / 1e3)
+    out["tokens_per_s"] = (out.decode_tokens / (out.decode_ms / 1e3)).where(out.decode_ms > 0)
     return out
 
 

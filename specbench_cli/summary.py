@@ -19,7 +19,7 @@ MATCH_KEYS = ("model", "dataset", "temperature", "max_new_tokens", "dtype", "tar
 
 
 def find_baseline(run_dir: Path) -> Path | None:
-    """The newest complete `baseline` run beside this one with the same settings and hardware."""
+    """A complete `baseline` run beside this one with the same settings and hardware (same shard preferred)."""
     me = json.loads((run_dir / "run.json").read_text())
     if me["settings"]["method"] == "baseline":
         return None
@@ -31,7 +31,11 @@ def find_baseline(run_dir: Path) -> Path | None:
                 and all(s.get(k) == me["settings"].get(k) for k in MATCH_KEYS)
                 and hardware_key(info.get("environment", {})) == hardware_key(me.get("environment", {}))):
             candidates.append(other.parent)
-    return max(candidates, key=lambda p: (p / "run.json").stat().st_mtime) if candidates else None
+    def preference(path: Path) -> tuple[bool, float]:  # the same shard first, then the newest
+        same_shard = json.loads((path / "run.json").read_text())["settings"].get("shard") == me["settings"].get("shard")
+        return same_shard, (path / "run.json").stat().st_mtime
+
+    return max(candidates, key=preference) if candidates else None
 
 
 def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:

@@ -55,15 +55,18 @@ def get_model_spec(name: str, target_override: str | None = None) -> ModelSpec:
     else:
         raise unknown("model", name, MODELS)
     if target_override is not None:
-        path = Path(target_override).expanduser()
-        if not path.exists() and _looks_like_path(target_override):
-            raise UsageError(f"target checkpoint not found: {target_override}")
-        spec = ModelSpec(spec.name, str(path) if path.exists() else target_override, spec.about, spec.drafters, spec.chat_kwargs)
+        spec = ModelSpec(spec.name, checkpoint_ref(target_override, "target"), spec.about, spec.drafters, spec.chat_kwargs)
     return spec
 
 
-def _looks_like_path(s: str) -> bool:
-    return s.startswith((".", "/", "~")) or s.count("/") != 1
+def checkpoint_ref(ref: str, what: str) -> str:
+    """An existing local folder (made absolute) or a Hugging Face id (`owner/name`); anything else is an error."""
+    path = Path(ref).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    if ref.startswith((".", "/", "~")) or ref.count("/") != 1:
+        raise UsageError(f"{what} checkpoint not found: {ref}")
+    return ref
 
 
 # ---------------------------------------------------------------------------------------------- devices

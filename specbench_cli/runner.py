@@ -25,11 +25,12 @@ from specbench_cli import hardware
 from specbench_cli.datasets import Prompt, load_dataset, parse_shard, select
 from specbench_cli.engine import DecodeSettings, TurnResult, decode_turn
 from specbench_cli.errors import UsageError
-from specbench_cli.models import LoadedModel, ModelSpec, get_model_spec, load_model, resolve_device, resolve_dtype
+from specbench_cli.models import (LoadedModel, ModelSpec, checkpoint_ref, get_model_spec, load_model, resolve_device,
+                                  resolve_dtype)
 from specbench_cli.records import NAN, PromptRecord, RoundRecord, RunWriter, output_hash
 from specbench_cli.summary import print_summary
 from specbench_cli.target import Target
-from specbench_cli.timing import PhaseClock
+from specbench_cli.timing import PHASES, PhaseClock
 
 # Settings that must match for --resume to continue a run.
 RESUME_KEYS = ("method", "model", "dataset", "categories", "limit", "shard", "max_new_tokens", "temperature",
@@ -118,9 +119,7 @@ def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
             raise UsageError(f"malformed --drafter '{pair}': expected NAME=PATH")
         if name not in accepted:
             raise UsageError(f"method {cls.name} has no drafter '{name}'" + (f" (it takes: {', '.join(accepted)})" if accepted else ""))
-        if not Path(path).expanduser().exists() and (path.startswith((".", "/", "~")) or path.count("/") != 1):
-            raise UsageError(f"drafter checkpoint not found: {path}")
-        drafters[name] = path
+        drafters[name] = checkpoint_ref(path, "drafter")
     return drafters
 
 
@@ -138,10 +137,9 @@ def _warmup_prompts(everything: list[Prompt], scored: list[Prompt], n: int) -> l
 
 # ---------------------------------------------------------------------------------------------- running
 class Runner:
-    def __init__(self, plan: Plan, model: LoadedModel, console: Console) -> None:
+    def __init__(self, plan: Plan, model: LoadedModel) -> None:
         self.plan = plan
         self.model = model
-        self.console = console
         self.target = Target(model.model, model.device)
         self.method: Method = plan.method_cls(plan.options, model)
         self.settings = DecodeSettings(plan.config.max_new_tokens, plan.config.temperature, model.stop_ids)
@@ -179,7 +177,7 @@ class Runner:
                                      output_hash=output_hash(r.output_ids), output_text=self.model.decode(r.output_ids),
                                      output_ids=r.output_ids))
             for k, info in enumerate(r.rounds):
-                ms = {f"{p}_ms": info.phases.get(p, NAN) for p in ("route", "catchup", "draft", "verify", "accept", "commit", "wall")}
+                ms = {f"{p}_ms": info.phases.get(p, NAN) for p in (*PHASES, "wall")}
                 rounds.append(RoundRecord(**common, turn=t, round=k, proposer=info.proposer, tree_size=info.tree_size,
                                           draft_depth=info.draft_depth, accepted=info.accepted, emitted=info.emitted,
                                           kv_len=info.kv_len, backlog=0, entropy=NAN, router_score=NAN, **ms))
@@ -198,7 +196,7 @@ def execute(plan: Plan, console: Console) -> Path:
     else:
         done = set()
     model = load_model(plan.spec, plan.device, plan.dtype)
-    runner = Runner(plan, model, console)
+    runner = Runner(plan, model)
     info = {"settings": settings, "method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
             "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
             "environment": hardware.environment(plan.device), "prompts_selected": len(plan.prompts),

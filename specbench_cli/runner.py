@@ -27,7 +27,7 @@ from specbench_cli.engine import DecodeSettings, TurnResult, decode_turn
 from specbench_cli.errors import UsageError
 from specbench_cli.models import (LoadedModel, ModelSpec, checkpoint_ref, get_model_spec, load_model, resolve_device,
                                   resolve_dtype)
-from specbench_cli.records import NAN, PromptRecord, RoundRecord, RunWriter, output_hash
+from specbench_cli.records import NAN, PromptRecord, RoundRecord, RunWriter, output_hash, read_table
 from specbench_cli.summary import print_summary
 from specbench_cli.target import Target
 from specbench_cli.timing import PHASES, PhaseClock
@@ -233,8 +233,6 @@ def _replay_finished(runner: Runner, writer: RunWriter, done: set[int]) -> None:
     """On resume, feed the finished prompts' outputs to the method in their original order."""
     if not done:
         return
-    from specbench_cli.records import read_table
-
     table = read_table(writer.dir, "prompts").sort_values(["index", "turn"])
     for ids in table.output_ids:
         runner.method.absorb([int(t) for t in ids])

@@ -18,33 +18,32 @@ from specbench_cli.records import read_table
 MATCH_KEYS = ("model", "dataset", "temperature", "max_new_tokens", "dtype", "target")
 
 
-def find_baseline(run_dir: Path) -> Path | None:
-    """A complete `baseline` run beside this one with the same settings and hardware (same shard preferred)."""
-    me = json.loads((run_dir / "run.json").read_text())
+def find_baseline(run_dir: Path, me: dict) -> Path | None:
+    """A complete `baseline` run beside this one (whose run.json is `me`) with the same settings and hardware;
+    the same shard is preferred, then the newest."""
     if me["settings"]["method"] == "baseline":
         return None
-    candidates = []
+    best: tuple[bool, float] | None = None
+    found = None
     for other in run_dir.parent.glob("*/run.json"):
         info = json.loads(other.read_text())
         s = info.get("settings", {})
         if (s.get("method") == "baseline" and info.get("status") == "complete"
                 and all(s.get(k) == me["settings"].get(k) for k in MATCH_KEYS)
                 and hardware_key(info.get("environment", {})) == hardware_key(me.get("environment", {}))):
-            candidates.append(other.parent)
-    def preference(path: Path) -> tuple[bool, float]:  # the same shard first, then the newest
-        same_shard = json.loads((path / "run.json").read_text())["settings"].get("shard") == me["settings"].get("shard")
-        return same_shard, (path / "run.json").stat().st_mtime
-
-    return max(candidates, key=preference) if candidates else None
+            rank = (s.get("shard") == me["settings"].get("shard"), other.stat().st_mtime)
+            if best is None or rank > best:
+                best, found = rank, other.parent
+    return found
 
 
 def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
     prompts = read_table(run_dir, "prompts")
-    base_dir = find_baseline(run_dir)
+    info = json.loads((run_dir / "run.json").read_text())
+    base_dir = find_baseline(run_dir, info)
     baseline = read_table(base_dir, "prompts") if base_dir else None
     by = group_column(prompts)
     table = summarise(prompts, by, baseline)
-    info = json.loads((run_dir / "run.json").read_text())
     title = f"{info['settings']['method']} · {info['settings']['model']} · {info['settings']['dataset']} ({info['clock']} clock)"
     note = f"speedup vs {base_dir}" if base_dir else "no matching baseline run in this results root: speedup not computed"
     out = Table(title=title, caption=note)

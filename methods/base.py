@@ -8,6 +8,7 @@ method class; `--opt key=value` fills it, typed by the dataclass fields.
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -19,6 +20,7 @@ from specbench_cli.tree import DraftTree
 if TYPE_CHECKING:
     from specbench_cli.models import LoadedModel
     from specbench_cli.target import Target
+    from specbench_cli.timing import PhaseClock
 
 
 @dataclass
@@ -30,12 +32,20 @@ class DecodeState:
     target: Target
     temperature: float
     generator: torch.Generator | None
+    clock: PhaseClock | None = None
+
+    def timed(self, part: str):
+        """Time a part of the draft phase (e.g. "draft_head") when the loop is timing rounds."""
+        return self.clock.phase(part) if self.clock is not None else nullcontext()
 
 
 class Proposer:
     """A draft source. Model-free proposers only read `state.tokens`."""
 
     name: ClassVar[str] = "?"
+
+    def attach(self, target: Target) -> None:
+        """Called before each prefill: model-based proposers ask the target for the features they read."""
 
     def start(self, state: DecodeState) -> None:
         """A new turn begins (its prompt is `state.tokens`, whose last token is the prefill's token)."""
@@ -64,16 +74,32 @@ class Method(Proposer):
         pass
 
     routed: ClassVar[bool] = False
+    drafter_names: ClassVar[tuple[str, ...]] = ()  # checkpoints it loads; `--drafter NAME=PATH` overrides
     owns_loop: ClassVar[bool] = False  # hf-generate: an outside reference that runs its own loop
     # Host syncs the algorithm needs in a round beyond reading the accepted length (recorded in run.json).
     inherent_syncs: ClassVar[str] = "one per round: accepted length to host"
 
-    def __init__(self, options: Options, model: LoadedModel) -> None:
+    def __init__(self, options: Options, model: LoadedModel, drafters: dict[str, str] | None = None) -> None:
         self.options = options
         self.model = model
+        self.drafters = drafters or {}
+
+    def drafter_ref(self, name: str) -> str:
+        """The checkpoint of drafter `name`: `--drafter` first, then the model registry."""
+        return drafter_ref(type(self), self.model.spec, self.drafters, name)
 
     def route(self, state: DecodeState) -> Proposer:
         return self
+
+
+def drafter_ref(cls: type[Method], spec, overrides: dict[str, str], name: str) -> str:
+    if name in overrides:
+        return overrides[name]
+    if name in spec.drafters:
+        return spec.drafters[name]
+    missing = spec.missing_drafters.get(name)
+    why = f" ({missing})" if missing else ""
+    raise UsageError(f"no {name} drafter is registered for model {spec.name}{why}; pass --drafter {name}=PATH_OR_HUB_ID")
 
 
 def parse_options(cls: type[Method], pairs: list[str]) -> Method.Options:

@@ -177,8 +177,8 @@ class Suffix(Method):
     class Options(SpecParams):
         pass
 
-    def __init__(self, options: Options, model) -> None:
-        super().__init__(options, model)
+    def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
+        super().__init__(options, model, drafters)
         self.global_store = TokenStore()  # outputs of every request so far
         self.local_store = TokenStore()  # this request's prompt + output
         self.last_draft = SuffixDraft()

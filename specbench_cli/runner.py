@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from methods import method_class
-from methods.base import Method, parse_options
+from methods.base import Method, drafter_ref, parse_options
 from specbench_cli import hardware
 from specbench_cli.datasets import Prompt, load_dataset, parse_shard, select
 from specbench_cli.engine import DecodeSettings, TurnResult, decode_turn
@@ -30,7 +30,7 @@ from specbench_cli.models import (LoadedModel, ModelSpec, checkpoint_ref, get_mo
 from specbench_cli.records import NAN, PromptRecord, RoundRecord, RunWriter, output_hash, read_table
 from specbench_cli.summary import print_summary
 from specbench_cli.target import Target
-from specbench_cli.timing import PHASES, PhaseClock
+from specbench_cli.timing import PHASES, SUB_PHASES, PhaseClock
 
 # Settings that must match for --resume to continue a run.
 RESUME_KEYS = ("method", "model", "dataset", "categories", "limit", "shard", "max_new_tokens", "temperature",
@@ -93,6 +93,8 @@ def plan(config: RunConfig, env: dict[str, str]) -> Plan:
     options = parse_options(cls, config.opts)
     drafters = _parse_drafters(config.drafters, cls)
     spec = get_model_spec(config.model, config.target)
+    for name in cls.drafter_names:
+        drafter_ref(cls, spec, drafters, name)  # a missing drafter is reported before anything loads
     everything = load_dataset(config.dataset)
     chosen = select(everything, config.categories, config.limit)
     shard = parse_shard(config.shard, env)
@@ -141,7 +143,7 @@ class Runner:
         self.plan = plan
         self.model = model
         self.target = Target(model.model, model.device)
-        self.method: Method = plan.method_cls(plan.options, model)
+        self.method: Method = plan.method_cls(plan.options, model, plan.drafters)
         self.settings = DecodeSettings(plan.config.max_new_tokens, plan.config.temperature, model.stop_ids)
         self.run_name = plan.out.name
 
@@ -177,10 +179,10 @@ class Runner:
                                      output_hash=output_hash(r.output_ids), output_text=self.model.decode(r.output_ids),
                                      output_ids=r.output_ids))
             for k, info in enumerate(r.rounds):
-                ms = {f"{p}_ms": info.phases.get(p, NAN) for p in (*PHASES, "wall")}
+                ms = {f"{p}_ms": info.phases.get(p, NAN) for p in (*PHASES, *SUB_PHASES, "wall")}
                 rounds.append(RoundRecord(**common, turn=t, round=k, proposer=info.proposer, tree_size=info.tree_size,
                                           draft_depth=info.draft_depth, accepted=info.accepted, emitted=info.emitted,
-                                          kv_len=info.kv_len, backlog=0, entropy=NAN, router_score=NAN, **ms))
+                                          kv_len=info.kv_len, target_forwards=info.target_forwards, backlog=0, entropy=NAN, router_score=NAN, **ms))
         return rounds, rows
 
 

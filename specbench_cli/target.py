@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from specbench_cli.errors import UsageError
 from specbench_cli.tree import DraftTree
 
 
@@ -20,14 +21,21 @@ class Target:
         self.device = device
         self.cache: DynamicCache | None = None
         self.length = 0  # tokens whose KV is in the cache
+        self.forwards = 0  # forward passes so far (rounds record how many they used)
         self.captured: dict[int, torch.Tensor] = {}  # layer index -> [T, H] output of the last forward
         self._hooks: list = []
+        self._hooked: set[int] = set()
 
     # ------------------------------------------------------------------------------------ features
     def capture(self, layers: list[int]) -> None:
-        """Keep the outputs of these decoder layers (0-based) after every forward."""
+        """Keep the outputs of these decoder layers (0-based) after every forward (idempotent)."""
         blocks = self.model.model.layers
         for i in layers:
+            if i in self._hooked:
+                continue
+            if not 0 <= i < len(blocks):
+                raise UsageError(f"a drafter reads target layer {i}, but the target has {len(blocks)} layers (0-{len(blocks) - 1})")
+            self._hooked.add(i)
             def hook(_module, _args, output, i=i):
                 self.captured[i] = (output[0] if isinstance(output, tuple) else output)[0]
             self._hooks.append(blocks[i].register_forward_hook(hook))
@@ -44,6 +52,7 @@ class Target:
         input_ids = torch.tensor([ids], device=self.device)
         out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         self.length = len(ids)
+        self.forwards += 1
         return out.logits[0, -1]
 
     @torch.inference_mode()
@@ -62,6 +71,7 @@ class Target:
             mask = self._tree_mask(tree)
         out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask,
                          past_key_values=self.cache, use_cache=True)
+        self.forwards += 1
         return out.logits[0]
 
     def _tree_mask(self, tree: DraftTree) -> torch.Tensor:

@@ -14,13 +14,15 @@ from contextlib import contextmanager
 import torch
 
 PHASES = ("route", "catchup", "draft", "verify", "accept", "commit")
+# Parts of a phase that a proposer times itself (inside `draft`; never added to the phase sums).
+SUB_PHASES = ("draft_head",)
 
 
 class PhaseClock:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.name = "cuda-event" if self.cuda else "perf_counter_ns"
-        self._rounds: list[dict[str, object]] = []  # per round: phase -> (start, end)
+        self._rounds: list[dict[str, list]] = []  # per round: phase -> [(start, end), ...]
         self._walls: list[int] = []
         self._round_start = 0
         self._pool: list[torch.cuda.Event] = []
@@ -34,6 +36,7 @@ class PhaseClock:
 
     @contextmanager
     def phase(self, name: str):
+        """Time a phase; a name timed several times in a round (a drafter's head per tree level) adds up."""
         marks = self._rounds[-1]
         if self.cuda:
             start, end = self._event(), self._event()
@@ -44,7 +47,13 @@ class PhaseClock:
             start = time.perf_counter_ns()
             yield
             end = time.perf_counter_ns()
-        marks[name] = (start, end)
+        marks.setdefault(name, []).append((start, end))
+
+    def _elapsed_ms(self, start, end) -> float:
+        if self.cuda:
+            self._pool += [start, end]
+            return start.elapsed_time(end)
+        return (end - start) / 1e6
 
     def _event(self) -> torch.cuda.Event:
         return self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
@@ -55,13 +64,9 @@ class PhaseClock:
             torch.cuda.synchronize()
         rounds = []
         for marks, wall in zip(self._rounds, self._walls):
-            row = {p: 0.0 for p in PHASES}
-            for name, (start, end) in marks.items():
-                if self.cuda:
-                    row[name] = start.elapsed_time(end)
-                    self._pool += [start, end]
-                else:
-                    row[name] = (end - start) / 1e6
+            row = {p: 0.0 for p in (*PHASES, *SUB_PHASES)}
+            for name, pairs in marks.items():
+                row[name] = sum(self._elapsed_ms(start, end) for start, end in pairs)
             row["wall"] = wall / 1e6
             rounds.append(row)
         self._rounds, self._walls = [], []

@@ -1,0 +1,136 @@
+"""Drafter checkpoints: find them (local folder or Hugging Face id), read config.json and the tensors, and
+check every tensor's name and shape so that a wrong file fails with one line naming the file and the key.
+
+Released drafters ship as safetensors (single or sharded with an index) or as `pytorch_model.bin`
+(yuhuili's EAGLE-3 repos). Weights are read with our own modules; remote code is never executed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specbench_cli.errors import UsageError
+
+WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.txt"]
+
+
+class CheckpointError(UsageError):
+    """A checkpoint that does not match the format its method reads."""
+
+
+def locate(ref: str, what: str, patterns: list[str] | None = None) -> Path:
+    """A local folder as is; a hub id is downloaded (or found in the cache when HF_HUB_OFFLINE=1)."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(ref, allow_patterns=patterns or WEIGHT_PATTERNS))
+    except Exception as err:  # offline miss, gated repo, network error: all are one line for the user
+        raise UsageError(f"cannot fetch {what} checkpoint '{ref}': {_first_line(err)}") from None
+
+
+def locate_file(ref: str, filename: str, what: str) -> Path:
+    """One file of a hub repo (e.g. DART's `small.trie`), or `ref` itself when it is a local file or folder."""
+    path = Path(ref).expanduser()
+    if path.is_file():
+        return path
+    if path.is_dir():
+        return path / filename
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(ref, filename))
+    except Exception as err:
+        raise UsageError(f"cannot fetch {what} '{ref}/{filename}': {_first_line(err)}") from None
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+@dataclass
+class Checkpoint:
+    """config.json plus every tensor of a checkpoint folder, with checked access."""
+
+    folder: Path
+    config: dict
+    tensors: dict[str, torch.Tensor]
+    files: dict[str, str] = field(default_factory=dict)  # key -> file it came from (for error messages)
+
+    @classmethod
+    def read(cls, ref: str, what: str) -> Checkpoint:
+        folder = locate(ref, what)
+        config_file = folder / "config.json"
+        if not config_file.exists():
+            raise CheckpointError(f"{what} checkpoint {folder} has no config.json")
+        try:
+            config = json.loads(config_file.read_text())
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{config_file}: not valid JSON ({err})") from None
+        tensors, files = read_tensors(folder)
+        return cls(folder, config, tensors, files)
+
+    def has(self, key: str) -> bool:
+        return key in self.tensors
+
+    def take(self, key: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The tensor `key`, checked against `shape` (None entries match anything)."""
+        if key not in self.tensors:
+            raise CheckpointError(f"{self.folder}: missing tensor '{key}'")
+        t = self.tensors[key]
+        if shape is not None and (len(shape) != t.dim() or any(s is not None and s != d for s, d in zip(shape, t.shape))):
+            want = "×".join("?" if s is None else str(s) for s in shape)
+            raise CheckpointError(f"{self.files.get(key, self.folder)}: tensor '{key}' has shape "
+                                  f"{'×'.join(map(str, t.shape))}, expected {want}")
+        return t
+
+    def load_into(self, module: torch.nn.Module, rename: Callable[[str], str] = lambda name: name) -> None:
+        """Fill every parameter and buffer of `module` from the checkpoint key `rename(name)`, shape-checked."""
+        with torch.no_grad():
+            for name, value in module.state_dict().items():
+                value.copy_(self.take(rename(name), tuple(value.shape)))
+
+    def need(self, key: str, kind: type = int):
+        """A required config.json entry."""
+        if key not in self.config:
+            raise CheckpointError(f"{self.folder / 'config.json'}: missing key '{key}'")
+        try:
+            return kind(self.config[key])
+        except (TypeError, ValueError):
+            raise CheckpointError(f"{self.folder / 'config.json'}: key '{key}' = {self.config[key]!r} "
+                                  f"is not a {kind.__name__}") from None
+
+
+def read_tensors(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
+    if not files:
+        raise CheckpointError(f"{folder}: no *.safetensors or pytorch_model.bin weights")
+    tensors: dict[str, torch.Tensor] = {}
+    origin: dict[str, str] = {}
+    for f in files:
+        if f.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            part = load_file(str(f))
+        else:
+            part = torch.load(f, map_location="cpu", weights_only=True)
+        tensors.update(part)
+        origin.update(dict.fromkeys(part, str(f)))
+    return tensors, origin
+
+
+def save(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """Write a checkpoint folder (config.json + model.safetensors): used by tests and the trainer."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))

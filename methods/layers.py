@@ -1,0 +1,125 @@
+"""Building blocks the model-based drafters share: RMSNorm, rotary embeddings, attention, SwiGLU MLP.
+
+Drafter layers differ from a stock decoder layer in their inputs (EAGLE-3's attention reads 2H features,
+DFlash injects context keys/values into every layer), so they are written here in a few lines instead of
+bending transformers' classes. Everything runs batch 1: activations are [T, H], keys/values [heads, T, d].
+The numerics follow the Llama/Qwen3 reference layers (RMSNorm in fp32, rotate-half RoPE).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for positions; `scaling` is a transformers rope_scaling dict (e.g. Llama-3's)."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+        if kind not in ("default", None):
+            inv_freq = _scaled_inv_freq(head_dim, theta, scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None].to(positions.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _scaled_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    """Scaled RoPE frequencies through transformers' own initialisers (llama3, linear, yarn ...)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    kind = scaling.get("rope_type", scaling.get("type"))
+    config = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim,
+                         rope_parameters={**scaling, "rope_type": kind, "rope_theta": theta})
+    inv_freq, _ = ROPE_INIT_FUNCTIONS[kind](config, torch.device("cpu"))
+    return inv_freq.float()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on [heads, T, d] with cos/sin [T, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query attention whose q/k/v read `in_dim` features and whose output has `out_dim`.
+
+    `forward` returns the output and this call's (k, v), so the caller decides what to keep in its cache."""
+
+    def __init__(self, in_dim: int, out_dim: int, heads: int, kv_heads: int, head_dim: int,
+                 qk_norm: bool = False, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, out_dim, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
+
+    def _heads(self, x: torch.Tensor, n: int, norm: RMSNorm | None) -> torch.Tensor:
+        x = x.view(x.shape[0], n, self.head_dim)
+        if norm is not None:
+            x = norm(x)
+        return x.transpose(0, 1)  # [heads, T, d]
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k = rotate(self._heads(self.k_proj(x), self.kv_heads, self.k_norm), cos, sin)
+        return k, self._heads(self.v_proj(x), self.kv_heads, None)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None,
+                extra: tuple[torch.Tensor, torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Attend from x [T, in_dim] (rotated by cos/sin [T, d]) to past + `extra` + this call's keys.
+
+        mask: bool [T, all keys] (True = may attend) or None for full attention."""
+        q = rotate(self._heads(self.q_proj(x), self.heads, self.q_norm), cos, sin)
+        k, v = self.keys_values(x, cos, sin)
+        keys = [kv for kv in (past, extra) if kv is not None] + [(k, v)]
+        all_k = torch.cat([kk for kk, _ in keys], dim=1)
+        all_v = torch.cat([vv for _, vv in keys], dim=1)
+        out = F.scaled_dot_product_attention(q[None], all_k[None], all_v[None],
+                                             attn_mask=None if mask is None else mask[None, None],
+                                             enable_gqa=self.heads != self.kv_heads)[0]
+        return self.o_proj(out.transpose(0, 1).reshape(x.shape[0], -1)), (k, v)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def causal_mask(queries: int, past: int, device: torch.device) -> torch.Tensor:
+    """bool [queries, past + queries]: every query sees the past and the queries up to itself."""
+    q = torch.arange(queries, device=device)[:, None]
+    k = torch.arange(past + queries, device=device)[None]
+    return k <= q + past
+

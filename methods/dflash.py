@@ -1,0 +1,230 @@
+"""DFlash (Chen et al. 2026): a block-diffusion drafter that fills a whole block of mask tokens in one forward.
+
+Reference: z-lab/dflash `dflash/model.py` (`DFlashDraftModel`, `dflash_generate`). The released checkpoints
+(z-lab/*-DFlash-*) declare remote code; we read their weights into our own module instead of running it.
+
+  context: ctx = hidden_norm(fc(concat of the OUTPUTS of target layers `target_layer_ids`)), one row per
+           verified position; it enters every draft layer only as extra keys/values (the layer's own k/v
+           projections and k_norm, RoPE at the true positions) and is cached; the draft never computes
+           hidden states for context positions.
+  block:   [last verified token, mask × (block_size − 1)], embedded with the TARGET's embedding; attention
+           is non-causal over context + block; logits come from the TARGET's lm_head. Position j of the block
+           predicts its own token (no shift), so one forward drafts block_size − 1 tokens as a chain.
+At temperature 0 the drafts are the argmax; above it they are sampled and verified with their
+probabilities (standard speculative sampling), as the reference does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from methods.base import DecodeState, Method
+from methods.checkpoints import Checkpoint, CheckpointError
+from methods.layers import MLP, Attention, RMSNorm, Rotary, causal_mask
+from specbench_cli.target import Target
+from specbench_cli.tree import DraftTree
+
+
+@dataclass
+class DFlashConfig:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    layers: int
+    eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    capture: list[int]  # target decoder layers whose outputs form the context
+    block_size: int
+    mask_token_id: int
+    embed_scale: float = 1.0  # dflash_config input_embedding_scale
+    output_multiplier: float = 1.0
+    softcap: float | None = None
+    causal: bool = False
+
+
+def _draft_value(cfg: dict, key: str, default=None):
+    """The reference reads `dflash_config` first, then the top level."""
+    return (cfg.get("dflash_config") or {}).get(key, cfg.get(key, default))
+
+
+def read_config(ckpt: Checkpoint, target_layers: int) -> DFlashConfig:
+    cfg = ckpt.config
+    if _draft_value(cfg, "conv_kernel_size") is not None:
+        raise CheckpointError(f"{ckpt.folder / 'config.json'}: a DFlash2 checkpoint (conv_kernel_size); only DFlash is supported")
+    layer_ids = sorted({int(m.group(1)) for k in ckpt.tensors if (m := re.match(r"layers\.(\d+)\.", k))})
+    if not layer_ids:
+        raise CheckpointError(f"{ckpt.folder}: not a DFlash checkpoint (no 'layers.0.*' tensors)")
+    hidden = ckpt.need("hidden_size")
+    heads = ckpt.need("num_attention_heads")
+    q = ckpt.take("layers.0.self_attn.q_proj.weight", (None, hidden))
+    head_dim = q.shape[0] // heads
+    fc = ckpt.take("fc.weight", (hidden, None))
+    n_features = fc.shape[1] // hidden
+    capture = _draft_value(cfg, "target_layer_ids")
+    if capture is None:  # evenly spaced from 1 to L-3, as SpecForge builds them
+        span = target_layers - 4
+        capture = [round(1 + i * span / max(n_features - 1, 1)) for i in range(n_features)]
+    capture = [int(i) for i in capture]
+    if len(capture) * hidden != fc.shape[1]:
+        raise CheckpointError(f"{ckpt.files.get('fc.weight')}: tensor 'fc.weight' reads {fc.shape[1]} features, "
+                              f"but target_layer_ids has {len(capture)} layers of {hidden}")
+    if any(not 0 <= i < target_layers for i in capture):
+        raise CheckpointError(f"{ckpt.folder / 'config.json'}: target_layer_ids {capture} do not fit a target "
+                              f"with {target_layers} layers")
+    mask_token = _draft_value(cfg, "mask_token_id")
+    if mask_token is None:
+        raise CheckpointError(f"{ckpt.folder / 'config.json'}: missing key 'mask_token_id' (in dflash_config)")
+    softcap = _draft_value(cfg, "final_logit_softcapping")
+    return DFlashConfig(
+        hidden=hidden, heads=heads, kv_heads=ckpt.take("layers.0.self_attn.k_proj.weight").shape[0] // head_dim,
+        head_dim=head_dim, intermediate=ckpt.take("layers.0.mlp.gate_proj.weight", (None, hidden)).shape[0],
+        layers=len(layer_ids), eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(cfg.get("rope_theta") or 10000.0), rope_scaling=cfg.get("rope_scaling") or None,
+        capture=capture, block_size=int(_draft_value(cfg, "block_size", 16)), mask_token_id=int(mask_token),
+        embed_scale=float(_draft_value(cfg, "input_embedding_scale", 1.0)),
+        output_multiplier=float(_draft_value(cfg, "output_multiplier", 1.0)),
+        softcap=float(softcap) if softcap else None, causal=bool(cfg.get("is_causal", False)))
+
+
+class DFlashLayer(nn.Module):
+    """A Qwen3 decoder layer whose attention also sees the context keys/values."""
+
+    def __init__(self, c: DFlashConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden, c.eps)
+        self.self_attn = Attention(c.hidden, c.hidden, c.heads, c.kv_heads, c.head_dim, qk_norm=True, eps=c.eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden, c.eps)
+        self.mlp = MLP(c.hidden, c.intermediate)
+
+    def forward(self, x, ctx, rope_x, rope_ctx, past, mask):
+        """Returns the block's new hidden states and this call's context (k, v) for the cache."""
+        ctx_kv = self.self_attn.keys_values(ctx, *rope_ctx)
+        attn, _ = self.self_attn(self.input_layernorm(x), *rope_x, past=past, mask=mask, extra=ctx_kv)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), ctx_kv
+
+
+class DFlashDraft(nn.Module):
+    def __init__(self, c: DFlashConfig, target: nn.Module) -> None:
+        super().__init__()
+        self.config = c
+        self.layers = nn.ModuleList(DFlashLayer(c) for _ in range(c.layers))
+        self.fc = nn.Linear(len(c.capture) * c.hidden, c.hidden, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden, c.eps)
+        self.norm = RMSNorm(c.hidden, c.eps)
+        self.rotary = Rotary(c.head_dim, c.rope_theta, c.rope_scaling)
+        # The target's embedding and head (not registered: they are not part of the checkpoint).
+        self.target_parts = (target.get_input_embeddings(), target.get_output_embeddings())
+
+    @classmethod
+    def load(cls, ckpt: Checkpoint, target: nn.Module) -> DFlashDraft:
+        c = read_config(ckpt, target.config.num_hidden_layers)
+        if c.hidden != target.config.hidden_size:
+            raise CheckpointError(f"{ckpt.folder / 'config.json'}: hidden_size {c.hidden} differs from the target's "
+                                  f"{target.config.hidden_size} (DFlash shares the target's embedding and head)")
+        if not 0 <= c.mask_token_id < target.config.vocab_size:
+            raise CheckpointError(f"{ckpt.folder / 'config.json'}: mask_token_id {c.mask_token_id} is outside the "
+                                  f"target vocabulary ({target.config.vocab_size})")
+        draft = cls(c, target)
+        ckpt.load_into(draft)
+        ckpt.reject_unused()
+        weight = target.get_input_embeddings().weight
+        return draft.to(weight.device, weight.dtype).eval()
+
+    def export(self, target_layers: int) -> tuple[dict, dict[str, torch.Tensor]]:
+        """config.json (the z-lab/SpecForge schema) and tensors, for the trainer and tests."""
+        c = self.config
+        config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": c.hidden,
+                  "num_attention_heads": c.heads, "num_key_value_heads": c.kv_heads, "head_dim": c.head_dim,
+                  "intermediate_size": c.intermediate, "num_hidden_layers": c.layers, "rms_norm_eps": c.eps,
+                  "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling, "block_size": c.block_size,
+                  "num_target_layers": target_layers, "layer_types": ["full_attention"] * c.layers,
+                  "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": c.capture}}
+        return config, dict(self.state_dict())
+
+    def forward(self, feats: torch.Tensor, ctx_start: int, block_ids: torch.Tensor, block_start: int,
+                past: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
+        """Hidden states [B, H] of the block, and each layer's new context (k, v).
+
+        feats: target features of positions ctx_start.. (new context); past: cached context per layer."""
+        device, dtype = block_ids.device, self.fc.weight.dtype
+        ctx = self.hidden_norm(self.fc(feats))
+        rope_ctx = self.rotary(torch.arange(ctx_start, ctx_start + feats.shape[0], device=device), dtype)
+        rope_x = self.rotary(torch.arange(block_start, block_start + block_ids.shape[0], device=device), dtype)
+        x = nn.functional.embedding(block_ids, self.target_parts[0].weight) * self.config.embed_scale
+        seen = block_start  # context keys the block attends to (cached + new)
+        mask = causal_mask(block_ids.shape[0], seen, device) if self.config.causal else None
+        new_kv = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, ctx, rope_x, rope_ctx, past[i] if past else None, mask)
+            new_kv.append(kv)
+        return self.norm(x), new_kv
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.target_parts[1](hidden).float() * self.config.output_multiplier
+        if self.config.softcap:
+            logits = torch.tanh(logits / self.config.softcap) * self.config.softcap
+        return logits
+
+
+class DFlash(Method):
+    name = "dflash"
+    drafter_names = ("dflash",)
+
+    @dataclass
+    class Options:
+        block_size: int = 0  # 0 = the checkpoint's block_size (16 for the z-lab Qwen3 drafters)
+
+    def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
+        super().__init__(options, model, drafters)
+        self.draft = DFlashDraft.load(Checkpoint.read(self.drafter_ref("dflash"), "dflash"), model.model)
+        self.block_size = options.block_size or self.draft.config.block_size
+        if self.block_size < 2:
+            raise CheckpointError("dflash needs block_size >= 2")
+        self.ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.pending: list[torch.Tensor] = []
+
+    def attach(self, target: Target) -> None:
+        target.capture(self.draft.config.capture)
+
+    def _features(self, target: Target) -> torch.Tensor:
+        return torch.cat([target.captured[i] for i in self.draft.config.capture], dim=-1)
+
+    def start(self, state: DecodeState) -> None:
+        self.ctx_kv = None
+        self.pending = [self._features(state.target)]
+
+    def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
+        self.pending.append(self._features(state.target))
+
+    @property
+    def context_length(self) -> int:
+        return 0 if self.ctx_kv is None else self.ctx_kv[0][0].shape[1]
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> DraftTree:
+        feats = torch.cat(self.pending)
+        self.pending = []
+        start = self.context_length
+        length = state.target.length
+        assert start + feats.shape[0] == length, "draft context and target disagree on the committed length"
+        device = feats.device
+        block = torch.full((self.block_size,), self.draft.config.mask_token_id, device=device)
+        block[0] = state.tokens[-1]
+        hidden, new_kv = self.draft(feats, start, block, length, self.ctx_kv)
+        self.ctx_kv = new_kv if self.ctx_kv is None else [
+            (torch.cat((k0, k1), 1), torch.cat((v0, v1), 1)) for (k0, v0), (k1, v1) in zip(self.ctx_kv, new_kv)]
+        with state.timed("draft_head"):
+            logits = self.draft.logits(hidden[1:])
+        if state.temperature <= 0:
+            return DraftTree.chain(logits.argmax(-1).tolist())
+        probs = torch.softmax(logits / state.temperature, dim=-1)
+        tokens = torch.multinomial(probs, 1, generator=state.generator)[:, 0]
+        return DraftTree.chain(tokens.tolist(), draft_probs=probs)

@@ -1,0 +1,132 @@
+"""Tiny drafter checkpoints in each released format, random or distilled on the spot to a tiny target.
+
+Random drafters check loading; distilled ones accept often, so the lossless tests exercise long accepted
+paths through trees and chains. Distillation here is the plainest version of each objective (one step,
+cross-entropy to the target's greedy next token) and takes a few seconds on CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from methods.checkpoints import save
+from methods.dflash import DFlashConfig, DFlashDraft
+from methods.eagle3 import Eagle3Config, Eagle3Draft
+from methods.layers import causal_mask
+from specbench_cli.models import ModelSpec
+from tests.helpers import random_prompt, run_method
+
+VOCAB = 96
+
+
+def loaded(model: torch.nn.Module, name: str = "tiny"):
+    """What a method receives as `model` (a LoadedModel's fields that methods read)."""
+    return SimpleNamespace(model=model, device=torch.device("cpu"), dtype=torch.float32,
+                           spec=ModelSpec(name, name, "tiny test target"), tokenizer=None)
+
+
+def greedy_corpus(target: torch.nn.Module, n: int = 12, new: int = 120) -> list[list[int]]:
+    """Prompt + greedy continuation of n random prompts: the distillation data."""
+    from methods.baseline import Baseline
+
+    seqs = []
+    for i in range(n):
+        prompt = random_prompt(24, VOCAB, seed=100 + i)
+        out = run_method(target, Baseline(Baseline.Options(), None), prompt, max_new=new).output_ids
+        seqs.append(prompt + out)
+    return seqs
+
+
+@torch.no_grad()
+def target_pass(target: torch.nn.Module, seq: list[int], layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Outputs of the given decoder layers, concatenated [T, k*H], and the target's greedy next tokens [T]."""
+    out = target(torch.tensor([seq]), output_hidden_states=True)
+    feats = torch.cat([out.hidden_states[i + 1][0] for i in layers], dim=-1)
+    return feats, out.logits[0].argmax(-1)
+
+
+def eagle3_config(target: torch.nn.Module, *, draft_vocab: int = VOCAB, layout: str = "flat",
+                  head_dim: int = 24, qk_norm: bool = False, norm_before_residual: bool = False) -> Eagle3Config:
+    """A one-layer draft for the tiny target. head_dim 24 × 4 heads ≠ hidden 64: the Qwen3-4B quirk."""
+    L, H = target.config.num_hidden_layers, target.config.hidden_size
+    return Eagle3Config(hidden=H, target_hidden=H, heads=4, kv_heads=2, head_dim=head_dim, intermediate=128,
+                        eps=1e-6, rope_theta=10000.0, rope_scaling=None, draft_vocab=draft_vocab, vocab=VOCAB,
+                        capture=[1, L // 2 - 1, L - 4], norm_before_residual=norm_before_residual, qk_norm=qk_norm,
+                        layer_prefix="layers.0." if layout == "speculators" else "midlayer.", own_embedding=False)
+
+
+def write_eagle3(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None,
+                 steps: int = 300, seed: int = 0, **config) -> Path:
+    """A random (corpus None) or distilled EAGLE-3 checkpoint in the flat or speculators layout."""
+    torch.manual_seed(seed)
+    c = eagle3_config(target, **config)
+    draft = Eagle3Draft(c, target.get_input_embeddings().weight.detach())
+    if c.draft_vocab != c.vocab:  # the draft vocabulary = the most frequent target tokens, ascending (EAGLE)
+        counts = torch.bincount(torch.tensor(sum(corpus or [[0]], [])), minlength=c.vocab)
+        keep = counts.argsort(descending=True, stable=True)[: c.draft_vocab].sort().values
+        draft.d2t.copy_(keep - torch.arange(c.draft_vocab))
+    if corpus:
+        distill_eagle3(draft, target, corpus, steps)
+    save(folder, *draft.export())
+    return folder
+
+
+def distill_eagle3(draft: Eagle3Draft, target: torch.nn.Module, corpus: list[list[int]], steps: int) -> None:
+    """Feature t with token t+1 -> the target's greedy token after t+1 (EAGLE-3's first TTT step)."""
+    c = draft.config
+    to_draft = torch.full((c.vocab,), -100)
+    to_draft[draft.to_target(torch.arange(c.draft_vocab))] = torch.arange(c.draft_vocab)
+    data = []
+    for seq in corpus:
+        feats, nxt = target_pass(target, seq, c.capture)
+        data.append((feats[:-1], torch.tensor(seq[1:]), to_draft[nxt[1:]]))
+    target.requires_grad_(False)
+    opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
+    for step in range(steps):
+        feats, ids, labels = data[step % len(data)]
+        n = ids.shape[0]
+        out, _ = draft.step(feats, ids, torch.arange(n), mask=causal_mask(n, 0, feats.device))
+        loss = torch.nn.functional.cross_entropy(draft.lm_head(draft.norm(out)), labels, ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    draft.eval()
+
+
+def write_dflash(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None, steps: int = 300,
+                 block_size: int = 8, seed: int = 0) -> Path:
+    """A 2-layer DFlash drafter over target layers (1, 2, 3) with mask token VOCAB-1, random or distilled."""
+    torch.manual_seed(seed)
+    H = target.config.hidden_size
+    c = DFlashConfig(hidden=H, heads=4, kv_heads=2, head_dim=16, intermediate=128, layers=2, eps=1e-6,
+                     rope_theta=10000.0, rope_scaling=None, capture=[1, 2, 3], block_size=block_size,
+                     mask_token_id=VOCAB - 1)
+    draft = DFlashDraft(c, target)
+    if corpus:
+        distill_dflash(draft, target, corpus, steps)
+    save(folder, *draft.export(target.config.num_hidden_layers))
+    return folder
+
+
+def distill_dflash(draft: DFlashDraft, target: torch.nn.Module, corpus: list[list[int]], steps: int,
+                   prompt_len: int = 24) -> None:
+    """Block training: context = features before an anchor s, block = [token s, masks]; labels = tokens s+1..."""
+    c = draft.config
+    target.requires_grad_(False)
+    data = [(target_pass(target, seq, c.capture)[0], torch.tensor(seq)) for seq in corpus]
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
+    for step in range(steps):
+        feats, seq = data[step % len(data)]
+        s = int(torch.randint(prompt_len, seq.shape[0] - c.block_size, (1,), generator=gen))
+        block = torch.full((c.block_size,), c.mask_token_id)
+        block[0] = seq[s]
+        hidden, _ = draft(feats[:s], 0, block, s)
+        loss = torch.nn.functional.cross_entropy(draft.logits(hidden[1:]), seq[s + 1: s + c.block_size])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    draft.eval()

@@ -1,0 +1,161 @@
+"""EAGLE-3: both released layouts load, bad checkpoints fail with one line, the tree matches the reference
+algorithm by hand, and decoding is lossless with a drafter that accepts most tokens."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from methods.checkpoints import Checkpoint, CheckpointError
+from methods.eagle3 import Candidates, Eagle3, Eagle3Draft, grow, keep_best
+from methods.layers import causal_mask
+from tests.conftest import tiny_model
+from tests.drafter_fixtures import VOCAB, greedy_corpus, loaded, write_eagle3
+from tests.helpers import random_prompt, run_method, sampling_p_value
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def setup(request, tmp_path_factory):
+    """A 6-layer tiny target, its greedy corpus, and an EAGLE-3 drafter distilled on it (reduced vocab)."""
+    target = tiny_model(request.param, layers=6)
+    corpus = greedy_corpus(target, n=4, new=150)
+    folder = write_eagle3(tmp_path_factory.mktemp("eagle3") / "flat", target, corpus, steps=400, draft_vocab=64)
+    return target, corpus, folder
+
+
+def make(target, folder, **opts) -> Eagle3:
+    return Eagle3(Eagle3.Options(**opts), loaded(target), {"eagle3": str(folder)})
+
+
+def baseline(target, prompt, max_new=150):
+    from methods.baseline import Baseline
+
+    return run_method(target, Baseline(Baseline.Options(), None), prompt, max_new=max_new)
+
+
+# ---------------------------------------------------------------------------------------------- lossless
+@pytest.mark.parametrize("opts", [{}, {"top_k": 1, "depth": 6, "total_token": 7}, {"top_k": 4, "depth": 8, "total_token": 32}],
+                         ids=["tree-60", "chain", "tree-32"])
+def test_lossless_and_accepting(setup, opts):
+    target, corpus, folder = setup
+    prompt = corpus[0][:24]
+    base = baseline(target, prompt)
+    result = run_method(target, make(target, folder, **opts), prompt, max_new=150)
+    assert result.output_ids == base.output_ids
+    assert sum(r.accepted for r in result.rounds) >= 80, "the distilled drafter should accept most tokens"
+    if not opts:
+        assert max(r.tree_size for r in result.rounds) == 59
+        assert all(r.phases["draft_head"] > 0 for r in result.rounds)
+
+
+def test_multi_turn_is_lossless(setup):
+    """Turn 2's prompt holds turn 1's answer; the draft's cache starts over and stays in step."""
+    target, corpus, folder = setup
+    method = make(target, folder)
+    prompt = corpus[1][:24]
+    first = run_method(target, method, prompt, max_new=60)
+    assert first.output_ids == baseline(target, prompt, 60).output_ids
+    second_prompt = prompt + first.output_ids + random_prompt(8, VOCAB, seed=9)
+    second = run_method(target, method, second_prompt, max_new=80)
+    assert second.output_ids == baseline(target, second_prompt, 80).output_ids
+    assert sum(r.accepted for r in second.rounds) > 0
+
+
+def test_sampling_keeps_the_target_distribution(setup):
+    target, corpus, folder = setup
+    if target.config.model_type != "llama":
+        pytest.skip("one architecture is enough for the (slow) distribution test")
+    p = sampling_p_value(target, lambda: make(target, folder, top_k=4, depth=3, total_token=16), corpus[0][:24])
+    assert p > 1e-3
+
+
+# ---------------------------------------------------------------------------------------------- the tree
+def test_kept_nodes_match_the_reference_by_hand():
+    """top_k 2, depth 1. Level 1: tokens 0 (0.6), 1 (0.3). Children of 0: 2 (0.55), 3 (0.25); of 1: 0 (0.7),
+    2 (0.15). Cumulative: 0.6, 0.3, 0.33, 0.15, 0.21, 0.045; keeping 4 leaves {0.6, 0.3, 0.33, 0.21}."""
+    first = torch.tensor([0.6, 0.3, 0.05, 0.05]).log()
+    table = torch.tensor([[0.1, 0.1, 0.55, 0.25], [0.7, 0.05, 0.15, 0.1]]).log()
+    seen = []
+
+    def expand(tokens, rows, level):
+        seen.append((tokens.tolist(), rows.tolist(), level))
+        return table
+
+    cands = grow(first, expand, top_k=2, depth=1)
+    assert seen == [([0, 1], [0, 1], 0)]
+    assert cands.tokens.tolist() == [0, 1, 2, 3, 0, 2]
+    assert cands.parents.tolist() == [0, 0, 1, 1, 2, 2]
+    expected = [0.6, 0.3, 0.33, 0.15, 0.21, 0.045]
+    assert [math.exp(s) for s in cands.scores.tolist()] == pytest.approx(expected)
+    kept, parents = keep_best(cands, 4)
+    assert kept == [0, 1, 2, 4]
+    assert parents == [0, 0, 1, 2]  # token 2 under node 1 (token 0), token 0 under node 2 (token 1)
+
+
+def test_keep_best_keeps_parents_on_ties():
+    cands = Candidates(torch.tensor([-1.0, -1.0, -1.0]), torch.tensor([5, 6, 7]), torch.tensor([0, 1, 2]))
+    kept, parents = keep_best(cands, 2)
+    assert kept == [0, 1] and parents == [0, 1]
+
+
+# ---------------------------------------------------------------------------------------------- loading
+@pytest.mark.parametrize("variant", [
+    dict(layout="flat"),
+    dict(layout="flat", draft_vocab=48),
+    dict(layout="speculators", qk_norm=True, norm_before_residual=True),
+    dict(layout="speculators", head_dim=16),
+])
+def test_layouts_round_trip(tmp_path, variant):
+    """A checkpoint written in a released layout loads back to the same draft (same outputs)."""
+    target = tiny_model("qwen3", layers=6)
+    corpus = [random_prompt(40, VOCAB, seed=3)]
+    folder = write_eagle3(tmp_path / "d", target, corpus if "draft_vocab" in variant else None, steps=0, **variant)
+    ckpt = Checkpoint.read(str(folder), "eagle3")
+    if variant["layout"] == "speculators":
+        assert any(k.startswith("layers.0.") for k in ckpt.tensors) and "transformer_layer_config" in ckpt.config
+    draft = Eagle3Draft.load(ckpt, target)
+    assert draft.config.qk_norm == variant.get("qk_norm", False)
+    assert draft.config.norm_before_residual == variant.get("norm_before_residual", False)
+    assert draft.config.capture == [1, 2, 2]
+    feats = torch.randn(5, 3 * 64)
+    ids = torch.tensor([3, 4, 5, 6, 7])
+    again = Eagle3Draft.load(Checkpoint.read(str(folder), "eagle3"), target)
+    a, _ = draft.step(feats, ids, torch.arange(5), mask=causal_mask(5, 0, feats.device))
+    b, _ = again.step(feats, ids, torch.arange(5), mask=causal_mask(5, 0, feats.device))
+    assert torch.equal(a, b)
+    if "draft_vocab" in variant:
+        assert draft.d2t is not None and draft.to_target(torch.arange(48)).unique().numel() == 48
+
+
+def _broken(tmp_path, edit_tensors=None, edit_config=None):
+    target = tiny_model("llama", layers=6)
+    folder = write_eagle3(tmp_path / "d", target)
+    if edit_tensors:
+        tensors = load_file(folder / "model.safetensors")
+        edit_tensors(tensors)
+        save_file(tensors, folder / "model.safetensors")
+    if edit_config:
+        config = json.loads((folder / "config.json").read_text())
+        edit_config(config)
+        (folder / "config.json").write_text(json.dumps(config))
+    return target, folder
+
+
+@pytest.mark.parametrize("edit_tensors,edit_config,message", [
+    (lambda t: t.update({"fc.weight": torch.zeros(64, 150)}), None, "'fc.weight'"),
+    (lambda t: t.pop("midlayer.mlp.down_proj.weight"), None, "missing tensor 'midlayer.mlp.down_proj.weight'"),
+    (lambda t: t.update({"midlayer.mask_rep": torch.zeros(128)}), None, "unexpected tensor 'midlayer.mask_rep'"),
+    (lambda t: t.update({"midlayer.self_attn.o_proj.weight": torch.zeros(64, 32)}), None, "'midlayer.self_attn.o_proj.weight' has shape 64×32"),
+    (None, lambda c: c.update(vocab_size=500), "vocab_size 500"),
+    (None, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 9]), "do not fit a target with 6 layers"),
+])
+def test_bad_checkpoints_fail_with_one_line(tmp_path, edit_tensors, edit_config, message):
+    target, folder = _broken(tmp_path, edit_tensors, edit_config)
+    with pytest.raises(CheckpointError) as err:
+        Eagle3Draft.load(Checkpoint.read(str(folder), "eagle3"), target)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert str(folder) in str(err.value)

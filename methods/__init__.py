@@ -17,6 +17,7 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "suffix": ("methods.suffix", "Suffix", "SuffixDecoding: frequency-scored drafts from suffix trees of prompt + earlier outputs"),
     "pld": ("methods.pld", "PromptLookup", "prompt lookup decoding: copy the continuation of the last n-gram's earlier match"),
     "eagle3": ("methods.eagle3", "Eagle3", "EAGLE-3: one draft layer over three target feature layers, top-k beam tree"),
+    "dflash": ("methods.dflash", "DFlash", "DFlash: block diffusion drafter, a block of mask tokens filled in one forward"),
 }
 
 

@@ -100,3 +100,26 @@ def chi_square_p(observed: list[float], expected: list[float]) -> float:
     stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected) if e > 0)
     dof = sum(1 for e in expected if e > 0) - 1
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
+
+
+def baseline_output(model: torch.nn.Module, prompt: list[int], max_new: int = 150) -> list[int]:
+    from methods.baseline import Baseline
+
+    return run_method(model, Baseline(Baseline.Options(), None), prompt, max_new=max_new).output_ids
+
+
+def assert_lossless(model: torch.nn.Module, method: Method, prompt: list[int], max_new: int = 150,
+                    min_accepted: int = 1) -> TurnResult:
+    """The method's greedy output equals the baseline's, and it accepted at least `min_accepted` drafts."""
+    result = run_method(model, method, prompt, max_new=max_new)
+    assert result.output_ids == baseline_output(model, prompt, max_new)
+    accepted = sum(r.accepted for r in result.rounds)
+    assert accepted >= min_accepted, f"only {accepted} draft tokens accepted: the acceptance path barely ran"
+    return result
+
+
+def assert_multi_turn_lossless(model: torch.nn.Module, method: Method, prompt: list[int]) -> None:
+    """Turn 2's prompt holds turn 1's answer plus new user tokens; the method must start over cleanly."""
+    first = assert_lossless(model, method, prompt, max_new=60)
+    second = prompt + first.output_ids + random_prompt(8, seed=9)
+    assert_lossless(model, method, second, max_new=80)

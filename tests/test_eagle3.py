@@ -15,7 +15,7 @@ from methods.eagle3 import Candidates, Eagle3, Eagle3Draft, grow, keep_best
 from methods.layers import causal_mask
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import VOCAB, greedy_corpus, loaded, write_eagle3
-from tests.helpers import random_prompt, run_method, sampling_p_value
+from tests.helpers import assert_lossless, assert_multi_turn_lossless, random_prompt, sampling_p_value
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
@@ -31,38 +31,20 @@ def make(target, folder, **opts) -> Eagle3:
     return Eagle3(Eagle3.Options(**opts), loaded(target), {"eagle3": str(folder)})
 
 
-def baseline(target, prompt, max_new=150):
-    from methods.baseline import Baseline
-
-    return run_method(target, Baseline(Baseline.Options(), None), prompt, max_new=max_new)
-
-
 # ---------------------------------------------------------------------------------------------- lossless
 @pytest.mark.parametrize("opts", [{}, {"top_k": 1, "depth": 6, "total_token": 7}, {"top_k": 4, "depth": 8, "total_token": 32}],
                          ids=["tree-60", "chain", "tree-32"])
 def test_lossless_and_accepting(setup, opts):
     target, corpus, folder = setup
-    prompt = corpus[0][:24]
-    base = baseline(target, prompt)
-    result = run_method(target, make(target, folder, **opts), prompt, max_new=150)
-    assert result.output_ids == base.output_ids
-    assert sum(r.accepted for r in result.rounds) >= 80, "the distilled drafter should accept most tokens"
+    result = assert_lossless(target, make(target, folder, **opts), corpus[0][:24], min_accepted=80)
     if not opts:
         assert max(r.tree_size for r in result.rounds) == 59
         assert all(r.phases["draft_head"] > 0 for r in result.rounds)
 
 
 def test_multi_turn_is_lossless(setup):
-    """Turn 2's prompt holds turn 1's answer; the draft's cache starts over and stays in step."""
     target, corpus, folder = setup
-    method = make(target, folder)
-    prompt = corpus[1][:24]
-    first = run_method(target, method, prompt, max_new=60)
-    assert first.output_ids == baseline(target, prompt, 60).output_ids
-    second_prompt = prompt + first.output_ids + random_prompt(8, VOCAB, seed=9)
-    second = run_method(target, method, second_prompt, max_new=80)
-    assert second.output_ids == baseline(target, second_prompt, 80).output_ids
-    assert sum(r.accepted for r in second.rounds) > 0
+    assert_multi_turn_lossless(target, make(target, folder), corpus[1][:24])
 
 
 def test_sampling_keeps_the_target_distribution(setup):

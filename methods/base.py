@@ -75,6 +75,7 @@ class Method(Proposer):
 
     routed: ClassVar[bool] = False
     drafter_names: ClassVar[tuple[str, ...]] = ()  # checkpoints it loads; `--drafter NAME=PATH` overrides
+    optional_drafters: ClassVar[tuple[str, ...]] = ()  # further `--drafter` names it accepts but can do without
     owns_loop: ClassVar[bool] = False  # hf-generate: an outside reference that runs its own loop
     # Host syncs the algorithm needs in a round beyond reading the accepted length (recorded in run.json).
     inherent_syncs: ClassVar[str] = "one per round: accepted length to host"

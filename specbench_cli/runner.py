@@ -114,7 +114,7 @@ def plan(config: RunConfig, env: dict[str, str]) -> Plan:
 
 def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
     drafters = {}
-    accepted = getattr(cls, "drafter_names", ())
+    accepted = (*cls.drafter_names, *cls.optional_drafters)
     for pair in pairs:
         name, sep, path = pair.partition("=")
         if not sep or not name or not path:

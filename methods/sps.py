@@ -1,0 +1,104 @@
+"""Standard speculative sampling (SpS; Leviathan et al. 2023, Chen et al. 2023) with a small draft model.
+
+The draft is any Hugging Face causal LM that shares the target's tokenizer (for Qwen3 targets the FlashHead
+thesis pairs Qwen/Qwen3-0.6B). Each round it drafts a chain of K tokens with its own KV cache, one forward
+per token; tokens it has not seen yet (last round's accepted drafts and bonus) are fed first in one pass.
+At temperature 0 drafts are the argmax; above it they are sampled and verified with their probabilities.
+The draft's body and its output head run separately so the head's share of draft time is recorded
+(`draft_head`), the quantity FlashHead attacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from methods.base import DecodeState, Method
+from methods.checkpoints import CheckpointError, locate
+from specbench_cli.tree import DraftTree
+
+
+def load_draft_model(ref: str, target: torch.nn.Module, what: str) -> torch.nn.Module:
+    """A causal LM from a folder or hub id, checked to speak the target's vocabulary."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    folder = locate(ref, what)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=target.dtype, attn_implementation="sdpa")
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{folder}: cannot load the {what} draft model ({str(err).splitlines()[0]})") from None
+    rows = model.get_output_embeddings().weight.shape[0]
+    if rows < target.config.vocab_size:
+        raise CheckpointError(f"{folder}: the draft head has {rows} tokens, the target's vocabulary "
+                              f"{target.config.vocab_size}; drafter and target must share a tokenizer")
+    return model.to(target.device).eval()
+
+
+class SpS(Method):
+    name = "sps"
+    drafter_names = ("sps",)
+
+    @dataclass
+    class Options:
+        k: int = 6  # draft tokens per round; the FlashHead thesis' SpS setting (§4, K = 6)
+
+    def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
+        super().__init__(options, model, drafters)
+        if options.k < 1:
+            raise CheckpointError("sps needs k >= 1")
+        self.draft = load_draft_model(self.drafter_ref("sps"), model.model, "sps")
+        self.vocab = model.model.config.vocab_size
+        self.cache: DynamicCache | None = None
+        self.cached: list[int] = []  # tokens whose KV is in the draft cache
+
+    def start(self, state: DecodeState) -> None:
+        self.cache = DynamicCache(config=self.draft.config)
+        self.cached = []
+
+    def _feed(self, ids: list[int], state: DecodeState) -> torch.Tensor:
+        """Run the draft body over `ids` after the cached tokens; return the last hidden state [H]."""
+        device = state.target.device
+        positions = torch.arange(len(self.cached), len(self.cached) + len(ids), device=device)[None]
+        out = self.draft.base_model(input_ids=torch.tensor([ids], device=device), position_ids=positions,
+                                    past_key_values=self.cache, use_cache=True)
+        self.cached += ids
+        return out.last_hidden_state[0, -1]
+
+    def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[int, torch.Tensor | None]:
+        """The next draft token and, when sampling, its distribution over the target vocabulary."""
+        logits = self.draft.get_output_embeddings()(hidden).float()[: self.vocab]
+        if state.temperature <= 0:
+            return int(logits.argmax()), None
+        probs = torch.softmax(logits / state.temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=state.generator)), probs
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> DraftTree:
+        self._rewind(state.tokens)
+        hidden = self._feed(state.tokens[len(self.cached):], state)
+        tokens, rows = [], []
+        for i in range(self.options.k):
+            with state.timed("draft_head"):
+                token, probs = self.head(hidden, state)
+            tokens.append(token)
+            rows.append(probs)
+            if i + 1 < self.options.k:
+                hidden = self._feed([token], state)
+        probs = None if rows[0] is None else torch.stack(rows)
+        return DraftTree.chain(tokens, draft_probs=probs)
+
+    def _rewind(self, tokens: list[int]) -> None:
+        """Drop cached drafts the target rejected: keep the longest prefix shared with the committed tokens."""
+        keep = 0
+        for a, b in zip(self.cached, tokens):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(tokens) - 1)  # the root is always fed again to get the next hidden state
+        if keep < len(self.cached):
+            self.cache.crop(keep - len(self.cached))  # transformers 5: a negative count removes that many
+            self.cached = self.cached[:keep]

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from methods.base import DecodeState, Method
+from methods.base import DecodeState
 from methods.checkpoints import Checkpoint, CheckpointError
+from methods.eagle3 import append_kv
+from methods.features import FeatureDrafter
 from methods.layers import MLP, Attention, RMSNorm, Rotary, causal_mask
-from specbench_cli.target import Target
 from specbench_cli.tree import DraftTree
 
 
@@ -174,7 +175,7 @@ class DFlashDraft(nn.Module):
         return logits
 
 
-class DFlash(Method):
+class DFlash(FeatureDrafter):
     name = "dflash"
     drafter_names = ("dflash",)
 
@@ -188,21 +189,11 @@ class DFlash(Method):
         self.block_size = options.block_size or self.draft.config.block_size
         if self.block_size < 2:
             raise CheckpointError("dflash needs block_size >= 2")
-        self.ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.pending: list[torch.Tensor] = []
+        self.capture = self.draft.config.capture
+        self.ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer: context K/V only
 
-    def attach(self, target: Target) -> None:
-        target.capture(self.draft.config.capture)
-
-    def _features(self, target: Target) -> torch.Tensor:
-        return torch.cat([target.captured[i] for i in self.draft.config.capture], dim=-1)
-
-    def start(self, state: DecodeState) -> None:
+    def reset(self, state: DecodeState) -> None:
         self.ctx_kv = None
-        self.pending = [self._features(state.target)]
-
-    def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
-        self.pending.append(self._features(state.target))
 
     @property
     def context_length(self) -> int:
@@ -210,17 +201,13 @@ class DFlash(Method):
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> DraftTree:
-        feats = torch.cat(self.pending)
-        self.pending = []
-        start = self.context_length
-        length = state.target.length
-        assert start + feats.shape[0] == length, "draft context and target disagree on the committed length"
+        start, length = self.context_length, state.target.length
+        feats = self.take_pending(state, start)
         device = feats.device
         block = torch.full((self.block_size,), self.draft.config.mask_token_id, device=device)
         block[0] = state.tokens[-1]
         hidden, new_kv = self.draft(feats, start, block, length, self.ctx_kv)
-        self.ctx_kv = new_kv if self.ctx_kv is None else [
-            (torch.cat((k0, k1), 1), torch.cat((v0, v1), 1)) for (k0, v0), (k1, v1) in zip(self.ctx_kv, new_kv)]
+        self.ctx_kv = new_kv if self.ctx_kv is None else [append_kv(old, new) for old, new in zip(self.ctx_kv, new_kv)]
         with state.timed("draft_head"):
             logits = self.draft.logits(hidden[1:])
         if state.temperature <= 0:

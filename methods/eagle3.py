@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from methods.base import DecodeState, Method
+from methods.base import DecodeState
 from methods.checkpoints import Checkpoint, CheckpointError
+from methods.features import FeatureDrafter
 from methods.layers import MLP, Attention, RMSNorm, Rotary, causal_mask
-from specbench_cli.target import Target
 from specbench_cli.tree import DraftTree
 
 
@@ -48,10 +48,15 @@ class Eagle3Config:
     qk_norm: bool
     layer_prefix: str  # "midlayer." (flat) or "layers.0." (speculators)
     own_embedding: bool
+    mask_slots: int = 0  # DART's draft_length: mask positions appended after the context (0 for EAGLE-3)
 
 
-def read_config(ckpt: Checkpoint, target_layers: int, what: str = "EAGLE-3") -> Eagle3Config:
-    """The draft's shapes from config.json and the tensors themselves (tensors win where they disagree)."""
+def read_config(ckpt: Checkpoint, target_layers: int, dart: bool = False) -> Eagle3Config:
+    """The draft's shapes from config.json and the tensors themselves (tensors win where they disagree).
+
+    DART checkpoints are the flat EAGLE-3 layout plus `midlayer.mask_rep` [2H] and config `draft_length`;
+    their embedding is always the target's (the reference overwrites any shipped copy)."""
+    what = "DART" if dart else "EAGLE-3"
     cfg = ckpt.config
     speculators = "transformer_layer_config" in cfg
     layer_cfg = cfg["transformer_layer_config"] if speculators else cfg
@@ -79,7 +84,8 @@ def read_config(ckpt: Checkpoint, target_layers: int, what: str = "EAGLE-3") -> 
         capture=capture_layers(cfg, speculators, target_layers, ckpt),
         norm_before_residual=bool(cfg.get("norm_before_residual", False)),
         qk_norm=ckpt.has(prefix + "self_attn.q_norm.weight"), layer_prefix=prefix,
-        own_embedding=ckpt.has("embed_tokens.weight"))
+        own_embedding=ckpt.has("embed_tokens.weight") and not dart,
+        mask_slots=ckpt.need("draft_length") if dart else 0)
 
 
 def capture_layers(cfg: dict, speculators: bool, target_layers: int, ckpt: Checkpoint) -> list[int]:
@@ -109,13 +115,21 @@ class Eagle3Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden, c.eps)
         self.mlp = MLP(c.hidden, c.intermediate)
         self.norm_before_residual = c.norm_before_residual
+        self.slots = c.mask_slots
+        if self.slots:
+            self.mask_rep = nn.Parameter(torch.zeros(2 * c.hidden))
 
     def forward(self, emb, h, cos, sin, past=None, mask=None, extra=None):
         normed = self.hidden_norm(h)
         residual = normed if self.norm_before_residual else h
         x = torch.cat((self.input_layernorm(emb), normed), dim=-1)
+        if self.slots:  # DART: mask slots attend with input mask_rep and carry its first H entries as residual
+            x = torch.cat((x, self.mask_rep.expand(self.slots, -1)))
+            residual = torch.cat((residual, self.mask_rep[: h.shape[-1]].expand(self.slots, -1)))
         attn, kv = self.self_attn(x, cos, sin, past, mask, extra)
         h = residual + attn
+        if self.slots:  # the last real position and the slots go on
+            h = h[-self.slots - 1:]
         return h + self.mlp(self.post_attention_layernorm(h)), kv
 
 
@@ -135,8 +149,8 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", torch.zeros(c.draft_vocab, dtype=torch.long) if c.draft_vocab != c.vocab else None)
 
     @classmethod
-    def load(cls, ckpt: Checkpoint, target: nn.Module) -> Eagle3Draft:
-        c = read_config(ckpt, target.config.num_hidden_layers)
+    def load(cls, ckpt: Checkpoint, target: nn.Module, dart: bool = False) -> Eagle3Draft:
+        c = read_config(ckpt, target.config.num_hidden_layers, dart)
         embedding = target.get_input_embeddings().weight.detach()
         if not c.own_embedding and embedding.shape[1] != c.hidden:
             raise CheckpointError(f"{ckpt.folder}: draft hidden size {c.hidden} differs from the target's "
@@ -149,7 +163,7 @@ class Eagle3Draft(nn.Module):
                                   f"{embedding.shape[0]}")
         draft = cls(c, embedding)
         ckpt.load_into(draft, lambda name: _checkpoint_name(name, c.layer_prefix))
-        ckpt.reject_unused(ignore=("t2d",))
+        ckpt.reject_unused(ignore=("t2d", "embed_tokens.weight") if dart else ("t2d",))
         return draft.to(embedding.device, embedding.dtype).eval()
 
     def export(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -165,6 +179,8 @@ class Eagle3Draft(nn.Module):
                  "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling, "vocab_size": c.vocab,
                  "num_hidden_layers": 1, "model_type": "qwen3" if c.qk_norm else "llama"}
         ids = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": c.capture}}
+        if c.mask_slots:
+            ids["draft_length"] = c.mask_slots
         if c.layer_prefix == "layers.0.":  # speculators: nested layer config, vLLM's layer indexing
             config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
                       "transformer_layer_config": layer, "draft_vocab_size": c.draft_vocab,
@@ -187,8 +203,11 @@ class Eagle3Draft(nn.Module):
         cos, sin = self.rotary(positions, h.dtype)
         return self.midlayer(self.embed(ids), h, cos, sin, past, mask, extra)
 
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(out)).float()
+
     def log_probs(self, out: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.lm_head(self.norm(out)).float(), dim=-1)
+        return torch.log_softmax(self.logits(out), dim=-1)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
@@ -252,7 +271,12 @@ def keep_best(c: Candidates, total: int) -> tuple[list[int], list[int]]:
 
 
 # ---------------------------------------------------------------------------------------------- the method
-class Eagle3(Method):
+def append_kv(kv, new):
+    """Grow a (k, v) pair [heads, T, d] along T."""
+    return new if kv is None else (torch.cat((kv[0], new[0]), 1), torch.cat((kv[1], new[1]), 1))
+
+
+class Eagle3(FeatureDrafter):
     name = "eagle3"
     drafter_names = ("eagle3",)
     inherent_syncs = "one per round: accepted length to host; tree selection reads the scores once"
@@ -271,37 +295,22 @@ class Eagle3(Method):
         if options.top_k < 1 or options.depth < 0 or options.total_token < 2:
             raise CheckpointError("eagle3 needs top_k >= 1, depth >= 0 and total_token >= 2")
         self.draft = Eagle3Draft.load(Checkpoint.read(self.drafter_ref("eagle3"), "eagle3"), model.model)
+        self.capture = self.draft.config.capture
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # draft KV of positions fed by target features
-        self.pending: list[torch.Tensor] = []  # target features not yet run through the draft
 
-    def attach(self, target: Target) -> None:
-        target.capture(self.draft.config.capture)
-
-    def _features(self, target: Target) -> torch.Tensor:
-        return torch.cat([target.captured[i] for i in self.draft.config.capture], dim=-1)
-
-    def start(self, state: DecodeState) -> None:
+    def reset(self, state: DecodeState) -> None:
         self.kv = None
-        self.pending = [self._features(state.target)]
-
-    def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
-        self.pending.append(self._features(state.target))  # the accepted path's features (root first)
-
-    catch_up_features = observe  # routed methods hand over the features of rounds this drafter sat out
 
     @torch.inference_mode()
     def advance(self, state: DecodeState) -> torch.Tensor:
         """Run the draft over the features it has not seen (feature t with token t+1); return the last output."""
-        feats = torch.cat(self.pending)
-        self.pending = []
         start = 0 if self.kv is None else self.kv[0].shape[1]
-        n = feats.shape[0]
-        assert start + n == state.target.length, "draft and target disagree on the committed length"
-        device = feats.device
+        feats = self.take_pending(state, start)
+        n, device = feats.shape[0], feats.device
         ids = torch.tensor(state.tokens[start + 1: start + n + 1], device=device)
         out, (k, v) = self.draft.step(feats, ids, torch.arange(start, start + n, device=device), self.kv,
                                       causal_mask(n, start, device))
-        self.kv = (k, v) if self.kv is None else (torch.cat((self.kv[0], k), 1), torch.cat((self.kv[1], v), 1))
+        self.kv = append_kv(self.kv, (k, v))
         return out[-1]
 
     @torch.inference_mode()

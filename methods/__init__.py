@@ -18,6 +18,7 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "pld": ("methods.pld", "PromptLookup", "prompt lookup decoding: copy the continuation of the last n-gram's earlier match"),
     "eagle3": ("methods.eagle3", "Eagle3", "EAGLE-3: one draft layer over three target feature layers, top-k beam tree"),
     "dflash": ("methods.dflash", "DFlash", "DFlash: block diffusion drafter, a block of mask tokens filled in one forward"),
+    "dart": ("methods.dart", "Dart", "DART: one parallel draft forward with mask slots, n-gram guided tree search"),
     "sps": ("methods.sps", "SpS", "speculative sampling with a small draft model (a chain of k tokens)"),
     "flashhead": ("methods.flashhead", "FlashHead", "SpS whose draft head is FlashHead (clustered head, top-p probes)"),
 }

@@ -130,3 +130,46 @@ def distill_dflash(draft: DFlashDraft, target: torch.nn.Module, corpus: list[lis
         loss.backward()
         opt.step()
     draft.eval()
+
+
+def write_dart(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None, steps: int = 300,
+               draft_length: int = 4, seed: int = 0) -> Path:
+    """A DART checkpoint (EAGLE-3 flat layout + midlayer.mask_rep + draft_length) and a .trie of the corpus."""
+    from methods.ngram import Trie
+
+    torch.manual_seed(seed)
+    c = eagle3_config(target)
+    c.mask_slots = draft_length
+    draft = Eagle3Draft(c, target.get_input_embeddings().weight.detach())
+    with torch.no_grad():
+        draft.midlayer.mask_rep.normal_(0, 1)
+    if corpus:
+        distill_dart(draft, target, corpus, steps)
+        (folder / "ngram").mkdir(parents=True, exist_ok=True)
+        Trie.build([seq + [VOCAB - 1] for seq in corpus]).save(folder / "ngram" / "small.trie")
+    save(folder, *draft.export())
+    return folder
+
+
+def distill_dart(draft: Eagle3Draft, target: torch.nn.Module, corpus: list[list[int]], steps: int,
+                 prompt_len: int = 24, gamma: float = 0.6) -> None:
+    """Context up to a random cut n; the last real position and the D slots predict tokens n+1 ... n+D+1,
+    weighted gamma^level (the DART seed's annealed weights, here on cross-entropy)."""
+    c = draft.config
+    D = c.mask_slots
+    target.requires_grad_(False)
+    data = [(target_pass(target, seq, c.capture)[0], torch.tensor(seq)) for seq in corpus]
+    weights = gamma ** torch.arange(D + 1, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
+    for step in range(steps):
+        feats, seq = data[step % len(data)]
+        n = int(torch.randint(prompt_len, seq.shape[0] - D - 1, (1,), generator=gen))
+        out, _ = draft.step(feats[:n], seq[1:n + 1], torch.arange(n + D), mask=causal_mask(n + D, 0, feats.device))
+        logits = draft.logits(draft.norm(out))
+        losses = torch.nn.functional.cross_entropy(logits, seq[n + 1: n + D + 2], reduction="none")
+        loss = (losses * weights).sum() / weights.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    draft.eval()

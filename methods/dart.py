@@ -1,0 +1,144 @@
+"""DART (arXiv 2601.19278; reference fvliang/DART): one parallel draft forward plus an n-gram-guided tree search.
+
+The draft is EAGLE-3's layer with `draft_length` mask slots appended after the context: one forward yields
+draft_length + 1 next-token distributions (level l predicts l + 1 tokens past the root). The reference's
+forward ends in the final RMSNorm and its `compute_logits` applies it again before lm_head; we match that.
+Mask-slot K/V are dropped after the round; the cache keeps positions fed by target features only.
+
+Tree search (DART Algorithm 1, the C++ `Searcher`): per level the top-25 draft tokens, softmax within
+them; a beam of 20 partial sequences is extended by all 25 tokens with
+    score += (l+1)^-0.7 · (0.9^l · ln(p_logit + 1e-10) + 0.5 · ln(p_ngram + 1e-10)),
+no n-gram term at level 0, sequences ending in EOS sorted after all others when the beam is cut; every
+extension enters a pool whose best 60 become the tree (60 drafted nodes + the root). The n-gram context
+is the last (order − 1) tokens of (preceding ids + candidate prefix), where the preceding ids are the
+prompt and root in the first round and, later, only the tokens committed in the last round (as the
+reference passes them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from methods.base import DecodeState
+from methods.checkpoints import Checkpoint, CheckpointError, locate_file
+from methods.eagle3 import Eagle3Draft, append_kv
+from methods.features import FeatureDrafter
+from methods.layers import causal_mask
+from methods.ngram import Trie
+from specbench_cli.tree import DraftTree
+
+
+@dataclass
+class SearchParams:
+    # dart/tree_search/tree_search_config.py (the DART seed's Appendix D settings)
+    top_k: int = 25
+    beam_width: int = 20
+    total: int = 60  # drafted nodes kept (the root comes on top)
+    ngram_weight: float = 0.5
+    level_decay: float = 0.7  # level_weight(l) = (l+1)^-0.7
+    logit_decay: float = 0.9  # logit_weight(l) = 0.9^l
+
+
+def search(tokens: np.ndarray, probs: np.ndarray, trie: Trie | None, preceding: list[int], eos: frozenset[int],
+           p: SearchParams) -> list[tuple[tuple[int, ...], float]]:
+    """The kept sequences (root excluded) and their scores, best first.
+
+    tokens/probs: [levels, k] candidate target ids per level and their probabilities within the top-k."""
+    order = trie.order if trie is not None else 1
+    use_ngram = trie is not None and p.ngram_weight > 0
+    beam: list[tuple[tuple[int, ...], float]] = [((), 0.0)]
+    pool: list[tuple[tuple[int, ...], float]] = []
+    for level in range(tokens.shape[0]):
+        level_w, logit_w = (level + 1) ** -p.level_decay, p.logit_decay ** level
+        logit_term = np.log(probs[level] + 1e-10) * logit_w
+        grown = []
+        for seq, score in beam:
+            term = logit_term
+            if use_ngram and level > 0:  # the reference is built with NO_NGRAM_ON_FIRST_TOKEN
+                term = term + p.ngram_weight * np.log(trie.probability(_context(preceding, seq, order), tokens[level]) + 1e-10)
+            totals = score + level_w * term
+            grown += [(seq + (int(t),), float(s)) for t, s in zip(tokens[level], totals)]
+        pool += grown
+        grown.sort(key=lambda c: (c[0][-1] in eos, -c[1]))  # stable: ties keep insertion order
+        beam = grown[: p.beam_width]
+    pool.sort(key=lambda c: -c[1])
+    return pool[: p.total]
+
+
+def _context(preceding: list[int], seq: tuple[int, ...], order: int) -> list[int]:
+    want = order - 1
+    if len(seq) >= want:
+        return list(seq[len(seq) - want:])
+    return preceding[len(preceding) - min(want - len(seq), len(preceding)):] + list(seq)
+
+
+def to_tree(kept: list[tuple[tuple[int, ...], float]]) -> DraftTree:
+    """Sequences sorted by length become nodes; each node's parent is its prefix's node."""
+    ordered = sorted((seq for seq, _ in kept), key=len)
+    index = {(): 0}
+    tokens, parents = [], []
+    for seq in ordered:
+        if seq[:-1] not in index:  # cannot happen: scores never rise along a path and ties keep parents first
+            continue
+        index[seq] = len(tokens) + 1
+        tokens.append(seq[-1])
+        parents.append(index[seq[:-1]])
+    return DraftTree(tokens, parents)
+
+
+class Dart(FeatureDrafter):
+    name = "dart"
+    drafter_names = ("dart",)
+    optional_drafters = ("dart_ngram",)  # needed unless --opt trie=none
+
+    @dataclass
+    class Options(SearchParams):
+        trie: str = "small.trie"  # file in the dart_ngram repo ("full.trie" for the paper's), or "none"
+
+    def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
+        super().__init__(options, model, drafters)
+        if options.top_k < 1 or options.beam_width < 1 or options.total < 1:
+            raise CheckpointError("dart needs top_k, beam_width and total >= 1")
+        self.draft = Eagle3Draft.load(Checkpoint.read(self.drafter_ref("dart"), "dart"), model.model, dart=True)
+        self.capture = self.draft.config.capture
+        self.trie = None if options.trie == "none" else load_trie(self.drafter_ref("dart_ngram"), options.trie)
+        self.eos = frozenset(getattr(model, "stop_ids", ()) or ())
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.preceding: list[int] = []
+
+    def reset(self, state: DecodeState) -> None:
+        self.kv = None
+        self.preceding = list(state.tokens)  # prompt + root
+
+    def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
+        super().observe(state, new_tokens)
+        self.preceding = list(new_tokens)  # this round's accepted tokens + the new root
+
+    @torch.inference_mode()
+    def level_logits(self, state: DecodeState) -> torch.Tensor:
+        """One draft forward over the unseen features + the mask slots: logits [draft_length + 1, draft vocab]."""
+        start = 0 if self.kv is None else self.kv[0].shape[1]
+        feats = self.take_pending(state, start)
+        n, slots, device = feats.shape[0], self.draft.config.mask_slots, feats.device
+        ids = torch.tensor(state.tokens[start + 1: start + n + 1], device=device)
+        positions = torch.arange(start, start + n + slots, device=device)
+        out, (k, v) = self.draft.step(feats, ids, positions, self.kv, causal_mask(n + slots, start, device))
+        self.kv = append_kv(self.kv, (k[:, :n], v[:, :n]))  # mask slots are not kept
+        with state.timed("draft_head"):
+            return self.draft.logits(self.draft.norm(out))  # the reference's second RMSNorm
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> DraftTree:
+        logits = self.level_logits(state)
+        top = logits.topk(min(self.options.top_k, logits.shape[-1]), dim=-1)
+        tokens = self.draft.to_target(top.indices).cpu().numpy()
+        probs = torch.softmax(top.values, dim=-1).cpu().numpy()  # temperature 1 inside the search
+        return to_tree(search(tokens, probs, self.trie, self.preceding, self.eos, self.options))
+
+
+def load_trie(ref: str, filename: str) -> Trie:
+    return Trie.load(locate_file(ref, filename, "DART n-gram trie"))
+

@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from specbench_cli.errors import UsageError
-from specbench_cli.tree import DraftTree
+from specbench_cli.tree import DraftTree, SideTokens
 
 
 class Target:
@@ -25,6 +25,9 @@ class Target:
         self.captured: dict[int, torch.Tensor] = {}  # layer index -> [T, H] output of the last forward
         self._hooks: list = []
         self._hooked: set[int] = set()
+        self.reserved: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.side_hidden: torch.Tensor | None = None  # final hidden states of the last verify's side tokens
+        self.last_path: list[int] = []  # the accepted path of the last commit (node indices, root first)
 
     # ------------------------------------------------------------------------------------ features
     def capture(self, layers: list[int]) -> None:
@@ -44,14 +47,31 @@ class Target:
     def num_layers(self) -> int:
         return self.model.config.num_hidden_layers
 
+    # ------------------------------------------------------------------------------------ ConFu hooks
+    def reserve(self, kv: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+        """Key/value entries ([kv heads, S, d] per layer) kept at the front of the cache from the next prefill
+        on and visible only to side tokens (ConFu's soft prompt); the target's own tokens never see them."""
+        self.reserved = kv
+
+    @property
+    def offset(self) -> int:
+        return self.reserved[0][0].shape[1] if self.reserved else 0
+
     # ------------------------------------------------------------------------------------ forwards
     @torch.inference_mode()
     def prefill(self, ids: list[int]) -> torch.Tensor:
         """Run the prompt through a fresh cache; returns the logits [V] of the next token."""
         self.cache = DynamicCache(config=self.model.config)
-        input_ids = torch.tensor([ids], device=self.device)
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.length = len(ids)
+        dtype = self.model.dtype
+        for i, (k, v) in enumerate(self.reserved or []):
+            self.cache.update(k[None].to(self.device, dtype), v[None].to(self.device, dtype), i)
+        self.length = 0
+        n = len(ids)
+        mask = self._mask(torch.ones(n, n, dtype=torch.bool).tril()) if self.offset else None
+        out = self.model(input_ids=torch.tensor([ids], device=self.device), attention_mask=mask,
+                         position_ids=torch.arange(n, device=self.device)[None], past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=1)
+        self.length = n
         self.forwards += 1
         return out.logits[0, -1]
 
@@ -60,26 +80,42 @@ class Target:
         """Logits [N+1, V] for the root (last committed token, not yet cached) and every draft node.
 
         A chain needs no mask (plain causal attention does it); a tree gets a 4D additive mask in which
-        each node sees the cached prefix, itself and its ancestors, at position prefix + depth."""
-        input_ids = torch.tensor([[root, *tree.tokens]], device=self.device)
-        n = input_ids.shape[1]
-        if tree.is_chain:
-            positions = torch.arange(self.length, self.length + n, device=self.device)[None]
-            mask = None
-        else:
-            positions = (self.length + torch.tensor(tree.depths(), device=self.device))[None]
-            mask = self._tree_mask(tree)
-        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask,
-                         past_key_values=self.cache, use_cache=True)
+        each node sees the cached prefix, itself and its ancestors, at position prefix + depth. Side tokens
+        (`tree.side`) ride along in the same forward; their final hidden states land in `side_hidden`."""
+        ids = torch.tensor([[root, *tree.tokens]], device=self.device)
+        n, side = ids.shape[1], tree.side
         self.forwards += 1
-        return out.logits[0]
+        if tree.is_chain and side is None and not self.offset:
+            positions = torch.arange(self.length, self.length + n, device=self.device)[None]
+            return self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
+                              use_cache=True).logits[0]
+        positions = self.length + torch.tensor(tree.depths(), device=self.device)
+        mask = self._mask(tree.ancestor_mask(), side)
+        if side is None:
+            return self.model(input_ids=ids, position_ids=positions[None], attention_mask=mask,
+                              past_key_values=self.cache, use_cache=True).logits[0]
+        embeds = torch.cat((self.model.get_input_embeddings()(ids[0]), side.embeds.to(self.model.dtype)))
+        positions = torch.cat((positions, self.length + side.positions.to(self.device)))
+        hidden = self.model.base_model(inputs_embeds=embeds[None], position_ids=positions[None], attention_mask=mask,
+                                       past_key_values=self.cache, use_cache=True).last_hidden_state[0]
+        self.side_hidden = hidden[n:]
+        return self.model.get_output_embeddings()(hidden[:n])
 
-    def _tree_mask(self, tree: DraftTree) -> torch.Tensor:
+    def _mask(self, new: torch.Tensor, side: SideTokens | None = None) -> torch.Tensor:
+        """Additive 4D mask over [reserved | cached prefix | new tokens | side tokens].
+
+        New tokens see the prefix and `new` [n, n] among themselves; side tokens see the reserved entries,
+        the prefix, the new tokens their `attend` rows allow, and themselves."""
+        n, m, r, length = new.shape[0], 0 if side is None else len(side), self.offset, self.length
+        allowed = torch.zeros(n + m, r + length + n + m, dtype=torch.bool)
+        allowed[:n, r:r + length] = True
+        allowed[:n, r + length:r + length + n] = new
+        if side is not None:
+            allowed[n:, :r + length] = True
+            allowed[n:, r + length:r + length + n] = side.attend
+            allowed[n:, r + length + n:] = torch.eye(m, dtype=torch.bool)
         dtype = self.model.dtype
-        allowed = torch.ones(len(tree) + 1, self.length + len(tree) + 1, dtype=torch.bool)
-        allowed[:, self.length:] = tree.ancestor_mask()
-        mask = torch.zeros(allowed.shape, dtype=dtype)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[None, None].to(self.device)
 
     @torch.inference_mode()
@@ -88,7 +124,7 @@ class Target:
 
         For a prefix of a chain this is a crop; otherwise the accepted entries are moved down in place."""
         assert self.cache is not None
-        start = self.length
+        start = self.offset + self.length
         if path != list(range(len(path))):
             src = torch.tensor(path, device=self.device) + start
             dst = torch.arange(start, start + len(path), device=self.device)
@@ -100,4 +136,5 @@ class Target:
             layer.keys = layer.keys[:, :, :keep]
             layer.values = layer.values[:, :, :keep]
         self.captured = {i: h[path] for i, h in self.captured.items()}
-        self.length = keep
+        self.last_path = path
+        self.length = keep - self.offset

@@ -71,6 +71,6 @@ def test_chain_and_tree_masks_agree(tiny):
     b = Target(tiny, torch.device("cpu"))
     b.prefill(prompt[:-1])
     masked = b.model(input_ids=torch.tensor([[prompt[-1], *chain.tokens]]),
-                     position_ids=(b.length + torch.arange(5))[None], attention_mask=b._tree_mask(chain),
+                     position_ids=(b.length + torch.arange(5))[None], attention_mask=b._mask(chain.ancestor_mask()),
                      past_key_values=b.cache, use_cache=True).logits[0]
     torch.testing.assert_close(causal, masked.detach(), atol=1e-4, rtol=1e-4)

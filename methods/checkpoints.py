@@ -101,8 +101,9 @@ class Checkpoint:
                 value.copy_(self.take(rename(name), tuple(value.shape)))
 
     def reject_unused(self, ignore: tuple[str, ...] = ()) -> None:
-        """A tensor nobody read means a layout variant we do not implement: fail instead of drafting wrong."""
-        extra = sorted(k for k in self.tensors if k not in self.used and k not in ignore)
+        """A tensor nobody read means a layout variant we do not implement: fail instead of drafting wrong.
+        `ignore` holds names or name prefixes that may stay unread."""
+        extra = sorted(k for k in self.tensors if k not in self.used and not k.startswith(ignore))
         if extra:
             more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
             raise CheckpointError(f"{self.files.get(extra[0], self.folder)}: unexpected tensor '{extra[0]}'{more}; "

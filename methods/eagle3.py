@@ -119,6 +119,10 @@ class Eagle3Layer(nn.Module):
         if self.slots:
             self.mask_rep = nn.Parameter(torch.zeros(2 * c.hidden))
 
+    def token_kv(self, emb, h, cos, sin):
+        """Keys/values of inputs the queries may see but that are not run through the layer (ConFu's [f])."""
+        return self.self_attn.keys_values(torch.cat((self.input_layernorm(emb), self.hidden_norm(h)), dim=-1), cos, sin)
+
     def forward(self, emb, h, cos, sin, past=None, mask=None, extra=None):
         normed = self.hidden_norm(h)
         residual = normed if self.norm_before_residual else h
@@ -149,7 +153,7 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", torch.zeros(c.draft_vocab, dtype=torch.long) if c.draft_vocab != c.vocab else None)
 
     @classmethod
-    def load(cls, ckpt: Checkpoint, target: nn.Module, dart: bool = False) -> Eagle3Draft:
+    def load(cls, ckpt: Checkpoint, target: nn.Module, dart: bool = False, extra_tensors: tuple[str, ...] = ()) -> Eagle3Draft:
         c = read_config(ckpt, target.config.num_hidden_layers, dart)
         embedding = target.get_input_embeddings().weight.detach()
         if not c.own_embedding and embedding.shape[1] != c.hidden:
@@ -163,7 +167,7 @@ class Eagle3Draft(nn.Module):
                                   f"{embedding.shape[0]}")
         draft = cls(c, embedding)
         ckpt.load_into(draft, lambda name: _checkpoint_name(name, c.layer_prefix))
-        ckpt.reject_unused(ignore=("t2d", "embed_tokens.weight") if dart else ("t2d",))
+        ckpt.reject_unused(ignore=("t2d", *extra_tensors, *(("embed_tokens.weight",) if dart else ())))
         return draft.to(embedding.device, embedding.dtype).eval()
 
     def export(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -294,9 +298,26 @@ class Eagle3(FeatureDrafter):
         super().__init__(options, model, drafters)
         if options.top_k < 1 or options.depth < 0 or options.total_token < 2:
             raise CheckpointError("eagle3 needs top_k >= 1, depth >= 0 and total_token >= 2")
-        self.draft = Eagle3Draft.load(Checkpoint.read(self.drafter_ref("eagle3"), "eagle3"), model.model)
+        self.checkpoint = Checkpoint.read(self.drafter_ref(self.name), self.name)
+        self.draft = Eagle3Draft.load(self.checkpoint, model.model, extra_tensors=self.extra_tensors)
         self.capture = self.draft.config.capture
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # draft KV of positions fed by target features
+        # Keys/values every draft query of the round also sees (ConFu's future token); not cached.
+        self.extra_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    extra_tensors: tuple[str, ...] = ()  # checkpoint tensors a subclass reads itself (ConFu's "confu.*")
+
+    def _visible(self, mask: torch.Tensor, past: int, extra: list) -> tuple[torch.Tensor, tuple | None]:
+        """Put `extra_kv` first among the extra keys (after `extra`, whose columns `mask` already has) and
+        give it an all-visible column block right after the `past` cached columns."""
+        parts = ([self.extra_kv] if self.extra_kv is not None else []) + extra
+        if not parts:
+            return mask, None
+        kv = (torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1))
+        if self.extra_kv is None:
+            return mask, kv
+        ones = torch.ones(mask.shape[0], self.extra_kv[0].shape[1], dtype=torch.bool, device=mask.device)
+        return torch.cat((mask[:, :past], ones, mask[:, past:]), 1), kv
 
     def reset(self, state: DecodeState) -> None:
         self.kv = None
@@ -308,8 +329,9 @@ class Eagle3(FeatureDrafter):
         feats = self.take_pending(state, start)
         n, device = feats.shape[0], feats.device
         ids = torch.tensor(state.tokens[start + 1: start + n + 1], device=device)
-        out, (k, v) = self.draft.step(feats, ids, torch.arange(start, start + n, device=device), self.kv,
-                                      causal_mask(n, start, device))
+        self.last_features = feats[-1]
+        mask, extra = self._visible(causal_mask(n, start, device), start, [])
+        out, (k, v) = self.draft.step(feats, ids, torch.arange(start, start + n, device=device), self.kv, mask, extra)
         self.kv = append_kv(self.kv, (k, v))
         return out[-1]
 
@@ -332,9 +354,9 @@ class Eagle3(FeatureDrafter):
                 ancestry = torch.cat((ancestry[rows], eye), dim=1)
             ids = self.draft.to_target(tokens)
             positions = torch.full((o.top_k,), length + level, device=last.device)
-            mask = torch.cat((torch.ones(o.top_k, self.kv[0].shape[1], dtype=torch.bool, device=last.device),
-                              ancestry), dim=1)
-            extra = (torch.cat([k for k, _ in tree_kv], 1), torch.cat([v for _, v in tree_kv], 1)) if tree_kv else None
+            stable = self.kv[0].shape[1]
+            mask = torch.cat((torch.ones(o.top_k, stable, dtype=torch.bool, device=last.device), ancestry), dim=1)
+            mask, extra = self._visible(mask, stable, tree_kv)
             out, kv = self.draft.step(hidden, ids, positions, self.kv, mask, extra, features=False)
             tree_kv.append(kv)
             hidden = out

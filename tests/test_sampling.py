@@ -42,8 +42,10 @@ def draft(rng: random.Random, kind: str) -> DraftTree:
     if kind == "tree":  # two siblings at the root, two under the first, one under the second
         return DraftTree([rng.randrange(V) for _ in range(5)], [0, 0, 1, 1, 2])
     # chain with full draft distributions, drawn from them
-    q = torch.softmax(torch.randn(3, V, generator=torch.Generator().manual_seed(rng.randrange(1 << 30))), -1)
-    return DraftTree.chain([int(torch.multinomial(q[i], 1)) for i in range(3)], draft_probs=q)
+    # Its own generator: drafts drawn from the global RNG could replay the acceptance uniforms (same seed).
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    q = torch.softmax(torch.randn(3, V, generator=g), -1)
+    return DraftTree.chain([int(torch.multinomial(q[i], 1, generator=g)) for i in range(3)], draft_probs=q)
 
 
 def sample_three(rng: random.Random, gen: torch.Generator, kind: str) -> tuple[int, ...]:

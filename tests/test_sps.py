@@ -14,7 +14,7 @@ from methods.flashhead import (Clustering, FlashHead, FlashHeadLayer, balanced_a
 from methods.sps import SpS
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import VOCAB, loaded
-from tests.helpers import assert_lossless, assert_multi_turn_lossless, random_prompt, sampling_p_value
+from tests.helpers import assert_lossless, assert_multi_turn_lossless, random_prompt, run_method, sampling_p_value
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
@@ -119,3 +119,16 @@ def test_balanced_clusters_and_released_asset_names(tmp_path):
     random_assign = torch.randperm(VOCAB) % 12
     random_centroids = torch.nn.functional.normalize(torch.zeros(12, 16).index_add_(0, random_assign, rows), dim=1)
     assert own > (rows * random_centroids[random_assign]).sum(1).mean()
+
+
+@pytest.mark.parametrize("cls", [SpS, FlashHead])
+def test_deferred_final_token_saves_one_target_forward_per_round(setup, cache, cls):
+    """deferred=false runs the round's last token through the target separately: same output, 2 forwards."""
+    target, root = setup
+    prompt = random_prompt(30, seed=8)
+    extra = {"cluster_size": 8} if cls is FlashHead else {}
+    naive = assert_lossless(target, make(cls, target, root / "noisy", deferred=False, **extra), prompt, min_accepted=10)
+    assert all(r.target_forwards == 2 for r in naive.rounds[:-1])
+    deferred = run_method(target, make(cls, target, root / "noisy", **extra), prompt, max_new=150)
+    assert all(r.target_forwards == 1 for r in deferred.rounds)
+    assert [r.accepted for r in deferred.rounds] == [r.accepted for r in naive.rounds]

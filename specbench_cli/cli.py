@@ -42,7 +42,7 @@ def run(
     resume: Annotated[bool, typer.Option(help="Continue an existing results directory (same settings required).")] = False,
     opt: Annotated[Optional[list[str]], typer.Option(help="Method hyper-parameter key=value (repeatable); see --list for each method's options and defaults.")] = None,
     target: Annotated[Optional[str], typer.Option(help="Target checkpoint (local folder or Hugging Face id) replacing the model's registered one.")] = None,
-    drafter: Annotated[Optional[list[str]], typer.Option(help="Drafter checkpoint override NAME=PATH (repeatable).")] = None,
+    drafter: Annotated[Optional[list[str]], typer.Option(help="Drafter checkpoint NAME=PATH_OR_HUB_ID (repeatable), replacing the model's registered one; names per method in --list.")] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")] = None,
     list_: Annotated[bool, typer.Option("--list", help="List methods, models and datasets, then exit.")] = False,
 ) -> None:
@@ -78,19 +78,20 @@ def show_lists() -> None:
     from specbench_cli.models import MODELS
 
     t = Table(title="methods")
-    t.add_column("name")
-    t.add_column("what")
-    t.add_column("--opt defaults")
+    for column in ("name", "what", "--drafter names", "--opt defaults"):
+        t.add_column(column)
     for name, (_, _, about) in METHODS.items():
-        opts = dataclasses.fields(method_class(name).Options)
-        t.add_row(name, about, " ".join(f"{f.name}={f.default}" for f in opts) or "—")
+        cls = method_class(name)
+        opts = dataclasses.fields(cls.Options)
+        drafters = [*cls.drafter_names, *(f"({d}, optional)" for d in cls.optional_drafters)]
+        t.add_row(name, about, " ".join(drafters) or "—", " ".join(f"{f.name}={f.default}" for f in opts) or "—")
     console.print(t)
     t = Table(title="models")
-    t.add_column("name")
-    t.add_column("target")
-    t.add_column("about")
+    for column in ("name", "target", "registered drafters", "about"):
+        t.add_column(column)
     for spec in MODELS.values():
-        t.add_row(spec.name, spec.target, spec.about)
+        drafters = "\n".join(f"{k}: {v}" for k, v in spec.drafters.items()) or "—"
+        t.add_row(spec.name, spec.target, drafters, spec.about)
     console.print(t)
     t = Table(title="datasets")
     t.add_column("name")

@@ -53,7 +53,8 @@ def eagle3_config(target: torch.nn.Module, *, draft_vocab: int = VOCAB, layout: 
     """A one-layer draft for the tiny target. head_dim 24 × 4 heads ≠ hidden 64: the Qwen3-4B quirk."""
     L, H = target.config.num_hidden_layers, target.config.hidden_size
     return Eagle3Config(hidden=H, target_hidden=H, heads=4, kv_heads=2, head_dim=head_dim, intermediate=128,
-                        eps=1e-6, rope_theta=10000.0, rope_scaling=None, draft_vocab=draft_vocab, vocab=VOCAB,
+                        eps=1e-6, rope_theta=10000.0, rope_scaling=None, draft_vocab=draft_vocab,
+                        vocab=target.config.vocab_size,
                         capture=[1, L // 2 - 1, L - 4], norm_before_residual=norm_before_residual, qk_norm=qk_norm,
                         layer_prefix="layers.0." if layout == "speculators" else "midlayer.", own_embedding=False)
 

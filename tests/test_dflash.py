@@ -96,3 +96,29 @@ def test_released_schema_without_layer_ids_gets_evenly_spaced_layers(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     draft = DFlashDraft.load(Checkpoint.read(str(folder), "dflash"), target)
     assert draft.config.capture == [1, 2, 3]
+
+
+def test_block_draft_is_the_argmax_at_each_mask_position(setup):
+    """Hand-derived round: block [root, mask × 7] at the root's position, context = the prompt's features;
+    draft token j = argmax of the target head at block position j (no shift)."""
+    from types import SimpleNamespace
+
+    from specbench_cli.target import Target
+    from tests.drafter_fixtures import target_pass
+
+    target, corpus, folder = setup
+    method = make(target, folder)
+    prompt = corpus[2][:30]
+    t = Target(target, torch.device("cpu"))
+    method.attach(t)
+    root = int(t.prefill(prompt).argmax())
+    state = SimpleNamespace(tokens=prompt + [root], prompt_len=30, target=t, temperature=0.0, generator=None,
+                            timed=lambda part: __import__("contextlib").nullcontext())
+    method.start(state)
+    tree = method.propose(state)
+    feats, _ = target_pass(target, prompt, method.capture)
+    block = torch.tensor([root] + [VOCAB - 1] * 7)
+    with torch.no_grad():
+        hidden, _ = method.draft(feats, 0, block, 30)
+        expected = target.lm_head(hidden[1:]).argmax(-1).tolist()
+    assert tree.tokens == expected and tree.is_chain

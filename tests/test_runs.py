@@ -29,14 +29,31 @@ def run_cli(*args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def multi_turn(tmp_path_factory):
+def drafters(embedded, tmp_path_factory):
+    """Random drafters for the embedded model in each released format (they load through --drafter; they
+    accept little, so they check the plumbing and losslessness), and the model itself as an SpS drafter."""
+    from specbench_cli.models import embedded_folder
+    from tests.drafter_fixtures import write_confu, write_dart, write_dflash, write_eagle3
+
+    root, target = tmp_path_factory.mktemp("drafters"), embedded.model
+    small_tree = ["--opt", "total_token=8", "--opt", "depth=3", "--opt", "top_k=3"]  # CPU time in CI
+    return {"eagle3": ["--drafter", f"eagle3={write_eagle3(root / 'eagle3', target)}", *small_tree],
+            "dflash": ["--drafter", f"dflash={write_dflash(root / 'dflash', target)}"],
+            "dart": ["--drafter", f"dart={write_dart(root / 'dart', target)}", "--opt", "trie=none",
+                     "--opt", "total=8", "--opt", "beam_width=3", "--opt", "top_k=3"],
+            "confu": ["--drafter", f"confu={write_confu(root / 'confu', target)}", *small_tree],
+            "sps": ["--drafter", f"sps={embedded_folder()}"]}
+
+
+@pytest.fixture(scope="module")
+def multi_turn(tmp_path_factory, drafters):
     """mt-bench (2 turns) and two repetitive spec-bench subtasks, decoded by every method."""
     root = tmp_path_factory.mktemp("results")
     runs = {}
-    for method in ("baseline", "suffix", "pld", "hf-generate"):
+    for method in ("baseline", "suffix", "pld", "hf-generate", *drafters):
         out = root / method
         run_cli("--method", method, "--dataset", "spec-bench", "--category", "writing", "--category", "summarization",
-                "--limit", "2", "--max-new-tokens", "48", "--warmup", "0", "--out", str(out))
+                "--limit", "2", "--max-new-tokens", "48", "--warmup", "0", "--out", str(out), *drafters.get(method, []))
         runs[method] = out
     return runs
 
@@ -48,6 +65,12 @@ def test_every_method_matches_baseline_turn_by_turn(multi_turn):
         mine = read_table(out, "prompts").sort_values(["prompt_id", "turn"])
         assert list(mine.output_hash) == list(base.output_hash), method
         assert [list(x) for x in mine.output_ids] == [list(x) for x in base.output_ids], method
+
+
+def test_sps_with_the_model_itself_accepts_every_draft(multi_turn):
+    rounds = read_table(multi_turn["sps"], "rounds")
+    full = rounds[rounds.emitted == rounds.tree_size + 1]  # rounds not cut by a stop or the budget
+    assert len(full) >= 0.8 * len(rounds) and (rounds.tree_size == 6).all()
 
 
 def test_suffix_accepts_drafts_on_the_real_model(multi_turn):

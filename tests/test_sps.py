@@ -132,3 +132,21 @@ def test_deferred_final_token_saves_one_target_forward_per_round(setup, cache, c
     deferred = run_method(target, make(cls, target, root / "noisy", **extra), prompt, max_new=150)
     assert all(r.target_forwards == 1 for r in deferred.rounds)
     assert [r.accepted for r in deferred.rounds] == [r.accepted for r in naive.rounds]
+
+
+def test_chain_is_the_draft_models_greedy_continuation(setup):
+    """k draft tokens = the draft model's own greedy continuation of the committed tokens."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    target, root = setup
+    method = make(SpS, target, root / "noisy", k=5)
+    tokens = random_prompt(20, seed=11)
+    state = SimpleNamespace(tokens=tokens, target=SimpleNamespace(device=torch.device("cpu")), temperature=0.0,
+                            generator=None, timed=lambda part: __import__("contextlib").nullcontext())
+    method.start(state)
+    tree = method.propose(state)
+    draft = AutoModelForCausalLM.from_pretrained(root / "noisy")
+    expected = draft.generate(torch.tensor([tokens]), max_new_tokens=5, do_sample=False, min_new_tokens=5)[0, 20:]
+    assert tree.tokens == expected.tolist()

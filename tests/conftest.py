@@ -44,3 +44,11 @@ def embedded():
     from specbench_cli.models import MODELS, load_model
 
     return load_model(MODELS["smollm2-135m"], torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture(scope="session")
+def distilled(tmp_path_factory):
+    """distilled(method, arch) -> (tiny target, its greedy corpus, a drafter folder distilled on it)."""
+    from tests.drafter_fixtures import Distilled
+
+    return Distilled(tmp_path_factory.mktemp("distilled"))

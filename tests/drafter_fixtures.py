@@ -48,6 +48,18 @@ def target_pass(target: torch.nn.Module, seq: list[int], layers: list[int]) -> t
     return feats, out.logits[0].argmax(-1)
 
 
+def train(draft: torch.nn.Module, target: torch.nn.Module, steps: int, loss) -> None:
+    """AdamW on the draft's parameters (the target stays frozen); `loss(step)` builds each step's loss."""
+    target.requires_grad_(False)
+    opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
+    for step in range(steps):
+        value = loss(step)
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+    draft.eval()
+
+
 def eagle3_config(target: torch.nn.Module, *, draft_vocab: int = VOCAB, layout: str = "flat",
                   head_dim: int = 24, qk_norm: bool = False, norm_before_residual: bool = False) -> Eagle3Config:
     """A one-layer draft for the tiny target. head_dim 24 × 4 heads ≠ hidden 64: the Qwen3-4B quirk."""
@@ -84,17 +96,14 @@ def distill_eagle3(draft: Eagle3Draft, target: torch.nn.Module, corpus: list[lis
     for seq in corpus:
         feats, nxt = target_pass(target, seq, c.capture)
         data.append((feats[:-1], torch.tensor(seq[1:]), to_draft[nxt[1:]]))
-    target.requires_grad_(False)
-    opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
-    for step in range(steps):
+
+    def loss(step: int) -> torch.Tensor:
         feats, ids, labels = data[step % len(data)]
         n = ids.shape[0]
         out, _ = draft.step(feats, ids, torch.arange(n), mask=causal_mask(n, 0, feats.device))
-        loss = torch.nn.functional.cross_entropy(draft.lm_head(draft.norm(out)), labels, ignore_index=-100)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    draft.eval()
+        return torch.nn.functional.cross_entropy(draft.logits(out), labels, ignore_index=-100)
+
+    train(draft, target, steps, loss)
 
 
 def write_dflash(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None, steps: int = 300,
@@ -116,21 +125,18 @@ def distill_dflash(draft: DFlashDraft, target: torch.nn.Module, corpus: list[lis
                    prompt_len: int = 24) -> None:
     """Block training: context = features before an anchor s, block = [token s, masks]; labels = tokens s+1..."""
     c = draft.config
-    target.requires_grad_(False)
     data = [(target_pass(target, seq, c.capture)[0], torch.tensor(seq)) for seq in corpus]
     gen = torch.Generator().manual_seed(0)
-    opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
-    for step in range(steps):
+
+    def loss(step: int) -> torch.Tensor:
         feats, seq = data[step % len(data)]
         s = int(torch.randint(prompt_len, seq.shape[0] - c.block_size, (1,), generator=gen))
         block = torch.full((c.block_size,), c.mask_token_id)
         block[0] = seq[s]
         hidden, _ = draft(feats[:s], 0, block, s)
-        loss = torch.nn.functional.cross_entropy(draft.logits(hidden[1:]), seq[s + 1: s + c.block_size])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    draft.eval()
+        return torch.nn.functional.cross_entropy(draft.logits(hidden[1:]), seq[s + 1: s + c.block_size])
+
+    train(draft, target, steps, loss)
 
 
 def write_dart(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None, steps: int = 300,
@@ -158,22 +164,18 @@ def distill_dart(draft: Eagle3Draft, target: torch.nn.Module, corpus: list[list[
     weighted gamma^level (the DART seed's annealed weights, here on cross-entropy)."""
     c = draft.config
     D = c.mask_slots
-    target.requires_grad_(False)
     data = [(target_pass(target, seq, c.capture)[0], torch.tensor(seq)) for seq in corpus]
     weights = gamma ** torch.arange(D + 1, dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
-    opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
-    for step in range(steps):
+
+    def loss(step: int) -> torch.Tensor:
         feats, seq = data[step % len(data)]
         n = int(torch.randint(prompt_len, seq.shape[0] - D - 1, (1,), generator=gen))
         out, _ = draft.step(feats[:n], seq[1:n + 1], torch.arange(n + D), mask=causal_mask(n + D, 0, feats.device))
-        logits = draft.logits(draft.norm(out))
-        losses = torch.nn.functional.cross_entropy(logits, seq[n + 1: n + D + 2], reduction="none")
-        loss = (losses * weights).sum() / weights.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    draft.eval()
+        losses = torch.nn.functional.cross_entropy(draft.logits(draft.norm(out)), seq[n + 1: n + D + 2], reduction="none")
+        return (losses * weights).sum() / weights.sum()
+
+    train(draft, target, steps, loss)
 
 
 def write_confu(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None, steps: int = 300,
@@ -190,4 +192,65 @@ def write_confu(folder: Path, target: torch.nn.Module, corpus: list[list[int]] |
     parts = new_parts(target, draft, ConFuConfig(soft_prompt_tokens=4, experts=4, top_experts=2), scale)
     config["confu"] = {"soft_prompt_tokens": 4, "experts": 4, "top_experts": 2}
     save(folder, config, {**tensors, **parts.export()})
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------- shared cache
+# method -> (writer, distillation arguments). Steps were chosen so each drafter accepts most tokens of a
+# prompt from its corpus within a few CPU seconds.
+WRITERS = {
+    "eagle3": (write_eagle3, {"steps": 400, "draft_vocab": 64}),
+    "dflash": (write_dflash, {"steps": 600}),
+    "dart": (write_dart, {"steps": 500}),
+    "confu": (write_confu, {"steps": 400}),
+}
+
+
+class Distilled:
+    """Tiny 6-layer targets, their greedy corpora and distilled drafters, each made once per test session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.targets: dict[str, tuple[torch.nn.Module, list[list[int]]]] = {}
+        self.folders: dict[tuple[str, str], Path] = {}
+
+    def target(self, arch: str) -> tuple[torch.nn.Module, list[list[int]]]:
+        if arch not in self.targets:
+            from tests.conftest import tiny_model
+
+            model = tiny_model(arch, layers=6)
+            self.targets[arch] = (model, greedy_corpus(model, n=4, new=150))
+        return self.targets[arch]
+
+    def __call__(self, method: str, arch: str) -> tuple[torch.nn.Module, list[list[int]], Path]:
+        target, corpus = self.target(arch)
+        if (method, arch) not in self.folders:
+            writer, kwargs = WRITERS[method]
+            self.folders[method, arch] = writer(self.root / f"{method}-{arch}", target, corpus, **kwargs)
+        return target, corpus, self.folders[method, arch]
+
+
+def make_method(name: str, target: torch.nn.Module, folder: Path, **opts):
+    """The registered method `name` on a tiny target, reading its drafter from `folder`."""
+    from methods import method_class
+
+    cls = method_class(name)
+    drafters = {name: str(folder), **({"dart_ngram": str(folder / "ngram")} if name == "dart" else {})}
+    return cls(cls.Options(**opts), loaded(target), drafters)
+
+
+def edit_checkpoint(folder: Path, tensors=None, config=None) -> Path:
+    """Apply in-place edits to a checkpoint's tensors and/or config.json (to build broken checkpoints)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    if tensors:
+        data = load_file(folder / "model.safetensors")
+        tensors(data)
+        save_file(data, folder / "model.safetensors")
+    if config:
+        data = json.loads((folder / "config.json").read_text())
+        config(data)
+        (folder / "config.json").write_text(json.dumps(data))
     return folder

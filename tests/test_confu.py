@@ -1,32 +1,18 @@
 """ConFu: contemplate tokens and the soft prompt never change the target's logits, the future token reaches
-the draft, our checkpoint format loads (and fails clearly), and decoding is lossless."""
+the draft, and our checkpoint format loads (and fails clearly). Losslessness: test_model_drafters.py."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
 from methods.checkpoints import CheckpointError
-from methods.confu import ConFu
 from specbench_cli.target import Target
 from specbench_cli.tree import DraftTree, SideTokens
 from tests.conftest import tiny_model
-from tests.drafter_fixtures import greedy_corpus, loaded, write_confu
-from tests.helpers import assert_lossless, assert_multi_turn_lossless, random_prompt, sampling_p_value
-
-
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
-def setup(request, tmp_path_factory):
-    target = tiny_model(request.param, layers=6)
-    corpus = greedy_corpus(target, n=4, new=150)
-    folder = write_confu(tmp_path_factory.mktemp("confu") / "c", target, corpus, steps=400)
-    return target, corpus, folder
-
-
-def make(target, folder, **opts) -> ConFu:
-    return ConFu(ConFu.Options(**opts), loaded(target), {"confu": str(folder)})
+from tests.drafter_fixtures import edit_checkpoint, make_method, write_confu
+from tests.helpers import random_prompt
 
 
 def test_side_tokens_and_soft_prompt_leave_target_logits_unchanged(tiny):
@@ -54,35 +40,15 @@ def test_side_tokens_and_soft_prompt_leave_target_logits_unchanged(tiny):
     assert not torch.allclose(first, confu.side_hidden)
 
 
-@pytest.mark.parametrize("opts", [{}, {"top_k": 1, "depth": 6, "total_token": 7}])
-def test_lossless_and_accepting(setup, opts):
-    target, corpus, folder = setup
-    result = assert_lossless(target, make(target, folder, **opts), corpus[0][:24], min_accepted=80)
-    assert all(r.target_forwards == 1 for r in result.rounds)
-
-
-def test_multi_turn_is_lossless(setup):
-    target, corpus, folder = setup
-    assert_multi_turn_lossless(target, make(target, folder), corpus[1][:24])
-
-
-def test_sampling_keeps_the_target_distribution(setup):
-    target, corpus, folder = setup
-    if target.config.model_type != "llama":
-        pytest.skip("one architecture is enough for the (slow) distribution test")
-    p = sampling_p_value(target, lambda: make(target, folder, top_k=4, depth=3, total_token=16), corpus[0][:24])
-    assert p > 1e-3
-
-
-def test_the_future_token_reaches_the_draft(setup, tmp_path):
+def test_the_future_token_reaches_the_draft(distilled, tmp_path):
     """f is taken from the accepted contemplate token after round 1, and its [f] entry moves the draft."""
     from types import SimpleNamespace
 
     from methods.layers import causal_mask
     from tests.helpers import run_method
 
-    target, corpus, _ = setup
-    method = make(target, write_confu(tmp_path / "c", target, scale=1.0))
+    target, corpus, _ = distilled("confu", "qwen3")
+    method = make_method("confu", target, write_confu(tmp_path / "c", target, scale=1.0))
     with_f, original = [], method.advance
     method.advance = lambda state: (with_f.append(method.extra_kv is not None), original(state))[1]
     run_method(target, method, corpus[0][:24], max_new=4)
@@ -101,20 +67,13 @@ def test_the_future_token_reaches_the_draft(setup, tmp_path):
 
 
 @pytest.mark.parametrize("edit,message", [
-    (lambda c, t: c.pop("confu"), "missing key 'confu'"),
-    (lambda c, t: t.update({"confu.soft_prompt.keys": torch.zeros(2, 2, 4, 16)}), "'confu.soft_prompt.keys' has shape"),
-    (lambda c, t: t.pop("confu.future.experts"), "missing tensor 'confu.future.experts'"),
+    ((None, lambda c: c.pop("confu")), "missing key 'confu'"),
+    ((lambda t: t.update({"confu.soft_prompt.keys": torch.zeros(2, 2, 4, 16)}), None), "'confu.soft_prompt.keys' has shape"),
+    ((lambda t: t.pop("confu.future.experts"), None), "missing tensor 'confu.future.experts'"),
 ])
-def test_bad_checkpoints_fail_with_one_line(setup, tmp_path, edit, message):
-    from safetensors.torch import load_file, save_file
-
-    target, _, _ = setup
-    folder = write_confu(tmp_path / "c", target)
-    config = json.loads((folder / "config.json").read_text())
-    tensors = load_file(folder / "model.safetensors")
-    edit(config, tensors)
-    (folder / "config.json").write_text(json.dumps(config))
-    save_file(tensors, folder / "model.safetensors")
+def test_bad_checkpoints_fail_with_one_line(tmp_path, edit, message):
+    target = tiny_model("llama", layers=6)
+    folder = edit_checkpoint(write_confu(tmp_path / "c", target), *edit)
     with pytest.raises(CheckpointError) as err:
-        make(target, folder)
+        make_method("confu", target, folder)
     assert message in str(err.value) and "\n" not in str(err.value)

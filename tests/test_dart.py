@@ -1,9 +1,8 @@
 """DART: the checkpoint (EAGLE-3 layout + mask_rep + draft_length) and the .trie format load, the n-gram
-probabilities and the pruned tree match the reference algorithm by hand, and decoding is lossless."""
+probabilities and the pruned tree match the reference algorithm by hand (losslessness: test_model_drafters.py)."""
 
 from __future__ import annotations
 
-import json
 import struct
 
 import numpy as np
@@ -11,44 +10,12 @@ import pytest
 import torch
 
 from methods.checkpoints import Checkpoint, CheckpointError
-from methods.dart import Dart, SearchParams, search, to_tree
+from methods.dart import SearchParams, search, to_tree
 from methods.eagle3 import Eagle3Draft
 from methods.ngram import Trie
 from tests.conftest import tiny_model
-from tests.drafter_fixtures import greedy_corpus, loaded, write_dart
-from tests.helpers import assert_lossless, assert_multi_turn_lossless, random_prompt, sampling_p_value
-
-
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
-def setup(request, tmp_path_factory):
-    target = tiny_model(request.param, layers=6)
-    corpus = greedy_corpus(target, n=4, new=150)
-    folder = write_dart(tmp_path_factory.mktemp("dart") / "d", target, corpus, steps=500)
-    return target, corpus, folder
-
-
-def make(target, folder, **opts) -> Dart:
-    return Dart(Dart.Options(**opts), loaded(target), {"dart": str(folder), "dart_ngram": str(folder / "ngram")})
-
-
-@pytest.mark.parametrize("opts", [{}, {"trie": "none"}, {"total": 8, "beam_width": 2, "top_k": 3}])
-def test_lossless_and_accepting(setup, opts):
-    target, corpus, folder = setup
-    result = assert_lossless(target, make(target, folder, **opts), corpus[0][:24], min_accepted=80)
-    assert max(r.tree_size for r in result.rounds) == opts.get("total", 60)
-    assert max(r.draft_depth for r in result.rounds) <= 5  # draft_length 4 -> 5 levels
-
-
-def test_multi_turn_is_lossless(setup):
-    target, corpus, folder = setup
-    assert_multi_turn_lossless(target, make(target, folder), corpus[1][:24])
-
-
-def test_sampling_keeps_the_target_distribution(setup):
-    target, corpus, folder = setup
-    if target.config.model_type != "llama":
-        pytest.skip("one architecture is enough for the (slow) distribution test")
-    assert sampling_p_value(target, lambda: make(target, folder, total=12, beam_width=4, top_k=5), corpus[0][:24]) > 1e-3
+from tests.drafter_fixtures import edit_checkpoint, write_dart
+from tests.helpers import random_prompt
 
 
 # ---------------------------------------------------------------------------------------------- n-gram trie
@@ -123,9 +90,9 @@ def test_pruned_tree_by_hand_with_eos_and_ngram():
 
 
 # ---------------------------------------------------------------------------------------------- loading
-def test_double_norm_and_mask_slots(setup):
+def test_double_norm_and_mask_slots(distilled):
     """One forward gives draft_length + 1 rows; logits use the final norm twice, as the reference does."""
-    target, corpus, folder = setup
+    target, corpus, folder = distilled("dart", "qwen3")
     draft = Eagle3Draft.load(Checkpoint.read(str(folder), "dart"), target, dart=True)
     assert draft.config.mask_slots == 4 and draft.midlayer.mask_rep.shape == (128,)
     feats = torch.randn(10, 192)
@@ -140,18 +107,8 @@ def test_double_norm_and_mask_slots(setup):
     (lambda t: t.pop("midlayer.mask_rep"), None, "missing tensor 'midlayer.mask_rep'"),
     (None, lambda c: c.pop("draft_length"), "missing key 'draft_length'"),
 ])
-def test_bad_checkpoints_fail_with_one_line(setup, tmp_path, edit_tensors, edit_config, message):
-    from safetensors.torch import load_file, save_file
-
-    target, _, _ = setup
-    folder = write_dart(tmp_path / "d", target)
-    if edit_tensors:
-        tensors = load_file(folder / "model.safetensors")
-        edit_tensors(tensors)
-        save_file(tensors, folder / "model.safetensors")
-    if edit_config:
-        config = json.loads((folder / "config.json").read_text())
-        edit_config(config)
-        (folder / "config.json").write_text(json.dumps(config))
+def test_bad_checkpoints_fail_with_one_line(tmp_path, edit_tensors, edit_config, message):
+    target = tiny_model("llama", layers=6)
+    folder = edit_checkpoint(write_dart(tmp_path / "d", target), edit_tensors, edit_config)
     with pytest.raises(CheckpointError, match=message):
         Eagle3Draft.load(Checkpoint.read(str(folder), "dart"), target, dart=True)

@@ -1,58 +1,19 @@
-"""EAGLE-3: both released layouts load, bad checkpoints fail with one line, the tree matches the reference
-algorithm by hand, and decoding is lossless with a drafter that accepts most tokens."""
+"""EAGLE-3: both released layouts load, bad checkpoints fail with one line, and the tree matches the reference
+algorithm by hand (losslessness: test_model_drafters.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from methods.checkpoints import Checkpoint, CheckpointError
-from methods.eagle3 import Candidates, Eagle3, Eagle3Draft, grow, keep_best
+from methods.eagle3 import Candidates, Eagle3Draft, grow, keep_best
 from methods.layers import causal_mask
 from tests.conftest import tiny_model
-from tests.drafter_fixtures import VOCAB, greedy_corpus, loaded, write_eagle3
-from tests.helpers import assert_lossless, assert_multi_turn_lossless, random_prompt, sampling_p_value
-
-
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
-def setup(request, tmp_path_factory):
-    """A 6-layer tiny target, its greedy corpus, and an EAGLE-3 drafter distilled on it (reduced vocab)."""
-    target = tiny_model(request.param, layers=6)
-    corpus = greedy_corpus(target, n=4, new=150)
-    folder = write_eagle3(tmp_path_factory.mktemp("eagle3") / "flat", target, corpus, steps=400, draft_vocab=64)
-    return target, corpus, folder
-
-
-def make(target, folder, **opts) -> Eagle3:
-    return Eagle3(Eagle3.Options(**opts), loaded(target), {"eagle3": str(folder)})
-
-
-# ---------------------------------------------------------------------------------------------- lossless
-@pytest.mark.parametrize("opts", [{}, {"top_k": 1, "depth": 6, "total_token": 7}, {"top_k": 4, "depth": 8, "total_token": 32}],
-                         ids=["tree-60", "chain", "tree-32"])
-def test_lossless_and_accepting(setup, opts):
-    target, corpus, folder = setup
-    result = assert_lossless(target, make(target, folder, **opts), corpus[0][:24], min_accepted=80)
-    if not opts:
-        assert max(r.tree_size for r in result.rounds) == 59
-        assert all(r.phases["draft_head"] > 0 for r in result.rounds)
-
-
-def test_multi_turn_is_lossless(setup):
-    target, corpus, folder = setup
-    assert_multi_turn_lossless(target, make(target, folder), corpus[1][:24])
-
-
-def test_sampling_keeps_the_target_distribution(setup):
-    target, corpus, folder = setup
-    if target.config.model_type != "llama":
-        pytest.skip("one architecture is enough for the (slow) distribution test")
-    p = sampling_p_value(target, lambda: make(target, folder, top_k=4, depth=3, total_token=16), corpus[0][:24])
-    assert p > 1e-3
+from tests.drafter_fixtures import VOCAB, edit_checkpoint, write_eagle3
+from tests.helpers import random_prompt
 
 
 # ---------------------------------------------------------------------------------------------- the tree
@@ -113,20 +74,6 @@ def test_layouts_round_trip(tmp_path, variant):
         assert draft.d2t is not None and draft.to_target(torch.arange(48)).unique().numel() == 48
 
 
-def _broken(tmp_path, edit_tensors=None, edit_config=None):
-    target = tiny_model("llama", layers=6)
-    folder = write_eagle3(tmp_path / "d", target)
-    if edit_tensors:
-        tensors = load_file(folder / "model.safetensors")
-        edit_tensors(tensors)
-        save_file(tensors, folder / "model.safetensors")
-    if edit_config:
-        config = json.loads((folder / "config.json").read_text())
-        edit_config(config)
-        (folder / "config.json").write_text(json.dumps(config))
-    return target, folder
-
-
 @pytest.mark.parametrize("edit_tensors,edit_config,message", [
     (lambda t: t.update({"fc.weight": torch.zeros(64, 150)}), None, "'fc.weight'"),
     (lambda t: t.pop("midlayer.mlp.down_proj.weight"), None, "missing tensor 'midlayer.mlp.down_proj.weight'"),
@@ -136,7 +83,8 @@ def _broken(tmp_path, edit_tensors=None, edit_config=None):
     (None, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 9]), "do not fit a target with 6 layers"),
 ])
 def test_bad_checkpoints_fail_with_one_line(tmp_path, edit_tensors, edit_config, message):
-    target, folder = _broken(tmp_path, edit_tensors, edit_config)
+    target = tiny_model("llama", layers=6)
+    folder = edit_checkpoint(write_eagle3(tmp_path / "d", target), edit_tensors, edit_config)
     with pytest.raises(CheckpointError) as err:
         Eagle3Draft.load(Checkpoint.read(str(folder), "eagle3"), target)
     assert message in str(err.value) and "\n" not in str(err.value)

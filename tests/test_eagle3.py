@@ -89,3 +89,14 @@ def test_bad_checkpoints_fail_with_one_line(tmp_path, edit_tensors, edit_config,
         Eagle3Draft.load(Checkpoint.read(str(folder), "eagle3"), target)
     assert message in str(err.value) and "\n" not in str(err.value)
     assert str(folder) in str(err.value)
+
+
+def test_unreachable_hub_checkpoint_is_one_line(monkeypatch):
+    """Offline (as in CI), a hub id that is not in the local cache fails with one line naming it."""
+    from specbench_cli.errors import UsageError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UsageError) as err:
+        Checkpoint.read("nobody-here/no-such-eagle3-drafter", "eagle3")
+    assert "cannot fetch eagle3 checkpoint 'nobody-here/no-such-eagle3-drafter'" in str(err.value)
+    assert "\n" not in str(err.value)

@@ -51,8 +51,11 @@ def multi_turn(tmp_path_factory, drafters):
     runs = {}
     for method in ("baseline", "suffix", "pld", "hf-generate", *drafters):
         out = root / method
-        run_cli("--method", method, "--dataset", "spec-bench", "--category", "writing", "--category", "summarization",
-                "--limit", "2", "--max-new-tokens", "48", "--warmup", "0", "--out", str(out), *drafters.get(method, []))
+        # model-based drafters (random, so slow per token on CPU) decode the two-turn writing prompt only
+        categories = ["writing"] if method in drafters else ["writing", "summarization"]
+        run_cli("--method", method, "--dataset", "spec-bench", *(a for c in categories for a in ("--category", c)),
+                "--limit", str(len(categories)), "--max-new-tokens", "48", "--warmup", "0", "--out", str(out),
+                *drafters.get(method, []))
         runs[method] = out
     return runs
 
@@ -62,8 +65,10 @@ def test_every_method_matches_baseline_turn_by_turn(multi_turn):
     assert base.turn.max() == 1  # the writing prompt has two turns
     for method, out in multi_turn.items():
         mine = read_table(out, "prompts").sort_values(["prompt_id", "turn"])
-        assert list(mine.output_hash) == list(base.output_hash), method
-        assert [list(x) for x in mine.output_ids] == [list(x) for x in base.output_ids], method
+        same = base.merge(mine, on=["prompt_id", "turn"], suffixes=("", "_method"))
+        assert len(same) == len(mine) >= 2, method
+        assert list(same.output_hash_method) == list(same.output_hash), method
+        assert [list(x) for x in same.output_ids_method] == [list(x) for x in same.output_ids], method
 
 
 def test_sps_with_the_model_itself_accepts_every_draft(multi_turn):

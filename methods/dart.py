@@ -92,6 +92,7 @@ def to_tree(kept: list[tuple[tuple[int, ...], float]]) -> DraftTree:
 class Dart(FeatureDrafter):
     name = "dart"
     drafter_names = ("dart",)
+    inherent_syncs = "two per round: the top-k table for the host-side tree search, and the accepted length"
     optional_drafters = ("dart_ngram",)  # needed unless --opt trie=none
 
     @dataclass

@@ -178,6 +178,7 @@ class DFlashDraft(nn.Module):
 class DFlash(FeatureDrafter):
     name = "dflash"
     drafter_names = ("dflash",)
+    inherent_syncs = "two per round: the block's draft tokens to host, and the accepted length"
 
     @dataclass
     class Options:

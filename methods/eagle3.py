@@ -167,7 +167,10 @@ class Eagle3Draft(nn.Module):
                                   f"{embedding.shape[0]}")
         draft = cls(c, embedding)
         ckpt.load_into(draft, lambda name: _checkpoint_name(name, c.layer_prefix))
-        ckpt.reject_unused(ignore=("t2d", *extra_tensors, *(("embed_tokens.weight",) if dart else ())))
+        # d2t is meaningless when the vocabularies are equal (the reference deletes it); DART ignores embeddings
+        ignore = ("t2d", *extra_tensors, *(("d2t",) if c.draft_vocab == c.vocab else ()),
+                  *(("embed_tokens.weight",) if dart else ()))
+        ckpt.reject_unused(ignore=ignore)
         return draft.to(embedding.device, embedding.dtype).eval()
 
     def export(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -283,7 +286,8 @@ def append_kv(kv, new):
 class Eagle3(FeatureDrafter):
     name = "eagle3"
     drafter_names = ("eagle3",)
-    inherent_syncs = "one per round: accepted length to host; tree selection reads the scores once"
+    extra_tensors: tuple[str, ...] = ()  # checkpoint tensors a subclass reads itself (ConFu's "confu.*")
+    inherent_syncs = "two per round: the candidate scores for tree selection, and the accepted length"
 
     @dataclass
     class Options:
@@ -304,8 +308,6 @@ class Eagle3(FeatureDrafter):
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # draft KV of positions fed by target features
         # Keys/values every draft query of the round also sees (ConFu's future token); not cached.
         self.extra_kv: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    extra_tensors: tuple[str, ...] = ()  # checkpoint tensors a subclass reads itself (ConFu's "confu.*")
 
     def _visible(self, mask: torch.Tensor, past: int, extra: list) -> tuple[torch.Tensor, tuple | None]:
         """Put `extra_kv` first among the extra keys (after `extra`, whose columns `mask` already has) and

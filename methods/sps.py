@@ -41,6 +41,7 @@ def load_draft_model(ref: str, target: torch.nn.Module, what: str) -> torch.nn.M
 class SpS(Method):
     name = "sps"
     drafter_names = ("sps",)
+    inherent_syncs = "k + 1 per round: each draft token to host before the next draft step, and the accepted length"
 
     @dataclass
     class Options:

@@ -70,6 +70,69 @@ def run(
         raise typer.Exit(130)
 
 
+@app.command("train-drafter")
+def train_drafter(
+    method: Annotated[str, typer.Option(help="Drafter to train (eagle3 today; dflash, dart, confu, sps follow).")] = "eagle3",
+    model: Annotated[str, typer.Option(help="Registered target model (see run --list).")] = "smollm2-135m",
+    out: Annotated[Optional[Path], typer.Option(help="Checkpoint folder to write. Default: drafters/<model>/<method>.")] = None,
+    corpus: Annotated[Optional[Path], typer.Option(help="Self-distillation corpus folder; built there if missing. Default: ~/.cache/specbench/distill/<model>.")] = None,
+    prompts: Annotated[int, typer.Option(help="Training prompts the target answers when the corpus is built.")] = 800,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest answer generated per training prompt.")] = 160,
+    batch_size: Annotated[int, typer.Option(help="Prompts generated together.")] = 16,
+    steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 2000,
+    lr: Annotated[float, typer.Option(help="AdamW peak learning rate (linear warm-up).")] = 1e-3,
+    ttt: Annotated[int, typer.Option(help="EAGLE-3 training-time-test steps.")] = 3,
+    draft_vocab: Annotated[int, typer.Option(help="Draft vocabulary size (most frequent corpus tokens).")] = 4096,
+    intermediate: Annotated[int, typer.Option(help="Draft MLP width.")] = 1024,
+    seed: Annotated[int, typer.Option(help="Seed for the split, the order and the initialisation.")] = 0,
+    resume: Annotated[bool, typer.Option(help="Continue a training run in --out from its saved state.")] = False,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")] = None,
+) -> None:
+    """Train a drafter for a target on its own answers to datasets/train prompts (self-distillation)."""
+    import torch
+
+    from specbench_cli import distill
+    from specbench_cli.models import cache_root, get_model_spec, load_model, resolve_device, resolve_dtype
+    from specbench_cli.runner import progress_bar
+    from specbench_cli.train_drafter import TRAINABLE, TrainSettings, command_line, train
+
+    try:
+        if method not in TRAINABLE:
+            raise UsageError(f"train-drafter --method {method} is not implemented yet (issue #5); trainable: {', '.join(TRAINABLE)}")
+        spec = get_model_spec(model)
+        out = out or Path("drafters") / model / method
+        if out.exists() and not resume:
+            raise UsageError(f"{out} exists; pass --resume to continue its training or --out for a new folder")
+        if threads:
+            torch.set_num_threads(threads)
+        device = resolve_device("auto")
+        loaded = load_model(spec, device, resolve_dtype("auto", device))
+        folder = corpus or cache_root() / "distill" / model
+        L = loaded.model.config.num_hidden_layers
+        layers = sorted({1, L // 2 - 1, L - 4} | {round(1 + i * (L - 4) / 4) for i in range(5)})  # eagle3 + dflash
+        with progress_bar(console) as bar:
+            if (folder / "corpus.json").exists():
+                data = distill.Corpus.load(folder)
+            else:
+                task = bar.add_task("answering training prompts", total=prompts, stats="")
+                texts = distill.training_prompts(prompts, seed)
+                data = distill.build(loaded, texts, folder, layers, max_new_tokens, batch_size,
+                                     lambda n: bar.update(task, advance=n))
+            settings = TrainSettings(method=method, steps=steps, lr=lr, ttt=ttt, draft_vocab=draft_vocab,
+                                     intermediate=intermediate, seed=seed)
+            task = bar.add_task(f"training {method}", total=steps, stats="")
+
+            def progress(step: int, loss: float, acc) -> None:
+                stats = f"loss {loss:.3f}" + (f"  held-out top-1 {' '.join(f'{a:.2f}' for a in acc)}" if acc else "")
+                bar.update(task, completed=step, stats=stats)
+
+            card = train(loaded.model, data, out, settings, command_line(), progress, resume)
+        console.print(f"wrote {out} ({card['wall_seconds']:.0f} s, {data.tokens} corpus tokens); "
+                      f"held-out top-1 per position: {card['heldout_top1_per_position']}")
+    except UsageError as err:
+        fail(str(err))
+
+
 def show_lists() -> None:
     import dataclasses
 

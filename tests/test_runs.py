@@ -133,3 +133,16 @@ def test_resume_refuses_changed_settings(tmp_path):
     result = CliRunner().invoke(app, ["run", *COMMON, "--method", "baseline", "--dataset", "aime25", "--limit", "1",
                                       "--max-new-tokens", "8", "--warmup", "0", "--out", str(out), "--resume"])
     assert result.exit_code == 2 and "max_new_tokens" in result.output
+
+
+def test_committed_eagle3_drafter_is_lossless_and_beats_a_random_one(multi_turn, tmp_path):
+    """The project's trained drafter (drafters/smollm2-135m/eagle3, found without --drafter)."""
+    out = tmp_path / "trained"
+    run_cli("--method", "eagle3", "--dataset", "spec-bench", "--category", "writing", "--limit", "1",
+            "--max-new-tokens", "48", "--warmup", "0", "--out", str(out))
+    base = read_table(multi_turn["baseline"], "prompts")
+    mine = read_table(out, "prompts")
+    same = base.merge(mine, on=["prompt_id", "turn"], suffixes=("", "_trained"))
+    assert len(same) == 2 and list(same.output_hash_trained) == list(same.output_hash)
+    trained, random = read_table(out, "rounds"), read_table(multi_turn["eagle3"], "rounds")
+    assert trained.accepted.sum() > 2 * random.accepted.sum() and trained.accepted.sum() > 0

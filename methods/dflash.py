@@ -55,6 +55,12 @@ def _draft_value(cfg: dict, key: str, default=None):
     return (cfg.get("dflash_config") or {}).get(key, cfg.get(key, default))
 
 
+def default_capture(target_layers: int, count: int = 5) -> list[int]:
+    """`count` layers evenly spaced from 1 to L-3, as SpecForge builds them when a config names none."""
+    span = target_layers - 4
+    return [round(1 + i * span / max(count - 1, 1)) for i in range(count)]
+
+
 def read_config(ckpt: Checkpoint, target_layers: int) -> DFlashConfig:
     cfg = ckpt.config
     if _draft_value(cfg, "conv_kernel_size") is not None:
@@ -69,10 +75,7 @@ def read_config(ckpt: Checkpoint, target_layers: int) -> DFlashConfig:
     fc = ckpt.take("fc.weight", (hidden, None))
     n_features = fc.shape[1] // hidden
     capture = _draft_value(cfg, "target_layer_ids")
-    if capture is None:  # evenly spaced from 1 to L-3, as SpecForge builds them
-        span = target_layers - 4
-        capture = [round(1 + i * span / max(n_features - 1, 1)) for i in range(n_features)]
-    capture = [int(i) for i in capture]
+    capture = [int(i) for i in capture] if capture is not None else default_capture(target_layers, n_features)
     if len(capture) * hidden != fc.shape[1]:
         raise CheckpointError(f"{ckpt.files.get('fc.weight')}: tensor 'fc.weight' reads {fc.shape[1]} features, "
                               f"but target_layer_ids has {len(capture)} layers of {hidden}")

@@ -88,6 +88,11 @@ def read_config(ckpt: Checkpoint, target_layers: int, dart: bool = False) -> Eag
         mask_slots=ckpt.need("draft_length") if dart else 0)
 
 
+def default_capture(target_layers: int) -> list[int]:
+    """Outputs of layers (1, L/2-1, L-4) = HF hidden_states indices (2, L/2, L-3), EAGLE-3's choice."""
+    return [1, target_layers // 2 - 1, target_layers - 4]
+
+
 def capture_layers(cfg: dict, speculators: bool, target_layers: int, ckpt: Checkpoint) -> list[int]:
     """Target decoder layers (0-based) whose outputs the draft reads; see the module docstring."""
     vllm_ids = cfg.get("eagle_aux_hidden_state_layer_ids")
@@ -97,7 +102,7 @@ def capture_layers(cfg: dict, speculators: bool, target_layers: int, ckpt: Check
     elif sglang_ids:
         layers = [int(j) for j in sglang_ids]
     else:
-        layers = [1, target_layers // 2 - 1, target_layers - 4]
+        layers = default_capture(target_layers)
     if any(not 0 <= i < target_layers for i in layers):
         raise CheckpointError(f"{ckpt.folder / 'config.json'}: feature layers {layers} (layer outputs) do not fit a "
                               f"target with {target_layers} layers")
@@ -219,6 +224,21 @@ class Eagle3Draft(nn.Module):
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
 
+    def to_draft(self) -> torch.Tensor:
+        """[V] draft id of each target token, -100 (cross-entropy's ignore index) outside the draft vocabulary."""
+        index = torch.full((self.config.vocab,), -100)
+        index[self.to_target(torch.arange(self.config.draft_vocab)).cpu()] = torch.arange(self.config.draft_vocab)
+        return index
+
+    def choose_vocab(self, sequences: list[list[int]]) -> None:
+        """Draft vocabulary = the most frequent tokens of the training data, ascending (EAGLE-3's d2t)."""
+        if self.d2t is None:
+            return
+        c = self.config
+        counts = torch.bincount(torch.tensor([t for seq in sequences for t in seq], dtype=torch.long), minlength=c.vocab)
+        keep = counts.argsort(descending=True, stable=True)[: c.draft_vocab].sort().values
+        self.d2t.copy_(keep - torch.arange(c.draft_vocab))
+
 
 def _checkpoint_name(name: str, layer_prefix: str) -> str:
     return layer_prefix + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name
@@ -301,7 +321,7 @@ class Eagle3(FeatureDrafter):
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
         if options.top_k < 1 or options.depth < 0 or options.total_token < 2:
-            raise CheckpointError("eagle3 needs top_k >= 1, depth >= 0 and total_token >= 2")
+            raise CheckpointError(f"{self.name} needs top_k >= 1, depth >= 0 and total_token >= 2")
         self.checkpoint = Checkpoint.read(self.drafter_ref(self.name), self.name)
         self.draft = Eagle3Draft.load(self.checkpoint, model.model, extra_tensors=self.extra_tensors)
         self.capture = self.draft.config.capture

@@ -91,6 +91,8 @@ def train_drafter(
     """Train a drafter for a target on its own answers to datasets/train prompts (self-distillation)."""
     import torch
 
+    from methods.dflash import default_capture as dflash_layers
+    from methods.eagle3 import default_capture as eagle3_layers
     from specbench_cli import distill
     from specbench_cli.models import cache_root, get_model_spec, load_model, resolve_device, resolve_dtype
     from specbench_cli.runner import progress_bar
@@ -109,7 +111,7 @@ def train_drafter(
         loaded = load_model(spec, device, resolve_dtype("auto", device))
         folder = corpus or cache_root() / "distill" / model
         L = loaded.model.config.num_hidden_layers
-        layers = sorted({1, L // 2 - 1, L - 4} | {round(1 + i * (L - 4) / 4) for i in range(5)})  # eagle3 + dflash
+        layers = sorted(set(eagle3_layers(L)) | set(dflash_layers(L)))  # one corpus serves both
         with progress_bar(console) as bar:
             if (folder / "corpus.json").exists():
                 data = distill.Corpus.load(folder)

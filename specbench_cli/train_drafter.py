@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from methods.checkpoints import save
-from methods.eagle3 import Eagle3Config, Eagle3Draft
+from methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
 from methods.layers import causal_mask
 from specbench_cli.distill import Corpus
 from specbench_cli.errors import UsageError
@@ -56,16 +56,13 @@ def new_eagle3(target: torch.nn.Module, corpus: Corpus, s: TrainSettings) -> Eag
     c = Eagle3Config(hidden=t.hidden_size, target_hidden=t.hidden_size, heads=t.num_attention_heads,
                      kv_heads=t.num_key_value_heads, head_dim=head_dim, intermediate=s.intermediate,
                      eps=t.rms_norm_eps, rope_theta=float(getattr(t, "rope_theta", None) or 10000.0), rope_scaling=None,
-                     draft_vocab=draft_vocab, vocab=vocab, capture=[1, L // 2 - 1, L - 4], norm_before_residual=False,
+                     draft_vocab=draft_vocab, vocab=vocab, capture=default_capture(L), norm_before_residual=False,
                      qk_norm=False, layer_prefix="midlayer.", own_embedding=False)
     missing = [l for l in c.capture if l not in corpus.layers]
     if missing:
         raise UsageError(f"corpus {corpus.folder} has no features for target layers {missing}")
     draft = Eagle3Draft(c, target.get_input_embeddings().weight.detach())
-    if draft.d2t is not None:
-        counts = torch.bincount(torch.tensor([t for seq in corpus.sequences for t in seq]), minlength=vocab)
-        keep = counts.argsort(descending=True, stable=True)[:draft_vocab].sort().values
-        draft.d2t.copy_(keep - torch.arange(draft_vocab))
+    draft.choose_vocab(corpus.sequences)
     return draft
 
 
@@ -109,8 +106,7 @@ def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, 
     target.requires_grad_(False)
     draft = new_eagle3(target, corpus, s)
     c = draft.config
-    to_draft = torch.full((c.vocab,), -100)
-    to_draft[draft.to_target(torch.arange(c.draft_vocab))] = torch.arange(c.draft_vocab)
+    to_draft = draft.to_draft()
     order = list(range(len(corpus.sequences)))
     random.Random(s.seed).shuffle(order)
     n_hold = max(1, int(len(order) * s.holdout))

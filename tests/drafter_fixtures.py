@@ -14,7 +14,7 @@ import torch
 
 from methods.checkpoints import save
 from methods.dflash import DFlashConfig, DFlashDraft
-from methods.eagle3 import Eagle3Config, Eagle3Draft
+from methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
 from methods.layers import causal_mask
 from specbench_cli.models import ModelSpec
 from tests.helpers import random_prompt, run_method
@@ -67,7 +67,7 @@ def eagle3_config(target: torch.nn.Module, *, draft_vocab: int = VOCAB, layout: 
     return Eagle3Config(hidden=H, target_hidden=H, heads=4, kv_heads=2, head_dim=head_dim, intermediate=128,
                         eps=1e-6, rope_theta=10000.0, rope_scaling=None, draft_vocab=draft_vocab,
                         vocab=target.config.vocab_size,
-                        capture=[1, L // 2 - 1, L - 4], norm_before_residual=norm_before_residual, qk_norm=qk_norm,
+                        capture=default_capture(L), norm_before_residual=norm_before_residual, qk_norm=qk_norm,
                         layer_prefix="layers.0." if layout == "speculators" else "midlayer.", own_embedding=False)
 
 
@@ -77,10 +77,7 @@ def write_eagle3(folder: Path, target: torch.nn.Module, corpus: list[list[int]] 
     torch.manual_seed(seed)
     c = eagle3_config(target, **config)
     draft = Eagle3Draft(c, target.get_input_embeddings().weight.detach())
-    if c.draft_vocab != c.vocab:  # the draft vocabulary = the most frequent target tokens, ascending (EAGLE)
-        counts = torch.bincount(torch.tensor(sum(corpus or [[0]], [])), minlength=c.vocab)
-        keep = counts.argsort(descending=True, stable=True)[: c.draft_vocab].sort().values
-        draft.d2t.copy_(keep - torch.arange(c.draft_vocab))
+    draft.choose_vocab(corpus or [[0]])
     if corpus:
         distill_eagle3(draft, target, corpus, steps)
     save(folder, *draft.export())
@@ -89,9 +86,7 @@ def write_eagle3(folder: Path, target: torch.nn.Module, corpus: list[list[int]] 
 
 def distill_eagle3(draft: Eagle3Draft, target: torch.nn.Module, corpus: list[list[int]], steps: int) -> None:
     """Feature t with token t+1 -> the target's greedy token after t+1 (EAGLE-3's first TTT step)."""
-    c = draft.config
-    to_draft = torch.full((c.vocab,), -100)
-    to_draft[draft.to_target(torch.arange(c.draft_vocab))] = torch.arange(c.draft_vocab)
+    c, to_draft = draft.config, draft.to_draft()
     data = []
     for seq in corpus:
         feats, nxt = target_pass(target, seq, c.capture)

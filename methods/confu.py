@@ -49,7 +49,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         best = self.router(x).topk(self.top, dim=-1)
-        return torch.softmax(best.values, dim=-1) @ self.experts[best.indices]
+        return (torch.softmax(best.values, dim=-1)[..., None] * self.experts[best.indices]).sum(-2)  # any batch shape
 
 
 @dataclass

@@ -154,17 +154,22 @@ class DFlashDraft(nn.Module):
         return config, dict(self.state_dict())
 
     def forward(self, feats: torch.Tensor, ctx_start: int, block_ids: torch.Tensor, block_start: int,
-                past: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
+                past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                positions: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         """Hidden states [B, H] of the block, and each layer's new context (k, v).
 
-        feats: target features of positions ctx_start.. (new context); past: cached context per layer."""
+        feats: target features of positions ctx_start.. (new context); past: cached context per layer.
+        The trainer stacks many blocks in one call: it passes each row's `positions` and the `mask`
+        [rows, context + rows] saying which context rows and which block rows each row sees."""
         device, dtype = block_ids.device, self.fc.weight.dtype
         ctx = self.hidden_norm(self.fc(feats))
         rope_ctx = self.rotary(torch.arange(ctx_start, ctx_start + feats.shape[0], device=device), dtype)
-        rope_x = self.rotary(torch.arange(block_start, block_start + block_ids.shape[0], device=device), dtype)
+        if positions is None:
+            positions = torch.arange(block_start, block_start + block_ids.shape[0], device=device)
+        rope_x = self.rotary(positions, dtype)
         x = nn.functional.embedding(block_ids, self.target_parts[0].weight) * self.config.embed_scale
-        seen = block_start  # context keys the block attends to (cached + new)
-        mask = causal_mask(block_ids.shape[0], seen, device) if self.config.causal else None
+        if mask is None and self.config.causal:
+            mask = causal_mask(block_ids.shape[0], block_start, device)  # block_start context keys seen
         new_kv = []
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, ctx, rope_x, rope_ctx, past[i] if past else None, mask)

@@ -128,17 +128,20 @@ class Eagle3Layer(nn.Module):
         """Keys/values of inputs the queries may see but that are not run through the layer (ConFu's [f])."""
         return self.self_attn.keys_values(torch.cat((self.input_layernorm(emb), self.hidden_norm(h)), dim=-1), cos, sin)
 
-    def forward(self, emb, h, cos, sin, past=None, mask=None, extra=None):
+    def forward(self, emb, h, cos, sin, past=None, mask=None, extra=None, slots: int | None = None):
+        """`slots` mask rows are appended (default: the config's; the DART trainer stacks one block per
+        anchor and then keeps every row); at inference only the last real position and the slots go on."""
+        trim, slots = slots is None, self.slots if slots is None else slots
         normed = self.hidden_norm(h)
         residual = normed if self.norm_before_residual else h
         x = torch.cat((self.input_layernorm(emb), normed), dim=-1)
-        if self.slots:  # DART: mask slots attend with input mask_rep and carry its first H entries as residual
-            x = torch.cat((x, self.mask_rep.expand(self.slots, -1)))
-            residual = torch.cat((residual, self.mask_rep[: h.shape[-1]].expand(self.slots, -1)))
+        if slots:  # DART: mask slots attend with input mask_rep and carry its first H entries as residual
+            x = torch.cat((x, self.mask_rep.expand(slots, -1)))
+            residual = torch.cat((residual, self.mask_rep[: h.shape[-1]].expand(slots, -1)))
         attn, kv = self.self_attn(x, cos, sin, past, mask, extra)
         h = residual + attn
-        if self.slots:  # the last real position and the slots go on
-            h = h[-self.slots - 1:]
+        if trim and slots:
+            h = h[-slots - 1:]
         return h + self.mlp(self.post_attention_layernorm(h)), kv
 
 
@@ -208,12 +211,12 @@ class Eagle3Draft(nn.Module):
         return nn.functional.embedding(ids, weight)
 
     def step(self, h: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, past=None, mask=None, extra=None,
-             features: bool = True):
+             features: bool = True, slots: int | None = None):
         """One draft forward over target features [T, 3Ht] (`features`) or the draft's own outputs [T, H]."""
         if features:
             h = self.fc(h)
         cos, sin = self.rotary(positions, h.dtype)
-        return self.midlayer(self.embed(ids), h, cos, sin, past, mask, extra)
+        return self.midlayer(self.embed(ids), h, cos, sin, past, mask, extra, slots)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(out)).float()

@@ -10,6 +10,7 @@ The draft's body and its output head run separately so the head's share of draft
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import torch
@@ -20,17 +21,38 @@ from methods.checkpoints import CheckpointError, locate
 from specbench_cli.tree import DraftTree
 
 
+EMBEDDING_FROM_TARGET = "specbench_embedding_from_target"  # config key of the project's own draft models
+
+
 def load_draft_model(ref: str, target: torch.nn.Module, what: str) -> torch.nn.Module:
-    """A causal LM from a folder or hub id, checked to speak the target's vocabulary."""
+    """A causal LM from a folder or hub id, checked to speak the target's vocabulary.
+
+    A folder whose config sets `specbench_embedding_from_target` (the drafters `train-drafter` makes from
+    the target's first layers) ships no embedding or head: both are the target's, copied in here."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     folder = locate(ref, what)
+    config_file = folder / "config.json"
+    shared = config_file.exists() and bool(json.loads(config_file.read_text()).get(EMBEDDING_FROM_TARGET))
+    verbosity = hf_logging.get_verbosity()
+    if shared:
+        hf_logging.set_verbosity_error()  # the embedding is missing from the file on purpose
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=target.dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{folder}: cannot load the {what} draft model ({str(err).splitlines()[0]})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if shared:
+        for mine, theirs in ((model.get_input_embeddings(), target.get_input_embeddings()),
+                             (model.get_output_embeddings(), target.get_output_embeddings())):
+            if mine.weight.shape != theirs.weight.shape:
+                raise CheckpointError(f"{config_file}: {EMBEDDING_FROM_TARGET} is set, but the draft's embedding "
+                                      f"{tuple(mine.weight.shape)} differs from the target's {tuple(theirs.weight.shape)}")
+            with torch.no_grad():
+                mine.weight.copy_(theirs.weight)
     rows = model.get_output_embeddings().weight.shape[0]
     if rows < target.config.vocab_size:
         raise CheckpointError(f"{folder}: the draft head has {rows} tokens, the target's vocabulary "

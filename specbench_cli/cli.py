@@ -72,7 +72,7 @@ def run(
 
 @app.command("train-drafter")
 def train_drafter(
-    method: Annotated[str, typer.Option(help="Drafter to train (eagle3 today; dflash, dart, confu, sps follow).")] = "eagle3",
+    method: Annotated[str, typer.Option(help="Drafter to train: eagle3, dflash, dart, confu or sps (sps also serves flashhead).")] = "eagle3",
     model: Annotated[str, typer.Option(help="Registered target model (see run --list).")] = "smollm2-135m",
     out: Annotated[Optional[Path], typer.Option(help="Checkpoint folder to write. Default: drafters/<model>/<method>.")] = None,
     corpus: Annotated[Optional[Path], typer.Option(help="Self-distillation corpus folder; built there if missing. Default: ~/.cache/specbench/distill/<model>.")] = None,
@@ -82,8 +82,14 @@ def train_drafter(
     steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 2000,
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate (linear warm-up).")] = 1e-3,
     ttt: Annotated[int, typer.Option(help="EAGLE-3 training-time-test steps.")] = 3,
-    draft_vocab: Annotated[int, typer.Option(help="Draft vocabulary size (most frequent corpus tokens).")] = 4096,
-    intermediate: Annotated[int, typer.Option(help="Draft MLP width.")] = 1024,
+    draft_vocab: Annotated[int, typer.Option(help="eagle3/dart draft vocabulary size (most frequent corpus tokens).")] = 4096,
+    intermediate: Annotated[int, typer.Option(help="eagle3/dart/dflash draft MLP width.")] = 1024,
+    draft_layers: Annotated[int, typer.Option(help="dflash: draft layers (default 1); sps: target layers kept (default 2).")] = 0,
+    block_size: Annotated[int, typer.Option(help="dflash block size.")] = 8,
+    anchors: Annotated[int, typer.Option(help="dflash/dart: anchor positions sampled per sequence.")] = 64,
+    slots: Annotated[int, typer.Option(help="dart: mask slots (draft_length).")] = 4,
+    gamma: Annotated[float, typer.Option(help="dart: KL weight of level l is gamma^l.")] = 0.6,
+    init: Annotated[Optional[str], typer.Option(help="confu: EAGLE-3 checkpoint (folder or hub id) the draft starts from. Default: the model's registered eagle3 drafter; 'none' = from scratch.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for the split, the order and the initialisation.")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue a training run in --out from its saved state.")] = False,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")] = None,
@@ -96,7 +102,8 @@ def train_drafter(
     from specbench_cli import distill
     from specbench_cli.models import cache_root, get_model_spec, load_model, resolve_device, resolve_dtype
     from specbench_cli.runner import progress_bar
-    from specbench_cli.train_drafter import TRAINABLE, TrainSettings, command_line, train
+    from specbench_cli.recipes import TRAINABLE, recipe_class
+    from specbench_cli.train_drafter import TrainSettings, command_line, train
 
     try:
         if method not in TRAINABLE:
@@ -120,8 +127,13 @@ def train_drafter(
                 texts = distill.training_prompts(prompts, seed)
                 data = distill.build(loaded, texts, folder, layers, max_new_tokens, batch_size,
                                      lambda n: bar.update(task, advance=n))
+            if recipe_class(method).needs_topk and not data.has_topk:
+                task = bar.add_task("target top-k distributions", total=len(data.sequences), stats="")
+                distill.cache_topk(loaded.model, data, progress=lambda n: bar.update(task, advance=n))
             settings = TrainSettings(method=method, steps=steps, lr=lr, ttt=ttt, draft_vocab=draft_vocab,
-                                     intermediate=intermediate, seed=seed)
+                                     intermediate=intermediate, draft_layers=draft_layers, block_size=block_size,
+                                     anchors=anchors, slots=slots, gamma=gamma, seed=seed,
+                                     init="" if init == "none" else init or spec.drafters.get("eagle3", ""))
             task = bar.add_task(f"training {method}", total=steps, stats="")
 
             def progress(step: int, loss: float, acc) -> None:

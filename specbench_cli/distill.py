@@ -6,7 +6,9 @@ in batches. One teacher-forced pass then stores, per token, the outputs of every
 reads (fp16, memory-mapped) and the target's greedy next token, so several drafters train from one pass.
 
 Files in the corpus folder: `corpus.json` (token ids, prompt lengths, layers, settings), `features.npy`
-[tokens, layers × H] float16, `next.npy` [tokens] int32.
+[tokens, layers × H] float16, `next.npy` [tokens] int32; and, added by `cache_topk` the first time a KL
+objective needs them, `topk_ids.npy` [tokens, k] int32 and `topk_probs.npy` [tokens, k] float16: the target's
+k most likely next tokens at each position and their probabilities under its full softmax.
 """
 
 from __future__ import annotations
@@ -67,6 +69,16 @@ class Corpus:
 
     def next(self, i: int) -> torch.Tensor:
         return torch.from_numpy(self.next_token[self.offsets[i]:self.offsets[i + 1]].astype(np.int64))
+
+    def topk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's top-k next tokens [T, k] and their probabilities [T, k] for sequence i."""
+        ids, probs = (np.load(self.folder / name, mmap_mode="r") for name in ("topk_ids.npy", "topk_probs.npy"))
+        rows = slice(self.offsets[i], self.offsets[i + 1])
+        return torch.from_numpy(ids[rows].astype(np.int64)), torch.from_numpy(probs[rows].astype(np.float32))
+
+    @property
+    def has_topk(self) -> bool:
+        return (self.folder / "topk_probs.npy").exists()
 
     @property
     def tokens(self) -> int:
@@ -134,3 +146,25 @@ def cache_features(target: torch.nn.Module, sequences: list[list[int]], prompt_l
     (folder / "corpus.json").write_text(json.dumps({"sequences": sequences, "prompt_lens": prompt_lens,
                                                     "layers": layers, **(meta or {})}))
     return Corpus.load(folder)
+
+
+@torch.inference_mode()
+def cache_topk(target: torch.nn.Module, corpus: Corpus, k: int = 16, progress=None) -> None:
+    """Add the target's top-k next-token distribution per position (the KL targets) to a corpus folder."""
+    device = next(target.parameters()).device
+    ids = np.lib.format.open_memmap(corpus.folder / "topk_ids.tmp.npy", mode="w+", dtype=np.int32, shape=(corpus.tokens, k))
+    probs = np.lib.format.open_memmap(corpus.folder / "topk_probs.tmp.npy", mode="w+", dtype=np.float16,
+                                      shape=(corpus.tokens, k))
+    for i, seq in enumerate(corpus.sequences):
+        logits = target(torch.tensor([seq], device=device)).logits[0].float()
+        top = torch.softmax(logits, -1).topk(k, dim=-1)
+        rows = slice(corpus.offsets[i], corpus.offsets[i + 1])
+        ids[rows] = top.indices.cpu().numpy()
+        probs[rows] = top.values.cpu().numpy()
+        if progress is not None:
+            progress(1)
+    for array in (ids, probs):
+        array.flush()
+    del ids, probs
+    for name in ("topk_ids", "topk_probs"):  # renamed last, so an interrupted pass leaves no half file behind
+        (corpus.folder / f"{name}.tmp.npy").rename(corpus.folder / f"{name}.npy")

@@ -44,7 +44,10 @@ def project_drafters(model: str) -> dict[str, str]:
     folder = PROJECT_DRAFTERS / model
     if not folder.is_dir():
         return {}
-    return {d.name: str(d) for d in sorted(folder.iterdir()) if (d / "config.json").exists()}
+    found = {d.name: str(d) for d in sorted(folder.iterdir()) if (d / "config.json").exists()}
+    if "dart" in found and any(Path(found["dart"]).glob("*.trie")):  # the trainer writes the trie beside the draft
+        found["dart_ngram"] = found["dart"]
+    return found
 
 
 QWEN3_SMALL = "Qwen/Qwen3-0.6B"  # the FlashHead thesis' draft model for Qwen3 targets

@@ -230,7 +230,8 @@ def make_method(name: str, target: torch.nn.Module, folder: Path, **opts):
     from methods import method_class
 
     cls = method_class(name)
-    drafters = {name: str(folder), **({"dart_ngram": str(folder / "ngram")} if name == "dart" else {})}
+    trie = folder / "ngram" if (folder / "ngram").is_dir() else folder  # the fixtures' layout, or the trainer's
+    drafters = {name: str(folder), **({"dart_ngram": str(trie)} if name == "dart" else {})}
     return cls(cls.Options(**opts), loaded(target), drafters)
 
 

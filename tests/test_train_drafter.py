@@ -1,14 +1,19 @@
-"""The drafter trainer on a tiny target: loss goes down, held-out accuracy is reported per TTT position, the
-checkpoint loads back through the method's normal loader, and decoding with it is lossless."""
+"""The drafter trainer on a tiny target: for every trainable method the loss goes down, held-out accuracy
+is reported per draft position, the checkpoint loads back through the method's normal loader, and decoding
+with it is lossless. The batched training passes (many DFlash blocks / DART slot blocks in one forward) must
+give exactly what the inference path computes for one anchor."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
-from specbench_cli.distill import Corpus, cache_features, training_prompts
+from methods.layers import causal_mask
+from specbench_cli.distill import Corpus, cache_features, cache_topk, training_prompts
 from specbench_cli.errors import UsageError
+from specbench_cli.recipes import Sample, kl_to_topk, recipe_class
 from specbench_cli.train_drafter import TrainSettings, train
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import greedy_corpus, make_method
@@ -19,7 +24,85 @@ from tests.helpers import assert_lossless
 def corpus(tmp_path_factory):
     target = tiny_model("llama", layers=6)
     seqs = greedy_corpus(target, n=6, new=120)
-    return target, cache_features(target, seqs, [24] * len(seqs), tmp_path_factory.mktemp("corpus"), [1, 2, 3])
+    data = cache_features(target, seqs, [24] * len(seqs), tmp_path_factory.mktemp("corpus"), [1, 2, 3])
+    cache_topk(target, data, k=8)
+    return target, data
+
+
+def sample(data: Corpus, recipe, i: int = 0) -> Sample:
+    seq = data.sequences[i]
+    return Sample(torch.tensor(seq), data.next(i), data.feats(i, recipe.layers) if recipe.layers else torch.empty(0),
+                  data.prompt_lens[i], *data.topk(i))
+
+
+@pytest.mark.parametrize("method", ["dflash", "dart", "sps", "confu"])
+def test_each_recipe_learns_and_loads_back_lossless(corpus, tmp_path, method):
+    target, data = corpus
+    settings = TrainSettings(method=method, steps=90, lr=3e-3, warmup=10, draft_vocab=64, intermediate=128,
+                             eval_every=30, holdout=0.2, anchors=16)
+    card = train(target, data, tmp_path / method, settings, "specbench train-drafter (test)")
+    first, last = card["history"][0], card["history"][-1]
+    assert last["loss"] < first["loss"]
+    assert len(last["heldout_top1"]) == {"dflash": 7, "dart": 5, "sps": 1, "confu": 3}[method]
+    method_obj = make_method(method, target, tmp_path / method)
+    assert_lossless(target, method_obj, data.sequences[1][:24], min_accepted=1)
+
+
+def test_dflash_blocks_trained_together_match_one_block_at_inference(corpus):
+    target, data = corpus
+    recipe = recipe_class("dflash")(target, data, TrainSettings(method="dflash", intermediate=64))
+    recipe.model.eval()
+    s = sample(data, recipe)
+    anchors = torch.tensor([5, 30, 31, 90])
+    batched = recipe.block_logits(s, anchors)
+    for n, a in enumerate(anchors.tolist()):
+        block = torch.full((8,), recipe.model.config.mask_token_id)
+        block[0] = s.ids[a]
+        hidden, _ = recipe.model(s.feats[:a], 0, block, a)
+        torch.testing.assert_close(batched[n], recipe.model.logits(hidden[1:]), atol=1e-4, rtol=1e-4)
+
+
+def test_dart_slot_blocks_share_the_prefix_exactly(corpus):
+    target, data = corpus
+    recipe = recipe_class("dart")(target, data, TrainSettings(method="dart", intermediate=64, draft_vocab=64))
+    recipe.model.eval()
+    s, S = sample(data, recipe), recipe.model.config.mask_slots
+    anchors = torch.tensor([3, 40, 41, 100])
+    out = recipe.level_outputs(s, anchors)
+    T = s.ids.shape[0] - 1
+    for n, a in enumerate(anchors.tolist()):  # the inference call: context rows 0..a, then the slots
+        alone, _ = recipe.model.step(s.feats[:a + 1], s.ids[1:a + 2], torch.arange(a + 1 + S),
+                                     mask=causal_mask(a + 1 + S, 0, s.ids.device))
+        torch.testing.assert_close(out[a], alone[0], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out[T + n * S: T + (n + 1) * S], alone[1:], atol=1e-4, rtol=1e-4)
+
+
+def test_confu_future_in_training_is_the_one_a_verify_forward_computes(corpus):
+    """f from the trainer's contemplate pass = the side token's hidden state in Target.verify."""
+    from specbench_cli.target import Target
+    from specbench_cli.tree import DraftTree, SideTokens
+
+    target, data = corpus
+    recipe = recipe_class("confu")(target, data, TrainSettings(method="confu", intermediate=64, draft_vocab=64))
+    s, a = sample(data, recipe), 50
+    trained = recipe.futures(s, torch.tensor([20, a]))[1]
+    live = Target(target, torch.device("cpu"))
+    live.reserve(recipe.parts.soft_prompt())
+    live.prefill(s.ids[:a].tolist())  # position a is the root of the next verify; its contemplate sits at a + 1
+    tree = DraftTree([], [])
+    embed = recipe.parts.contemplate(s.feats[a]).detach()[None]
+    tree.side = SideTokens(embed, torch.tensor([1]), torch.ones(1, 1, dtype=torch.bool))
+    live.verify(int(s.ids[a]), tree)
+    torch.testing.assert_close(live.side_hidden[0], trained.detach(), atol=1e-4, rtol=1e-4)
+
+
+def test_topk_kl_is_zero_for_the_same_distribution_and_positive_otherwise():
+    logits = torch.randn(3, 10)
+    p = torch.softmax(logits, -1)
+    top = p.topk(4, dim=-1)
+    same = kl_to_topk(torch.log_softmax(logits, -1), top.indices, top.values)
+    other = kl_to_topk(torch.log_softmax(torch.randn(3, 10), -1), top.indices, top.values)
+    assert abs(float(same)) < 1e-6 and float(other) > 0
 
 
 def test_eagle3_training_learns_and_loads_back(corpus, tmp_path):
@@ -55,4 +138,4 @@ def test_corpus_round_trip_and_training_prompts(corpus):
 def test_untrainable_method_is_a_clear_error(corpus, tmp_path):
     target, data = corpus
     with pytest.raises(UsageError, match="not implemented yet"):
-        train(target, data, tmp_path / "x", TrainSettings(method="dflash"), "x")
+        train(target, data, tmp_path / "x", TrainSettings(method="confu"), "x")

@@ -1,0 +1,84 @@
+"""ConFu training (ConFu paper §3.3, scaled down): soft prompt, contemplate MoE, anchor tokens, and
+future-prediction replication, on top of an EAGLE-3 draft trained with the training-time test.
+
+Per sequence: the target's cache of the whole sequence is computed once without gradients (nothing in
+the prefix sees the soft prompt or a contemplate token, so it does not depend on what is trained). At K
+sampled anchors a, a contemplate token — the contemplate MoE of the anchor's features — sits at position
+a+1 and attends to the soft prompt, the prefix up to a, and itself, exactly as in a verify forward; its
+final hidden state is the future vector f_a, with gradients into the soft prompt and the MoE through the
+frozen target. The future MoE turns f_a into the draft's [f] entry at position a; draft rows a..a+l−1 see
+it at every TTT step (replication over l = 3 neighbouring positions: ours, the text we had gives no l).
+The draft starts from an EAGLE-3 checkpoint when one is given (`init`), else from scratch; the loss is the
+EAGLE-3 recipe's, with [f] visible.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from methods.checkpoints import Checkpoint, save
+from methods.confu import ConFuConfig, new_parts
+from methods.eagle3 import Eagle3Draft, default_capture
+from specbench_cli.distill import Corpus
+from specbench_cli.recipes import Recipe, Sample, half
+from specbench_cli.recipes.dflash import pick_anchors
+from specbench_cli.recipes.eagle3 import check_layers, new_draft, ttt_loss
+
+REPLICATE = 3  # draft positions that share one anchor's f
+
+
+class ConFuRecipe(Recipe):
+    def __init__(self, target: torch.nn.Module, corpus: Corpus, s) -> None:
+        if s.init:
+            self.model = Eagle3Draft.load(Checkpoint.read(s.init, "eagle3"), target).float().train()
+            check_layers(corpus, self.model.config.capture)
+        else:
+            self.model = new_draft(target, corpus, s.draft_vocab, s.intermediate,
+                                   default_capture(target.config.num_hidden_layers))
+        self.parts = new_parts(target, self.model, ConFuConfig())
+        self.model.confu = self.parts  # registered on the draft so the loop's optimiser and state see it
+        self.target = target
+        self.layers = self.model.config.capture
+        self.positions = s.ttt
+        self.anchors = s.anchors
+        self.to_draft = self.model.to_draft()
+
+    def futures(self, sample: Sample, anchors: torch.Tensor) -> torch.Tensor:
+        """f [N, H]: final hidden states of contemplate tokens at anchors + 1 (see the module docstring)."""
+        T, N, model = sample.ids.shape[0], anchors.shape[0], self.target
+        with torch.no_grad():
+            prefix = model(input_ids=sample.ids[None], use_cache=True).past_key_values
+        cache = DynamicCache(config=model.config)
+        for i, (k, v) in enumerate(zip(self.parts.soft_keys, self.parts.soft_values)):
+            layer = prefix.layers[i]
+            cache.update(torch.cat((k[None], layer.keys), 2), torch.cat((v[None], layer.values), 2), i)
+        S = self.parts.soft_keys.shape[2]
+        allowed = torch.cat((torch.ones(N, S, dtype=torch.bool), torch.arange(T)[None] <= anchors[:, None],
+                             torch.eye(N, dtype=torch.bool)), dim=1)
+        mask = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+        embeds = self.parts.contemplate(sample.feats[anchors])
+        out = model.base_model(inputs_embeds=embeds[None], position_ids=(anchors + 1)[None],
+                               attention_mask=mask[None, None], past_key_values=cache, use_cache=True)
+        return out.last_hidden_state[0]
+
+    def loss(self, sample: Sample) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        T = sample.ids.shape[0]
+        anchors = pick_anchors(max(sample.prompt_len - 1, 0), T - 3, self.anchors, self.model.training)
+        e_f = self.parts.future(self.futures(sample, anchors))
+        cos, sin = self.model.rotary(anchors, e_f.dtype)
+        f_kv = self.model.midlayer.token_kv(e_f, e_f, cos, sin)
+        rows = torch.arange(T)[:, None]
+        sees = (rows >= anchors[None]) & (rows < anchors[None] + REPLICATE)
+        return ttt_loss(self.model, sample.feats, sample.ids, sample.nxt, self.positions, self.to_draft, (f_kv, sees))
+
+    def export(self, out: Path) -> None:
+        del self.model.confu
+        config, tensors = self.model.export()
+        c = self.parts
+        config["confu"] = {"soft_prompt_tokens": c.soft_keys.shape[2], "experts": c.contemplate.experts.shape[0],
+                           "top_experts": c.contemplate.top}
+        save(out, config, half({**tensors, **self.parts.export()}))
+        self.model.confu = self.parts

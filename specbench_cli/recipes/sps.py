@@ -10,6 +10,7 @@ in the released asset layout, so `flashhead` finds them beside its draft model.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -19,6 +20,10 @@ from methods.flashhead import build_clustering, save_assets
 from methods.sps import EMBEDDING_FROM_TARGET
 from specbench_cli.distill import Corpus
 from specbench_cli.recipes import Recipe, Sample, half, kl_to_topk, top1
+
+
+# target config keys that do not describe the draft: how the target was stored and where it came from
+NOT_CARRIED = ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version")
 
 
 class SpsRecipe(Recipe):
@@ -48,7 +53,9 @@ class SpsRecipe(Recipe):
     def export(self, out: Path) -> None:
         tensors = {k: v for k, v in self.model.state_dict().items()
                    if k not in ("model.embed_tokens.weight", "lm_head.weight")}
-        config = {**self.model.config.to_dict(), EMBEDDING_FROM_TARGET: True, "dtype": "float16"}
+        config = {k: v for k, v in self.model.config.to_dict().items() if k not in NOT_CARRIED}
+        config.update({EMBEDDING_FROM_TARGET: True, "dtype": "float16", "architectures": [type(self.model).__name__]})
         save(out, config, half(tensors))
         head = self.model.get_output_embeddings().weight.detach().float()
-        save_assets(build_clustering(head, special=self.stop_ids), out)
+        c = build_clustering(head, special=self.stop_ids)
+        save_assets(replace(c, centroids=c.centroids.half(), assignments=c.assignments.int()), out)  # half the bytes

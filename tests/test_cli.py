@@ -18,7 +18,7 @@ BAD = [
     (["run", "--method", "baseline", "--opt", "k=1"], "takes no --opt"),
     (["run", "--target", "./no/such/checkpoint"], "target checkpoint not found"),
     (["run", "--drafter", "eagle3=/no/such"], "has no drafter 'eagle3'"),
-    (["run", "--method", "dflash"], "no dflash drafter is registered for model smollm2-135m"),
+    (["run", "--method", "confu", "--model", "qwen3-8b"], "no confu drafter is registered for model qwen3-8b"),
     (["run", "--method", "dart", "--model", "llama3.1-8b"], "DART publishes drafters and tries for Qwen3 only"),
     (["run", "--method", "eagle3", "--drafter", "eagle3=./missing/folder"], "drafter checkpoint not found"),
     (["run", "--shard", "3/2"], "bad --shard"),

@@ -39,7 +39,7 @@ class TrainSettings:
     # objectives
     ttt: int = 3  # eagle3 training-time-test steps (EAGLE-3 trains with 7; scaled down for CPU)
     block_size: int = 8  # dflash block
-    anchors: int = 64  # dflash/dart: anchor positions sampled per sequence
+    anchors: int = 64  # dflash, dart, confu: anchor positions sampled per sequence
     slots: int = 4  # dart draft_length (mask slots)
     gamma: float = 0.6  # dart: KL weight of level l is gamma^l (the DART seed's Table 4)
     init: str = ""  # confu: EAGLE-3 checkpoint the draft starts from ("" = from scratch)

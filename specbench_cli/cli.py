@@ -107,7 +107,7 @@ def train_drafter(
 
     try:
         if method not in TRAINABLE:
-            raise UsageError(f"train-drafter --method {method} is not implemented yet (issue #5); trainable: {', '.join(TRAINABLE)}")
+            raise UsageError(f"train-drafter --method {method}: no training recipe for it; trainable: {', '.join(TRAINABLE)}")
         spec = get_model_spec(model)
         out = out or Path("drafters") / model / method
         if out.exists() and not resume:

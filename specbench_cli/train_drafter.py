@@ -48,7 +48,7 @@ class TrainSettings:
 def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, command: str, progress=None,
           resume: bool = False) -> dict:
     if s.method not in TRAINABLE:
-        raise UsageError(f"train-drafter --method {s.method} is not implemented yet (issue #5); trainable: {', '.join(TRAINABLE)}")
+        raise UsageError(f"train-drafter --method {s.method}: no training recipe for it; trainable: {', '.join(TRAINABLE)}")
     torch.manual_seed(s.seed)
     target.requires_grad_(False)
     recipe = recipe_class(s.method)(target, corpus, s)

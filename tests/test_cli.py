@@ -25,6 +25,8 @@ BAD = [
     (["run", "--dataset", "missing.jsonl"], "dataset file not found"),
     (["run", "--max-new-tokens", "0"], "at least 1"),
     (["run", "--dtype", "float8"], "unknown dtype"),
+    (["train-drafter", "--method", "suffix"], "no training recipe for it"),
+    (["train-drafter", "--method", "dart", "--model", "qwen3-9b"], "unknown model 'qwen3-9b'"),
     (["profile"], "not implemented yet"),
     (["report", "results/"], "not implemented yet"),
 ]

@@ -135,14 +135,18 @@ def test_resume_refuses_changed_settings(tmp_path):
     assert result.exit_code == 2 and "max_new_tokens" in result.output
 
 
-def test_committed_eagle3_drafter_is_lossless_and_beats_a_random_one(multi_turn, tmp_path):
-    """The project's trained drafter (drafters/smollm2-135m/eagle3, found without --drafter)."""
+@pytest.mark.parametrize("method", ["eagle3", "dflash", "dart", "confu", "sps", "flashhead"])
+def test_committed_drafters_are_lossless_and_beat_a_random_one(multi_turn, tmp_path, method):
+    """The project's trained drafters (drafters/smollm2-135m/*, found without --drafter) on a two-turn prompt.
+    sps and flashhead are compared with nothing random (the fixture's sps drafter is the model itself)."""
     out = tmp_path / "trained"
-    run_cli("--method", "eagle3", "--dataset", "spec-bench", "--category", "writing", "--limit", "1",
+    run_cli("--method", method, "--dataset", "spec-bench", "--category", "writing", "--limit", "1",
             "--max-new-tokens", "48", "--warmup", "0", "--out", str(out))
     base = read_table(multi_turn["baseline"], "prompts")
     mine = read_table(out, "prompts")
     same = base.merge(mine, on=["prompt_id", "turn"], suffixes=("", "_trained"))
     assert len(same) == 2 and list(same.output_hash_trained) == list(same.output_hash)
-    trained, random = read_table(out, "rounds"), read_table(multi_turn["eagle3"], "rounds")
-    assert trained.accepted.sum() > 2 * random.accepted.sum() and trained.accepted.sum() > 0
+    trained = read_table(out, "rounds")
+    assert trained.accepted.sum() > 0
+    if method in multi_turn and method != "sps":
+        assert trained.accepted.sum() > 2 * read_table(multi_turn[method], "rounds").accepted.sum()

@@ -135,7 +135,7 @@ def test_corpus_round_trip_and_training_prompts(corpus):
     assert len(prompts) == 9 and len(set(prompts)) == 9
 
 
-def test_untrainable_method_is_a_clear_error(corpus, tmp_path):
+def test_a_method_without_a_drafter_is_a_clear_error(corpus, tmp_path):
     target, data = corpus
-    with pytest.raises(UsageError, match="not implemented yet"):
-        train(target, data, tmp_path / "x", TrainSettings(method="confu"), "x")
+    with pytest.raises(UsageError, match="no training recipe for it; trainable: eagle3, dflash, dart, sps, confu"):
+        train(target, data, tmp_path / "x", TrainSettings(method="suffix"), "x")

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from methods import method_class
 from methods.base import Method, drafter_ref, parse_options
 from specbench_cli import hardware
+from specbench_cli.telemetry import GpuTelemetry
 from specbench_cli.datasets import Prompt, load_dataset, parse_shard, select
 from specbench_cli.engine import DecodeSettings, TurnResult, decode_turn
 from specbench_cli.errors import UsageError
@@ -199,9 +200,10 @@ def execute(plan: Plan, console: Console) -> Path:
         done = set()
     model = load_model(plan.spec, plan.device, plan.dtype)
     runner = Runner(plan, model)
+    gpu = GpuTelemetry(plan.device)
     info = {"settings": settings, "method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
             "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
-            "environment": hardware.environment(plan.device), "prompts_selected": len(plan.prompts),
+            "environment": {**hardware.environment(plan.device), **gpu.info()}, "prompts_selected": len(plan.prompts),
             "started": dt.datetime.now().isoformat(timespec="seconds"), "status": "running"}
     if plan.config.resume:
         info["resumed"] = True
@@ -216,6 +218,7 @@ def execute(plan: Plan, console: Console) -> Path:
         task = bar.add_task(f"{plan.config.method} on {plan.config.dataset}", total=len(plan.prompts),
                             completed=len(plan.prompts) - len(todo), stats="")
         toks = rounds = secs = 0.0  # running totals over this session's prompts, for the bar
+        gpu.start()
         for index, prompt in todo:
             turns = runner.decode_prompt(prompt)
             writer.write_prompt(index, *runner.records(index, prompt, turns))
@@ -225,7 +228,7 @@ def execute(plan: Plan, console: Console) -> Path:
             bar.update(task, advance=1, stats=f"τ {toks / max(rounds, 1):.2f}  {toks / max(secs, 1e-9):.1f} tok/s")
 
     info.update(status="complete", finished=dt.datetime.now().isoformat(timespec="seconds"),
-                **hardware.peak_memory(plan.device))
+                **hardware.peak_memory(plan.device), **gpu.stop(int(toks)))  # energy: this session's prompts
     writer.write_json("run.json", info)
     print_summary(plan.out, console)
     return plan.out

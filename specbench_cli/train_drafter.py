@@ -84,9 +84,10 @@ def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, 
         loss, _ = recipe.loss(sample(train_ids[step % len(train_ids)]))
         window.append(float(loss.detach()))
         opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
+        if loss.requires_grad:  # a sequence too short to give any label leaves nothing to learn
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+            opt.step()
         sched.step()
         step += 1
         if step % s.eval_every == 0 or step == s.steps:

@@ -51,6 +51,18 @@ def recipe_class(method: str) -> type[Recipe]:
 TRAINABLE = ("eagle3", "dflash", "dart", "sps", "confu")
 
 
+def pick_anchors(first: int, last: int, count: int, training: bool) -> torch.Tensor:
+    """Up to `count` anchors in [first, last]: random when training, evenly spaced (fixed) when evaluating."""
+    n = last - first + 1
+    if n <= 0:
+        return torch.empty(0, dtype=torch.long)
+    if n <= count:
+        return torch.arange(first, last + 1)
+    if training:
+        return first + torch.randperm(n)[:count].sort().values
+    return torch.linspace(first, last, count).round().long().unique()
+
+
 def half(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Floating tensors to fp16 (the committed drafters' dtype); index tensors unchanged."""
     return {k: v.half() if v.is_floating_point() else v for k, v in tensors.items()}

@@ -23,8 +23,7 @@ from methods.eagle3 import default_capture
 from methods.layers import causal_mask
 from methods.ngram import Trie
 from specbench_cli.distill import Corpus
-from specbench_cli.recipes import Recipe, Sample, half, kl_to_topk, top1
-from specbench_cli.recipes.dflash import pick_anchors
+from specbench_cli.recipes import Recipe, Sample, half, kl_to_topk, pick_anchors, top1
 from specbench_cli.recipes.eagle3 import new_draft
 
 TRIE_ORDER = 3  # the reference ngram_build.py default

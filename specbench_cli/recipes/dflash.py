@@ -21,7 +21,7 @@ import torch
 from methods.checkpoints import save
 from methods.dflash import DFlashConfig, DFlashDraft, default_capture
 from specbench_cli.distill import Corpus
-from specbench_cli.recipes import Recipe, Sample, half, top1
+from specbench_cli.recipes import Recipe, Sample, half, pick_anchors, top1
 from specbench_cli.recipes.eagle3 import check_layers
 
 DECAY = {16: 7.0, 10: 5.0, 8: 4.0}  # loss decay γ per block size (DFlash paper, training details)
@@ -31,18 +31,6 @@ def unused_token(corpus: Corpus, vocab: int) -> int:
     seen = torch.zeros(vocab, dtype=torch.bool)
     seen[torch.tensor([t for seq in corpus.sequences for t in seq])] = True
     return int((~seen).nonzero()[0])
-
-
-def pick_anchors(first: int, last: int, count: int, training: bool) -> torch.Tensor:
-    """Up to `count` anchors in [first, last]: random when training, evenly spaced (fixed) when evaluating."""
-    n = last - first + 1
-    if n <= 0:
-        return torch.empty(0, dtype=torch.long)
-    if n <= count:
-        return torch.arange(first, last + 1)
-    if training:
-        return first + torch.randperm(n)[:count].sort().values
-    return torch.linspace(first, last, count).round().long().unique()
 
 
 class DFlashRecipe(Recipe):

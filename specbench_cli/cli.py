@@ -102,12 +102,11 @@ def train_drafter(
     from specbench_cli import distill
     from specbench_cli.models import cache_root, get_model_spec, load_model, resolve_device, resolve_dtype
     from specbench_cli.runner import progress_bar
-    from specbench_cli.recipes import TRAINABLE, recipe_class
+    from specbench_cli.recipes import recipe_class
     from specbench_cli.train_drafter import TrainSettings, command_line, train
 
     try:
-        if method not in TRAINABLE:
-            raise UsageError(f"train-drafter --method {method}: no training recipe for it; trainable: {', '.join(TRAINABLE)}")
+        recipe = recipe_class(method)  # an unknown method fails here, before anything loads
         spec = get_model_spec(model)
         out = out or Path("drafters") / model / method
         if out.exists() and not resume:
@@ -130,7 +129,7 @@ def train_drafter(
                 texts = distill.training_prompts(prompts, seed)
                 data = distill.build(loaded, texts, folder, layers, max_new_tokens, batch_size,
                                      lambda n: bar.update(task, advance=n))
-            if recipe_class(method).needs_topk and not data.has_topk:
+            if recipe.needs_topk and not data.has_topk:
                 task = bar.add_task("target top-k distributions", total=len(data.sequences), stats="")
                 distill.cache_topk(loaded.model, data, progress=lambda n: bar.update(task, advance=n))
             settings = TrainSettings(method=method, steps=steps, lr=lr, ttt=ttt, draft_vocab=draft_vocab,

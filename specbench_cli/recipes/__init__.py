@@ -13,6 +13,9 @@ from pathlib import Path
 
 import torch
 
+from specbench_cli.distill import Corpus
+from specbench_cli.errors import UsageError
+
 
 @dataclass
 class Sample:
@@ -41,14 +44,24 @@ class Recipe:
         raise NotImplementedError
 
 
+TRAINABLE = ("eagle3", "dflash", "dart", "sps", "confu")
+
+
 def recipe_class(method: str) -> type[Recipe]:
+    """The recipe for `method`; a method without one is a usage error naming those that have one."""
+    if method not in TRAINABLE:
+        raise UsageError(f"train-drafter --method {method}: no training recipe for it; trainable: {', '.join(TRAINABLE)}")
     from specbench_cli.recipes import confu, dart, dflash, eagle3, sps
 
     return {"eagle3": eagle3.Eagle3Recipe, "dflash": dflash.DFlashRecipe, "dart": dart.DartRecipe,
             "sps": sps.SpsRecipe, "confu": confu.ConFuRecipe}[method]
 
 
-TRAINABLE = ("eagle3", "dflash", "dart", "sps", "confu")
+def check_layers(corpus: Corpus, layers: list[int]) -> None:
+    """The corpus must hold the features of every target layer a drafter reads."""
+    missing = [l for l in layers if l not in corpus.layers]
+    if missing:
+        raise UsageError(f"corpus {corpus.folder} has no features for target layers {missing}")
 
 
 def pick_anchors(first: int, last: int, count: int, training: bool) -> torch.Tensor:

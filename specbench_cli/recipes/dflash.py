@@ -21,8 +21,7 @@ import torch
 from methods.checkpoints import save
 from methods.dflash import DFlashConfig, DFlashDraft, default_capture
 from specbench_cli.distill import Corpus
-from specbench_cli.recipes import Recipe, Sample, half, pick_anchors, top1
-from specbench_cli.recipes.eagle3 import check_layers
+from specbench_cli.recipes import Recipe, Sample, check_layers, half, pick_anchors, top1
 
 DECAY = {16: 7.0, 10: 5.0, 8: 4.0}  # loss decay γ per block size (DFlash paper, training details)
 

@@ -18,8 +18,7 @@ from methods.checkpoints import save
 from methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
 from methods.layers import causal_mask
 from specbench_cli.distill import Corpus
-from specbench_cli.errors import UsageError
-from specbench_cli.recipes import Recipe, Sample, half, top1
+from specbench_cli.recipes import Recipe, Sample, check_layers, half, top1
 
 
 def new_draft(target: torch.nn.Module, corpus: Corpus, draft_vocab: int, intermediate: int, capture: list[int],
@@ -38,12 +37,6 @@ def new_draft(target: torch.nn.Module, corpus: Corpus, draft_vocab: int, interme
     draft = Eagle3Draft(c, target.get_input_embeddings().weight.detach())
     draft.choose_vocab(corpus.sequences)
     return draft
-
-
-def check_layers(corpus: Corpus, layers: list[int]) -> None:
-    missing = [l for l in layers if l not in corpus.layers]
-    if missing:
-        raise UsageError(f"corpus {corpus.folder} has no features for target layers {missing}")
 
 
 class Eagle3Recipe(Recipe):

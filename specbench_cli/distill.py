@@ -17,6 +17,7 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -72,9 +73,14 @@ class Corpus:
 
     def topk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's top-k next tokens [T, k] and their probabilities [T, k] for sequence i."""
-        ids, probs = (np.load(self.folder / name, mmap_mode="r") for name in ("topk_ids.npy", "topk_probs.npy"))
+        ids, probs = self._topk_arrays
         rows = slice(self.offsets[i], self.offsets[i + 1])
         return torch.from_numpy(ids[rows].astype(np.int64)), torch.from_numpy(probs[rows].astype(np.float32))
+
+    @cached_property
+    def _topk_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Memory-mapped once, on the first `topk` call (the files exist only after `cache_topk`)."""
+        return tuple(np.load(self.folder / name, mmap_mode="r") for name in ("topk_ids.npy", "topk_probs.npy"))
 
     @property
     def has_topk(self) -> bool:

@@ -74,10 +74,9 @@ class ConFuRecipe(Recipe):
         return ttt_loss(self.model, sample.feats, sample.ids, sample.nxt, self.positions, self.to_draft, (f_kv, sees))
 
     def export(self, out: Path) -> None:
-        del self.model.confu
         config, tensors = self.model.export()
+        draft = {k: v for k, v in tensors.items() if not k.startswith("confu.")}  # the parts, as registered above
         c = self.parts
         config["confu"] = {"soft_prompt_tokens": c.soft_keys.shape[2], "experts": c.contemplate.experts.shape[0],
                            "top_experts": c.contemplate.top}
-        save(out, config, half({**tensors, **self.parts.export()}))
-        self.model.confu = self.parts
+        save(out, config, half({**draft, **c.export()}))

@@ -149,6 +149,45 @@ def train_drafter(
         fail(str(err))
 
 
+@app.command()
+def report(
+    results_dirs: Annotated[list[Path], typer.Argument(help="Run directories, or folders searched for them (shards and repeats of one experiment are merged).", show_default=False)],
+    out: Annotated[Optional[Path], typer.Option(help="Where tables (.md/.csv/.tex) and plots (.png/.pdf) go. Default: <first RESULTS_DIR>/report.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace the files of an existing report folder.")] = False,
+    compare: Annotated[Optional[Path], typer.Option(help="Reference results: exit 1 if τ or speedup of any (model, dataset, method) fell by more than --max-regression.")] = None,
+    max_regression: Annotated[float, typer.Option(help="Tolerated drop, in percent, for --compare.")] = 5.0,
+    along: Annotated[Optional[list[str]], typer.Option(help="Methods (labels as in the tables) for the τ-along-the-response plot (repeatable). Default: the first two drafting methods.")] = None,
+    plots: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
+) -> None:
+    """Tables and plots from results directories: τ, per-position acceptance, tokens/s, TTFT, speedup per
+    subtask and category, lossless check, oracle rows, phases, environment; optional regression gate."""
+    from specbench_cli import report as rep
+    from specbench_cli.results import load
+
+    try:
+        results = load(results_dirs)
+        reference = load([compare]) if compare else None
+        folder = out or results_dirs[0] / "report"
+        if folder.exists() and any(folder.iterdir()) and not overwrite:
+            raise UsageError(f"report folder {folder} exists; pass --overwrite to replace it or --out for another")
+    except UsageError as err:
+        fail(str(err))
+    tables = rep.all_tables(results)
+    for table in tables:
+        if table.terminal:
+            console.print(table.rich())
+        table.write(folder)
+    written = rep.figures(results, folder, along) if plots else []
+    console.print(f"wrote {len(tables)} tables (.md .csv .tex) and {len(written) // 2} figures (.png .pdf) to {folder}")
+    if reference is not None:
+        problems = rep.regressions(results, reference, max_regression)
+        for line in problems:
+            err_console.print(f"regression: {line}", highlight=False, soft_wrap=True)
+        if problems:
+            raise typer.Exit(1)
+        console.print(f"no regression beyond {max_regression:g}% against {compare}")
+
+
 def show_lists() -> None:
     import dataclasses
 
@@ -191,7 +230,6 @@ def _not_yet(command: str, issue: int, about: str) -> None:
 _not_yet("profile", 4, "Phase breakdowns and head microbenchmarks")
 _not_yet("oracle", 6, "Trace-replay oracle: Oracle-Task/Prompt/Token")
 _not_yet("calibrate", 6, "Router threshold calibration")
-_not_yet("report", 4, "Tables and plots from results directories")
 
 
 def main() -> None:

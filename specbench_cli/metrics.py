@@ -45,3 +45,34 @@ def summarise(prompts: pd.DataFrame, by: str, baseline: pd.DataFrame | None = No
 def group_column(prompts: pd.DataFrame) -> str:
     """Spec-Bench is summarised by its six subtasks; a dataset with one subtask by its categories."""
     return "subtask" if prompts.subtask.nunique() > 1 else "category"
+
+
+def position_acceptance(rounds: pd.DataFrame, positions: int | None = None) -> pd.DataFrame:
+    """Per draft position k = 1..K over rounds that drafted at least one token (vLLM's definitions):
+
+    - `rate`: share of drafting rounds whose accepted length reaches k (accepted_at_pos[k] / num_drafts);
+    - `conditional`: P(position k accepted | position k-1 accepted), among rounds whose draft reached depth k.
+    """
+    drafted = rounds[rounds.tree_size > 0]
+    K = positions or (int(drafted.draft_depth.max()) if len(drafted) else 0)
+    rows = []
+    for k in range(1, K + 1):
+        reached = drafted[(drafted.accepted >= k - 1) & (drafted.draft_depth >= k)]
+        rows.append({"position": k, "rate": (drafted.accepted >= k).mean() if len(drafted) else float("nan"),
+                     "conditional": (reached.accepted >= k).mean() if len(reached) else float("nan")})
+    return pd.DataFrame(rows, columns=["position", "rate", "conditional"])
+
+
+def survival(rounds: pd.DataFrame) -> pd.DataFrame:
+    """P(acceptance length ≥ n) for n = 1..max, acceptance length = accepted + bonus (ConFu Fig. 5)."""
+    length = rounds.accepted + 1
+    top = int(length.max()) if len(length) else 0
+    return pd.DataFrame({"length": range(1, top + 1), "share": [(length >= n).mean() for n in range(1, top + 1)]})
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two outputs differ (a length difference counts); None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
-from rich.table import Table
 
 from specbench_cli.hardware import hardware_key
 from specbench_cli.metrics import group_column, summarise
 from specbench_cli.records import read_table
+from specbench_cli.tables import Table
 
 MATCH_KEYS = ("model", "dataset", "temperature", "max_new_tokens", "dtype", "target")
 
@@ -42,28 +42,9 @@ def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
     info = json.loads((run_dir / "run.json").read_text())
     base_dir = find_baseline(run_dir, info)
     baseline = read_table(base_dir, "prompts") if base_dir else None
-    by = group_column(prompts)
-    table = summarise(prompts, by, baseline)
     title = f"{info['settings']['method']} · {info['settings']['model']} · {info['settings']['dataset']} ({info['clock']} clock)"
     note = f"speedup vs {base_dir}" if base_dir else "no matching baseline run in this results root: speedup not computed"
-    out = Table(title=title, caption=note)
-    for col in table.columns:
-        out.add_column(col, justify="left" if col == by else "right")
-    for row in table.itertuples(index=False):
-        out.add_row(*[_fmt(v) for v in row])
-    console.print(out)
-    table.to_csv(run_dir / "summary.csv", index=False)
-    (run_dir / "summary.md").write_text(f"{title}\n\n{_markdown(table)}\n\n{note}\n")
-    return table
-
-
-def _fmt(v: object) -> str:
-    if isinstance(v, float):
-        return "—" if v != v else f"{v:.2f}"
-    return str(v)
-
-
-def _markdown(df: pd.DataFrame) -> str:
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
+    table = Table("summary", title, summarise(prompts, group_column(prompts), baseline), note)
+    console.print(table.rich())
+    table.write(run_dir)
+    return table.frame

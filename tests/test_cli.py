@@ -28,7 +28,7 @@ BAD = [
     (["train-drafter", "--method", "suffix"], "no training recipe for it"),
     (["train-drafter", "--method", "dart", "--model", "qwen3-9b"], "unknown model 'qwen3-9b'"),
     (["profile"], "not implemented yet"),
-    (["report", "results/"], "not implemented yet"),
+    (["report", "no/such/results"], "results directory not found"),
 ]
 
 

@@ -1,0 +1,47 @@
+"""Where a round's time goes, from the per-round phase columns of rounds.parquet.
+
+Parts of a round: route, catchup, draft (split into the proposer's body and its output head where the
+proposer times its head), verify, accept, commit, and host: the round's host wall time minus the timed
+phases (Python between phases, bookkeeping; on CUDA also time the host ran ahead of or behind the
+device). The FlashHead thesis' profile (Tables 4.7/4.8) is a regrouping of these parts, see `flashhead_view`.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from specbench_cli.timing import PHASES
+
+PARTS = ("route", "catchup", "draft_body", "draft_head", "verify", "accept", "commit", "host")
+
+
+def split(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Milliseconds per part for every round (columns PARTS plus `round`, the host wall time)."""
+    ms = pd.DataFrame({p: rounds[f"{p}_ms"].fillna(0.0) for p in PHASES})
+    head = rounds["draft_head_ms"].fillna(0.0)
+    out = ms.drop(columns="draft").assign(draft_body=ms.draft - head, draft_head=head)
+    out["host"] = (rounds.wall_ms - ms.sum(axis=1)).clip(lower=0.0)
+    out["round"] = rounds.wall_ms
+    return out[[*PARTS, "round"]]
+
+
+def phase_table(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per part: mean, p50 and p95 ms per round and its share of the mean round time."""
+    parts = split(rounds)
+    mean_round = parts["round"].mean()
+    rows = [{"part": p, "mean_ms": parts[p].mean(), "p50_ms": parts[p].quantile(0.5), "p95_ms": parts[p].quantile(0.95),
+             "share": parts[p].mean() / mean_round if mean_round else float("nan")} for p in [*PARTS, "round"]]
+    return pd.DataFrame(rows)
+
+
+def flashhead_view(table: pd.DataFrame) -> dict[str, float]:
+    """The FlashHead thesis' profile (Tables 4.7/4.8) from a phase table:
+
+    draft-propose, base-verify and finalize (accept + commit) shares of the round; the head's share inside
+    the proposal; and the head-only ceiling, the speedup a free head would give (Amdahl: 1 / (1 - head share))."""
+    share = table.set_index("part").share
+    draft = share.draft_body + share.draft_head
+    return {"draft_propose_share": draft, "base_verify_share": share.verify,
+            "finalize_share": share.accept + share.commit,
+            "head_share_of_proposal": share.draft_head / draft if draft else float("nan"),
+            "head_only_ceiling": 1 / (1 - share.draft_head) if share.draft_head < 1 else float("inf")}

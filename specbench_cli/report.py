@@ -1,0 +1,226 @@
+"""`specbench report`: the paper tables from any number of results directories, and the regression gate.
+
+Every number comes from the metric definitions in `specbench_cli.metrics` (τ, tokens/s, speedup), so a
+report and the table `run` prints never disagree. A speedup is computed only against a `baseline` run of
+the same model, dataset, settings and hardware; the table names which baseline directory was used.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from specbench_cli import oracle
+from specbench_cli.metrics import first_divergence, group_column, position_acceptance, summarise
+from specbench_cli.phases import PARTS, split
+from specbench_cli.results import Results, RunGroup
+from specbench_cli.tables import Table
+
+NAN = float("nan")
+
+
+def datasets(results: Results) -> list[str]:
+    return list(dict.fromkeys(g.info["settings"]["dataset"] for g in results.groups))
+
+
+def in_dataset(results: Results, dataset: str) -> list[RunGroup]:
+    return [g for g in results.groups if g.info["settings"]["dataset"] == dataset]
+
+
+def _speedup_source(results: Results, group: RunGroup) -> tuple[pd.DataFrame | None, str]:
+    """The baseline prompts to divide by, and a note saying where they came from (or why there are none)."""
+    if group.method == "baseline":
+        return None, "—"
+    base = results.baseline_for(group)
+    if base is not None:
+        return base.prompts, ", ".join(f"{d.parent.name}/{d.name}" for d in base.dirs)
+    elsewhere = results.baseline_elsewhere(group)
+    if elsewhere is not None:
+        return None, f"baseline only on other hardware ({elsewhere.hardware}): not compared"
+    return None, "no baseline run of the same settings"
+
+
+def overview(results: Results) -> Table:
+    """One row per run group: overall τ, tokens/s, TTFT, speedup, and the baseline used."""
+    rows = []
+    for g in results.groups:
+        base, source = _speedup_source(results, g)
+        total = summarise(g.prompts, group_column(g.prompts), base).iloc[-1]
+        s = g.info["settings"]
+        rows.append({"dataset": s["dataset"], "model": s["model"], "method": g.label, "prompts": int(total.prompts),
+                     "τ": total.tau, "tokens/s": total.tokens_per_s, "TTFT ms": total.ttft_ms,
+                     "speedup": total.speedup, "baseline": source, "clock": g.info.get("clock", "?"),
+                     "hardware": g.hardware})
+    return Table("overview", "Overall per run (τ = mean acceptance length, bonus included; decode tokens/s)",
+                 pd.DataFrame(rows))
+
+
+def by_group(results: Results, dataset: str, by: str) -> Table:
+    """τ and speedup per subtask or category, one row per method: the Spec-Bench subtask table
+    (`by="subtask"`) and the WhiFlash-style category table (`by="category"`)."""
+    rows = []
+    order: list[str] = []
+    for g in in_dataset(results, dataset):
+        base, _ = _speedup_source(results, g)
+        table = summarise(g.prompts, by, base)
+        order += [k for k in table[by] if k not in order]
+        row = {"model": g.info["settings"]["model"], "method": g.label}
+        for r in table.itertuples(index=False):
+            row[f"{getattr(r, by)} τ"], row[f"{getattr(r, by)} ×"] = r.tau, r.speedup
+        rows.append(row)
+    order = [k for k in order if k != "overall"] + ["overall"]
+    columns = ["model", "method", *(f"{k} {m}" for k in order for m in ("τ", "×"))]
+    name = "subtasks" if by == "subtask" else "categories"
+    return Table(f"{name}_{dataset}", f"{dataset}: τ and speedup (×) per {by}", pd.DataFrame(rows, columns=columns),
+                 "× is left blank where no baseline run of the same settings and hardware exists")
+
+
+def positions(results: Results, depth: int = 8) -> Table:
+    """Per-position acceptance (vLLM's rate and the conditional rate) for every drafting method."""
+    rows = []
+    for g in results.groups:
+        pos = position_acceptance(g.rounds, depth)
+        if g.rounds.tree_size.gt(0).any():
+            row = {"dataset": g.info["settings"]["dataset"], "method": g.label}
+            row.update({f"α{r.position}": r.rate for r in pos.itertuples()})
+            row.update({f"α{r.position}|{r.position - 1}": r.conditional for r in pos.itertuples()})
+            rows.append(row)
+    return Table("acceptance_positions", "Per-position acceptance: αk = P(accepted ≥ k); αk|k-1 = P(k accepted | k-1 "
+                 "accepted, draft reached k)", pd.DataFrame(rows))
+
+
+def lossless(results: Results) -> Table:
+    """For every method group: the share of prompt turns whose output ids equal the baseline's, and where
+    the first differing ones diverge (Spec-Bench #6: a boolean hides late numeric drift)."""
+    rows = []
+    for g in results.groups:
+        base = results.baseline_for(g)
+        if g.method == "baseline" or base is None:
+            continue
+        theirs = base.prompts.set_index(["prompt_id", "turn"]).output_ids
+        diverged = []
+        shared = 0
+        for r in g.prompts.itertuples(index=False):
+            if (r.prompt_id, r.turn) in theirs.index:
+                shared += 1
+                at = first_divergence(list(r.output_ids), list(theirs[(r.prompt_id, r.turn)]))
+                if at is not None:
+                    diverged.append(f"{r.prompt_id}/{r.turn}@{at}")
+        temperature = g.info["settings"]["temperature"]
+        rows.append({"dataset": g.info["settings"]["dataset"], "method": g.label, "temperature": temperature,
+                     "turns compared": shared, "identical": (shared - len(diverged)) / shared if shared else NAN,
+                     "first divergences (prompt/turn@token)": " ".join(diverged[:6]) + (" …" if len(diverged) > 6 else "")})
+    return Table("lossless", "Lossless check against the baseline run (at temperature 0 every method must be 1.00)",
+                 pd.DataFrame(rows), "at temperature > 0 outputs differ by design; compare distributions instead")
+
+
+def oracle_tables(results: Results) -> list[Table]:
+    """Static drafters and Oracle-Task/Prompt/Token τ per subtask (or category), one table per oracle run."""
+    tables = []
+    for run in results.oracles:
+        paths = oracle.paths(run.replay)
+        by = "subtask" if paths.subtask.nunique() > 1 else "category"
+        wide = oracle.summary(paths, by).pivot(index="path", columns=by, values="tau")
+        order = [*sorted(set(wide.index) - set(oracle.ORACLES)), *oracle.ORACLES]
+        cols = [c for c in wide.columns if c != "overall"] + ["overall"]
+        frame = wide.loc[order, cols].reset_index()
+        s = run.info.get("settings", {})
+        tables.append(Table(f"oracle_{run.dir.name}", f"Oracle τ by trace replay: {s.get('model', '?')} · "
+                            f"{s.get('dataset', '?')}", frame, "Oracle-Token: fewest rounds over per-round choices"))
+    return tables
+
+
+def phases(results: Results) -> Table:
+    rows = []
+    for g in results.groups:
+        if g.rounds.verify_ms.notna().any():
+            means = split(g.rounds).mean()
+            rows.append({"dataset": g.info["settings"]["dataset"], "method": g.label,
+                         **{f"{p} ms": means[p] for p in PARTS}, "round ms": means["round"]})
+    clocks = sorted({g.info.get("clock", "?") for g in results.groups})
+    return Table("phases", f"Mean ms per round by phase (clock: {', '.join(clocks)})", pd.DataFrame(rows),
+                 "host = round wall time minus the timed phases")
+
+
+def environment(results: Results) -> Table:
+    """What each run measured on (from run.json): hardware, threads, clock, memory, energy, versions."""
+    rows = []
+    for g in results.groups:
+        env, info = g.info.get("environment", {}), g.info
+        rows.append({"method": g.label, "dataset": info["settings"]["dataset"], "dirs": len(g.dirs),
+                     "device": env.get("device", "?"), "hardware": g.hardware, "threads": env.get("torch_threads", "?"),
+                     "clock": info.get("clock", "?"), "peak RSS MB": info.get("peak_rss_mb", NAN),
+                     "CUDA peak alloc MB": info.get("cuda_max_allocated_mb", NAN),
+                     "J/token": info.get("energy_per_token_j", NAN), "torch": env.get("torch", "?"),
+                     "commit": (env.get("git_commit") or "?")[:10], "options": _options(info)})
+    return Table("environment", "Where and how each run was measured", pd.DataFrame(rows))
+
+
+def _options(info: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in info["settings"].get("options", {}).items()) or "—"
+
+
+def all_tables(results: Results) -> list[Table]:
+    tables = [overview(results)]
+    for ds in datasets(results):
+        groups = in_dataset(results, ds)
+        prompts = pd.concat([g.prompts for g in groups])
+        if prompts.subtask.nunique() > 1:
+            tables.append(by_group(results, ds, "subtask"))
+        if prompts.category.nunique() > 1:
+            tables.append(by_group(results, ds, "category"))
+            tables[-1].terminal = prompts.subtask.nunique() == 1
+    tables += [positions(results), lossless(results), *oracle_tables(results), phases(results), environment(results)]
+    for wide in tables[-3:]:
+        wide.terminal = False
+    return [t for t in tables if len(t.frame)]
+
+
+# ---------------------------------------------------------------------------------------------- gate
+def regressions(current: Results, reference: Results, max_regression_pct: float) -> list[str]:
+    """What got worse than the reference by more than the tolerance: τ and speedup per (model, dataset,
+    method); a reference row missing from the current results counts too."""
+    now = overview(current).frame.set_index(["model", "dataset", "method"])
+    ref = overview(reference).frame.set_index(["model", "dataset", "method"])
+    problems = []
+    for key, r in ref.iterrows():
+        name = "/".join(map(str, key))
+        if key not in now.index:
+            problems.append(f"{name}: missing from the current results")
+            continue
+        for metric in ("τ", "speedup"):
+            old, new = r[metric], now.loc[key, metric]
+            if old == old and old > 0:  # a metric the reference has
+                drop = (old - new) / old * 100 if new == new else float("inf")
+                if drop > max_regression_pct:
+                    problems.append(f"{name}: {metric} {old:.3f} -> {new:.3f} ({drop:.1f}% worse; tolerance "
+                                    f"{max_regression_pct:g}%)")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------- figures
+def figures(results: Results, folder, along: list[str] | None = None) -> list:
+    """Speedup/τ per category for each dataset, τ along the response for two methods (`along`, default the
+    first two drafting methods), phase breakdown and acceptance survival for every method."""
+    from specbench_cli import plots
+
+    written = []
+    many = len(datasets(results)) > 1
+    name = (lambda g: f"{g.label} · {g.info['settings']['dataset']}") if many else (lambda g: g.label)
+    for ds in datasets(results):
+        groups = in_dataset(results, ds)
+        by = group_column(pd.concat([g.prompts for g in groups]))
+        rows = {g.label: summarise(g.prompts, by, _speedup_source(results, g)[0]) for g in groups}
+        written += plots.save(plots.per_category(rows, by, f"{ds}: τ and speedup per {by}"), folder, f"per_{by}_{ds}")
+        drafting = [g for g in groups if g.rounds.tree_size.gt(0).any()]
+        pair = [g for g in groups if g.label in along] if along else drafting[:2]
+        if pair:
+            fig = plots.tau_along_response({g.label: g.rounds for g in pair})
+            written += plots.save(fig, folder, f"tau_along_response_{ds}")
+    withrounds = [g for g in results.groups if g.rounds.verify_ms.notna().any()]  # not methods owning their loop
+    if withrounds:
+        clocks = ", ".join(sorted({g.info.get("clock", "?") for g in withrounds}))
+        written += plots.save(plots.phase_bars({name(g): g.rounds for g in withrounds}, clocks), folder, "phases")
+        drafting = [g for g in withrounds if g.rounds.tree_size.gt(0).any()]
+        if drafting:
+            written += plots.save(plots.survival_curves({name(g): g.rounds for g in drafting}), folder, "survival")
+    return written

@@ -1,0 +1,140 @@
+"""Results directories as one dataset: every run below the given paths, shards and resumed parts merged.
+
+A *run group* is one experiment: the same method (and non-default options), model, dataset, sampling and
+length settings, dtype, target and hardware. Shards of a sweep and repeated directories of the same
+experiment fall into one group; a prompt/turn recorded twice keeps its newest record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from specbench_cli.errors import UsageError
+from specbench_cli.hardware import hardware_key
+from specbench_cli.records import read_table
+
+# Settings that make two runs the same experiment (besides the method label and the hardware).
+SAME_EXPERIMENT = ("model", "dataset", "temperature", "max_new_tokens", "dtype", "target")
+
+
+@dataclass
+class RunGroup:
+    label: str  # method, with its non-default options: "eagle3[depth=4]"
+    dirs: list[Path]
+    info: dict  # run.json of the newest directory
+    prompts: pd.DataFrame
+    rounds: pd.DataFrame
+
+    @property
+    def method(self) -> str:
+        return self.info["settings"]["method"]
+
+    @property
+    def hardware(self) -> str:
+        return hardware_key(self.info.get("environment", {}))
+
+    def experiment(self) -> tuple:
+        return experiment_key(self.info)
+
+
+@dataclass
+class OracleRun:
+    dir: Path
+    info: dict
+    replay: pd.DataFrame  # per position and drafter: accepted (see specbench_cli.oracle)
+
+
+@dataclass
+class Results:
+    groups: list[RunGroup]
+    oracles: list[OracleRun]
+
+    def baseline_for(self, group: RunGroup) -> RunGroup | None:
+        """The baseline group of the same experiment on the same hardware, if any."""
+        for other in self.groups:
+            if other.method == "baseline" and other.experiment() == group.experiment():
+                return other
+        return None
+
+    def baseline_elsewhere(self, group: RunGroup) -> RunGroup | None:
+        """A baseline of the same settings but measured on other hardware (named, never compared)."""
+        mine = group.experiment()[:-1]
+        for other in self.groups:
+            if other.method == "baseline" and other.experiment()[:-1] == mine and other.hardware != group.hardware:
+                return other
+        return None
+
+
+def find_run_dirs(paths: list[Path]) -> list[Path]:
+    found: list[Path] = []
+    for path in paths:
+        if not path.exists():
+            raise UsageError(f"results directory not found: {path}")
+        found += sorted(p.parent for p in ([path / "run.json"] if (path / "run.json").exists() else path.rglob("run.json")))
+    if not found:
+        raise UsageError(f"no runs found under {', '.join(map(str, paths))} (a run directory holds run.json)")
+    return sorted(set(found), key=lambda p: (p.stat().st_mtime, str(p)))
+
+
+def load(paths: list[Path]) -> Results:
+    groups: dict[tuple, list[tuple[Path, dict]]] = {}
+    oracles = []
+    for d in find_run_dirs(paths):
+        info = json.loads((d / "run.json").read_text())
+        if info.get("kind") == "oracle":
+            oracles.append(OracleRun(d, info, pd.read_parquet(d / "replay.parquet")))
+            continue
+        key = (method_label(info["settings"]), *experiment_key(info))
+        groups.setdefault(key, []).append((d, info))
+    merged = [_merge(key[0], members) for key, members in groups.items()]
+    _tell_apart(merged)
+    return Results(merged, oracles)
+
+
+def _tell_apart(groups: list[RunGroup]) -> None:
+    """Groups of one method, model and dataset that differ in other settings get those settings in their
+    label, so every table row says what it is: "suffix (max_new_tokens=128)"."""
+    same: dict[tuple, list[RunGroup]] = {}
+    for g in groups:
+        same.setdefault((g.label, g.info["settings"]["model"], g.info["settings"]["dataset"]), []).append(g)
+    names = (*SAME_EXPERIMENT, "hardware")
+    for clash in (c for c in same.values() if len(c) > 1):
+        keys = [g.experiment() for g in clash]
+        differ = [i for i in range(len(names)) if len({k[i] for k in keys}) > 1]
+        for g, k in zip(clash, keys):
+            g.label += " (" + ", ".join(f"{names[i]}={k[i].strip(chr(34))}" for i in differ) + ")"
+
+
+def _merge(label: str, members: list[tuple[Path, dict]]) -> RunGroup:
+    """Concatenate the members' records (oldest first) and keep the newest record of each prompt/turn."""
+    dirs = [d for d, _ in members]
+    prompts = pd.concat([read_table(d, "prompts") for d in dirs], ignore_index=True)
+    rounds = pd.concat([read_table(d, "rounds") for d in dirs], ignore_index=True)
+    keep = prompts.drop_duplicates(["prompt_id", "turn"], keep="last")
+    rounds = rounds[rounds.run.isin(keep.run.unique())]
+    rounds = rounds.merge(keep[["run", "prompt_id", "turn"]], on=["run", "prompt_id", "turn"])
+    return RunGroup(label, dirs, members[-1][1], keep.reset_index(drop=True), rounds)
+
+
+def experiment_key(info: dict) -> tuple:
+    """What a baseline must share with a run for a speedup to mean anything; the hardware comes last."""
+    s = info["settings"]
+    return (*(json.dumps(s.get(k)) for k in SAME_EXPERIMENT), hardware_key(info.get("environment", {})))
+
+
+def method_label(settings: dict) -> str:
+    """The method name plus the options that differ from its defaults, so sweeps stay apart."""
+    method, options = settings["method"], settings.get("options", {})
+    try:
+        from methods import method_class
+
+        defaults = {f.name: f.default for f in dataclasses.fields(method_class(method).Options)}
+    except UsageError:  # a method this version does not know: show every option
+        defaults = {}
+    changed = [f"{k}={v}" for k, v in options.items() if defaults.get(k, object()) != v]
+    return f"{method}[{','.join(changed)}]" if changed else method

@@ -1,0 +1,65 @@
+"""One table, four renderings: the terminal (rich), Markdown, CSV and LaTeX (booktabs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from rich.table import Table as RichTable
+
+
+@dataclass
+class Table:
+    name: str  # file stem
+    title: str
+    frame: pd.DataFrame
+    note: str = ""
+    terminal: bool = True  # printed by `report` (wide tables only go to files)
+
+    def rich(self) -> RichTable:
+        out = RichTable(title=self.title, caption=self.note or None)
+        for i, col in enumerate(self.frame.columns):
+            out.add_column(str(col), justify="right" if i and _numeric(self.frame[col]) else "left")
+        for row in self.frame.itertuples(index=False):
+            out.add_row(*[fmt(v) for v in row])
+        return out
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(map(str, self.frame.columns)) + " |", "|" + "---|" * len(self.frame.columns)]
+        lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in self.frame.itertuples(index=False)]
+        return "\n".join(lines)
+
+    def latex(self) -> str:
+        cols = self.frame.columns
+        spec = "l" + "".join("r" if _numeric(self.frame[c]) else "l" for c in cols[1:])
+        body = [" & ".join(_tex(fmt(v)) for v in row) + r" \\" for row in self.frame.itertuples(index=False)]
+        return "\n".join([rf"% {self.title}", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+                          " & ".join(_tex(str(c)) for c in cols) + r" \\", r"\midrule", *body, r"\bottomrule",
+                          r"\end{tabular}", ""])
+
+    def write(self, folder: Path) -> list[Path]:
+        """<name>.md (title, table, note), .csv (full precision) and .tex."""
+        folder.mkdir(parents=True, exist_ok=True)
+        md, csv, tex = (folder / f"{self.name}.{ext}" for ext in ("md", "csv", "tex"))
+        md.write_text(f"{self.title}\n\n{self.markdown()}\n" + (f"\n{self.note}\n" if self.note else ""))
+        self.frame.to_csv(csv, index=False)
+        tex.write_text(self.latex())
+        return [md, csv, tex]
+
+
+def fmt(v: object) -> str:
+    if isinstance(v, float):
+        return "—" if v != v else f"{v:.2f}"
+    return str(v)
+
+
+def _numeric(column: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(column)
+
+
+def _tex(text: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("—", "--"),
+                 ("τ", r"$\tau$"), ("×", r"$\times$"), ("≥", r"$\geq$"), ("α", r"$\alpha$")):
+        text = text.replace(a, b)
+    return text

@@ -1,0 +1,64 @@
+"""Hand-made results directories with known answers, written through the real RunWriter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specbench_cli.records import PromptRecord, RoundRecord, RunWriter, output_hash
+
+CPU = {"cpu": "Test CPU 9000", "device": "cpu", "torch_threads": 2, "git_commit": "abc"}
+
+
+@dataclass
+class Turn:
+    prompt_id: str
+    subtask: str
+    accepted: list[int]  # per round: draft tokens accepted
+    decode_ms: float
+    depth: int = 4  # draft depth of every round (0 = no draft: a baseline round)
+    ids: list[int] | None = None  # output ids (default: 0..n)
+    category: str = ""
+    turn: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(a + 1 for a in self.accepted)
+
+
+def write_run(folder: Path, method: str, turns: list[Turn], env: dict | None = None, dataset: str = "spec-bench",
+              options: dict | None = None, max_new_tokens: int = 128, phases: dict[str, float] | None = None) -> Path:
+    """A complete run directory with one round row per accepted entry and one prompt row per turn."""
+    writer = RunWriter(folder)
+    settings = {"method": method, "model": "tiny", "dataset": dataset, "temperature": 0.0, "max_new_tokens": max_new_tokens,
+                "dtype": "float32", "target": "tiny-target", "options": options or {}, "shard": "0/1"}
+    writer.create({"settings": settings, "environment": env or CPU, "clock": "perf_counter_ns", "status": "complete"})
+    phases = phases or {"draft_ms": 1.0, "verify_ms": 8.0, "wall_ms": 10.0}
+    by_prompt: dict[str, list[Turn]] = {}
+    for t in turns:
+        by_prompt.setdefault(t.prompt_id, []).append(t)
+    for index, (pid, mine) in enumerate(by_prompt.items()):
+        rounds, rows = [], []
+        for t in mine:
+            common = dict(run=folder.name, method=method, model="tiny", dataset=dataset, category=t.category or t.subtask,
+                          subtask=t.subtask, prompt_id=pid, turn=t.turn)
+            ids = t.ids if t.ids is not None else list(range(t.tokens + 1))
+            rows.append(PromptRecord(**common, index=index, prompt_tokens=10, new_tokens=len(ids), decode_tokens=t.tokens,
+                                     rounds=len(t.accepted), ttft_ms=5.0, decode_ms=t.decode_ms,
+                                     tokens_per_s=t.tokens / t.decode_ms * 1e3, tau=t.tokens / len(t.accepted),
+                                     stop_reason="max_new_tokens", clock="perf_counter_ns", output_hash=output_hash(ids),
+                                     output_text="", output_ids=ids))
+            for k, a in enumerate(t.accepted):
+                ms = {f"{p}_ms": 0.0 for p in ("route", "catchup", "draft", "draft_head", "verify", "accept", "commit", "wall")}
+                ms.update(phases)
+                rounds.append(RoundRecord(**common, round=k, proposer=method, tree_size=t.depth, draft_depth=t.depth,
+                                          accepted=a, emitted=a + 1, kv_len=10 + k, target_forwards=1, backlog=0,
+                                          entropy=float("nan"), router_score=float("nan"), **ms))
+        writer.write_prompt(index, rounds, rows)
+    return folder
+
+
+def baseline_turns(turns: list[Turn], ms_per_token: float) -> list[Turn]:
+    """The baseline of the same prompts: one token per round, same output ids."""
+    return [Turn(t.prompt_id, t.subtask, [0] * t.tokens, t.tokens * ms_per_token, depth=0, ids=t.ids,
+                 category=t.category, turn=t.turn) for t in turns]

@@ -1,0 +1,133 @@
+"""`specbench report` on hand-made record sets whose answers are known: τ, speedup, per-position acceptance,
+the lossless check, baselines on other hardware, label clashes, the regression gate and the figures."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench_cli import report
+from specbench_cli.cli import app
+from specbench_cli.metrics import first_divergence, position_acceptance, survival
+from specbench_cli.phases import flashhead_view, phase_table
+from specbench_cli.results import load
+from tests.fake_runs import CPU, Turn, baseline_turns, write_run
+
+# Prompt A (qa): 5 rounds accepting 1 → 10 tokens in 500 ms (20 tok/s); baseline 1000 ms (10 tok/s).
+# Prompt B (rag): 5 rounds accepting 3 → 20 tokens in 500 ms (40 tok/s); baseline 2000 ms (10 tok/s).
+# τ: A 2, B 4, overall 30/10 = 3; speedup per prompt 2 and 4, overall mean(20, 40) / mean(10, 10) = 3.
+TURNS = [Turn("A", "qa", [1] * 5, 500.0), Turn("B", "rag", [3] * 5, 500.0)]
+
+
+@pytest.fixture()
+def root(tmp_path):
+    write_run(tmp_path / "runs" / "base", "baseline", baseline_turns(TURNS, 100.0))
+    write_run(tmp_path / "runs" / "fast", "suffix", TURNS)
+    return tmp_path / "runs"
+
+
+def row(table, method):
+    frame = table.frame
+    return frame[frame.method == method].iloc[0]
+
+
+def test_tau_and_speedup_overall_and_per_subtask(root):
+    results = load([root])
+    overview = row(report.overview(results), "suffix")
+    assert overview["τ"] == pytest.approx(3.0) and overview["speedup"] == pytest.approx(3.0)
+    assert overview["tokens/s"] == pytest.approx(30.0) and overview["baseline"] == "runs/base"
+    sub = row(report.by_group(results, "spec-bench", "subtask"), "suffix")
+    assert (sub["qa τ"], sub["qa ×"], sub["rag τ"], sub["rag ×"]) == pytest.approx((2.0, 2.0, 4.0, 4.0))
+    base = row(report.overview(results), "baseline")
+    assert base["τ"] == 1.0 and math.isnan(base["speedup"])
+
+
+def test_speedup_is_refused_across_hardware(tmp_path):
+    write_run(tmp_path / "base", "baseline", baseline_turns(TURNS, 100.0), env={**CPU, "cpu": "Other CPU"})
+    write_run(tmp_path / "fast", "suffix", TURNS)
+    r = row(report.overview(load([tmp_path])), "suffix")
+    assert math.isnan(r["speedup"]) and "other hardware (Other CPU)" in r["baseline"]
+
+
+def test_per_position_acceptance_known_answers():
+    rounds = pd.DataFrame({"accepted": [0, 1, 2, 3, 0], "draft_depth": [3, 3, 3, 3, 0], "tree_size": [3, 3, 3, 3, 0]})
+    pos = position_acceptance(rounds).set_index("position")
+    assert list(pos.rate) == pytest.approx([3 / 4, 2 / 4, 1 / 4])  # the non-drafting round is not counted
+    assert list(pos.conditional) == pytest.approx([3 / 4, 2 / 3, 1 / 2])
+    s = survival(rounds).set_index("length").share
+    assert list(s) == pytest.approx([1.0, 3 / 5, 2 / 5, 1 / 5])
+
+
+def test_lossless_check_names_the_first_divergence(tmp_path):
+    base = [Turn("A", "qa", [0] * 6, 600.0, depth=0, ids=[5, 6, 7, 8, 9, 10, 11]),
+            Turn("B", "rag", [0] * 3, 300.0, depth=0, ids=[1, 2, 3, 4])]
+    mine = [Turn("A", "qa", [2, 2], 200.0, ids=[5, 6, 7, 99, 9, 10, 11]), Turn("B", "rag", [3], 100.0, ids=[1, 2, 3, 4])]
+    write_run(tmp_path / "base", "baseline", base)
+    write_run(tmp_path / "m", "pld", mine)
+    r = row(report.lossless(load([tmp_path])), "pld")
+    assert r["turns compared"] == 2 and r["identical"] == 0.5
+    assert r["first divergences (prompt/turn@token)"] == "A/0@3"
+    assert first_divergence([1, 2], [1, 2, 3]) == 2 and first_divergence([1], [1]) is None
+
+
+def test_shards_merge_and_clashing_labels_say_what_differs(tmp_path):
+    write_run(tmp_path / "s0", "suffix", TURNS[:1])
+    write_run(tmp_path / "s1", "suffix", TURNS[1:])
+    write_run(tmp_path / "long", "suffix", TURNS, max_new_tokens=256)
+    write_run(tmp_path / "opt", "suffix", TURNS, options={"max_depth": 8})
+    labels = {g.label: len(g.prompts) for g in load([tmp_path]).groups}
+    assert labels == {"suffix (max_new_tokens=128)": 2, "suffix (max_new_tokens=256)": 2, "suffix[max_depth=8]": 2}
+
+
+def test_phase_table_and_flashhead_view():
+    rounds = pd.DataFrame({**{f"{p}_ms": [0.0, 0.0] for p in ("route", "catchup", "accept")},
+                           "draft_ms": [4.0, 6.0], "draft_head_ms": [1.0, 3.0], "verify_ms": [4.0, 2.0],
+                           "commit_ms": [1.0, 1.0], "wall_ms": [10.0, 10.0]})
+    table = phase_table(rounds).set_index("part")
+    assert table.loc["draft_body", "mean_ms"] == 3.0 and table.loc["draft_head", "mean_ms"] == 2.0
+    assert table.loc["host", "mean_ms"] == pytest.approx(1.0) and table.loc["verify", "share"] == pytest.approx(0.3)
+    view = flashhead_view(phase_table(rounds))
+    assert view["draft_propose_share"] == pytest.approx(0.5) and view["head_share_of_proposal"] == pytest.approx(0.4)
+    assert view["head_only_ceiling"] == pytest.approx(1 / 0.8)
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, ["report", *map(str, args)])
+
+
+def test_report_writes_tables_and_figures(root, tmp_path):
+    out = tmp_path / "rep"
+    result = invoke(root, "--out", out)
+    assert result.exit_code == 0, result.output
+    for name in ("overview", "subtasks_spec-bench", "acceptance_positions", "lossless", "phases", "environment"):
+        for ext in ("md", "csv", "tex"):
+            assert (out / f"{name}.{ext}").stat().st_size > 0
+    for fig in ("per_subtask_spec-bench", "tau_along_response_spec-bench", "phases", "survival"):
+        assert (out / f"{fig}.png").read_bytes()[:4] == b"\x89PNG" and (out / f"{fig}.pdf").read_bytes()[:4] == b"%PDF"
+    assert pd.read_csv(out / "overview.csv").set_index("method").loc["suffix", "speedup"] == pytest.approx(3.0)
+    again = invoke(root, "--out", out)
+    assert again.exit_code == 2 and "--overwrite" in again.output
+
+
+def test_regression_gate_exit_codes(root, tmp_path):
+    worse = tmp_path / "worse"
+    write_run(worse / "base", "baseline", baseline_turns(TURNS, 100.0))
+    write_run(worse / "fast", "suffix", [Turn("A", "qa", [1] * 5, 500.0), Turn("B", "rag", [2, 3, 3, 3, 3, 0], 500.0)])
+    # τ falls from 3.0 to 30/11 = 2.73 (9.1%); the speedup stays 3.0.
+    assert invoke(root, "--out", tmp_path / "r0", "--compare", root, "--no-plots").exit_code == 0
+    failing = invoke(worse, "--out", tmp_path / "r1", "--compare", root, "--max-regression", "5", "--no-plots")
+    assert failing.exit_code == 1 and "tiny/spec-bench/suffix: τ 3.000 -> 2.727 (9.1% worse" in failing.output
+    assert invoke(worse, "--out", tmp_path / "r2", "--compare", root, "--max-regression", "10", "--no-plots").exit_code == 0
+    (worse / "fast" / "run.json").unlink()
+    missing = invoke(worse, "--out", tmp_path / "r3", "--compare", root, "--no-plots")
+    assert missing.exit_code == 1 and "tiny/spec-bench/suffix: missing" in missing.output
+
+
+def test_report_bad_input_is_one_line(tmp_path):
+    result = invoke(tmp_path / "nothing")
+    assert result.exit_code == 2 and "results directory not found" in result.output
+    (tmp_path / "empty").mkdir()
+    assert "no runs found" in invoke(tmp_path / "empty").output

@@ -24,50 +24,150 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+# Options `run` and `profile` share (one declaration, one help text).
+Method = Annotated[str, typer.Option(help="Decoding method (see run --list).")]
+Model = Annotated[str, typer.Option(help="Registered model name (see run --list); with --target, any new name.")]
+Dataset = Annotated[str, typer.Option(help="Registered dataset name (see run --list) or a path to a .jsonl file.")]
+Categories = Annotated[Optional[list[str]], typer.Option("--category", "--subtask", help="Keep only these categories or subtasks (repeatable).")]
+Temperature = Annotated[float, typer.Option(help="0 = greedy; > 0 samples, with lossless rejection sampling.")]
+Seed = Annotated[int, typer.Option(help="Base seed; each prompt and turn derives its own.")]
+Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16 or float16.")]
+Device = Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu, cuda, cuda:N.")]
+Warmup = Annotated[int, typer.Option(help="Prompts decoded first and not recorded, taken from the dataset outside the scored selection.")]
+Opts = Annotated[Optional[list[str]], typer.Option(help="Method hyper-parameter key=value (repeatable); see run --list for each method's options and defaults.")]
+TargetRef = Annotated[Optional[str], typer.Option(help="Target checkpoint (local folder or Hugging Face id) replacing the model's registered one.")]
+Drafters = Annotated[Optional[list[str]], typer.Option(help="Drafter checkpoint NAME=PATH_OR_HUB_ID (repeatable), replacing the model's registered one; names per method in run --list.")]
+Threads = Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")]
+
+
 @app.command()
 def run(
-    method: Annotated[str, typer.Option(help="Decoding method (see --list).")] = "baseline",
-    model: Annotated[str, typer.Option(help="Registered model name (see --list); with --target, any new name.")] = "smollm2-135m",
-    dataset: Annotated[str, typer.Option(help="Registered dataset name (see --list) or a path to a .jsonl file.")] = "spec-bench",
-    category: Annotated[Optional[list[str]], typer.Option("--category", "--subtask", help="Keep only these categories or subtasks (repeatable).")] = None,
+    method: Method = "baseline",
+    model: Model = "smollm2-135m",
+    dataset: Dataset = "spec-bench",
+    category: Categories = None,
     limit: Annotated[Optional[int], typer.Option(help="Keep N prompts, taken round-robin across subtasks. Default: all.")] = None,
     shard: Annotated[Optional[str], typer.Option(help="Run shard i/n (0-based) of the selection. Default: SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT if set, else 0/1.")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens generated per turn (Spec-Bench uses 1024).")] = 1024,
-    temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 samples, with lossless rejection sampling.")] = 0.0,
-    seed: Annotated[int, typer.Option(help="Base seed; each prompt and turn derives its own.")] = 0,
-    dtype: Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16 or float16.")] = "auto",
-    device: Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu, cuda, cuda:N.")] = "auto",
-    warmup: Annotated[int, typer.Option(help="Prompts decoded first and not recorded, taken from the dataset outside the scored selection.")] = 1,
+    temperature: Temperature = 0.0,
+    seed: Seed = 0,
+    dtype: Dtype = "auto",
+    device: Device = "auto",
+    warmup: Warmup = 1,
     out: Annotated[Optional[Path], typer.Option(help="Results directory. Default: results/<model>_<dataset>_<method>_t<temperature>[_shardIofN].")] = None,
     resume: Annotated[bool, typer.Option(help="Continue an existing results directory (same settings required).")] = False,
-    opt: Annotated[Optional[list[str]], typer.Option(help="Method hyper-parameter key=value (repeatable); see --list for each method's options and defaults.")] = None,
-    target: Annotated[Optional[str], typer.Option(help="Target checkpoint (local folder or Hugging Face id) replacing the model's registered one.")] = None,
-    drafter: Annotated[Optional[list[str]], typer.Option(help="Drafter checkpoint NAME=PATH_OR_HUB_ID (repeatable), replacing the model's registered one; names per method in --list.")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")] = None,
+    opt: Opts = None,
+    target: TargetRef = None,
+    drafter: Drafters = None,
+    threads: Threads = None,
     list_: Annotated[bool, typer.Option("--list", help="List methods, models and datasets, then exit.")] = False,
 ) -> None:
     """Decode a dataset with one method and write rounds.parquet, prompts.parquet and run.json."""
     if list_:
         show_lists()
         return
-    from specbench_cli.runner import RunConfig, execute, plan
+    from specbench_cli.runner import RunConfig
 
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        shard=shard, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
                        device=device, warmup=warmup, out=out, resume=resume, opts=opt or [], target=target,
                        drafters=drafter or [])
+    _execute(config, threads)
+
+
+def _execute(config, threads: int | None) -> Path:
+    """Plan and execute a run; bad input and Ctrl-C end the way every command ends them."""
+    from specbench_cli.runner import execute, plan
+
     if threads:
         import torch
 
         torch.set_num_threads(threads)
     try:
-        checked = plan(config, dict(os.environ))
-        execute(checked, console)
+        return execute(plan(config, dict(os.environ)), console)
     except UsageError as err:
         fail(str(err))
     except KeyboardInterrupt:
         err_console.print("interrupted: finished prompts are kept; continue with --resume")
         raise typer.Exit(130)
+
+
+@app.command()
+def profile(
+    phases: Annotated[bool, typer.Option(help="Run the method on a few prompts and break each round into its phases.")] = False,
+    component: Annotated[Optional[str], typer.Option(help="Microbenchmark one component: 'head' = dense head vs FlashHead, head alone and whole draft step (method flashhead).")] = None,
+    switching: Annotated[bool, typer.Option(help="Routed methods' switching-cost sweep (WhiFlash Table 4/12).")] = False,
+    method: Method = "baseline",
+    model: Model = "smollm2-135m",
+    dataset: Dataset = "spec-bench",
+    category: Categories = None,
+    limit: Annotated[int, typer.Option(help="Prompts profiled (round-robin across subtasks).")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens generated per turn.")] = 128,
+    temperature: Temperature = 0.0,
+    seed: Seed = 0,
+    dtype: Dtype = "auto",
+    device: Device = "auto",
+    warmup: Warmup = 1,
+    reps: Annotated[int, typer.Option(help="--component: timed repetitions per measurement (after --warmup-reps).")] = 200,
+    warmup_reps: Annotated[int, typer.Option(help="--component: untimed repetitions first.")] = 20,
+    out: Annotated[Optional[Path], typer.Option(help="Results directory. Default: results/profile/<model>_<dataset>_<method>[_head].")] = None,
+    opt: Opts = None,
+    target: TargetRef = None,
+    drafter: Drafters = None,
+    threads: Threads = None,
+) -> None:
+    """Where the time goes: per-phase round breakdown (--phases) or component microbenchmarks (--component head).
+    Every profile writes Parquet, a Markdown/CSV/LaTeX table and a PNG/PDF plot, and names its clock."""
+    from specbench_cli import profile as prof
+    from specbench_cli.runner import RunConfig
+
+    chosen = [name for name, on in (("--phases", phases), ("--component", component), ("--switching", switching)) if on]
+    if len(chosen) != 1:
+        fail("choose one of --phases, --component head or --switching")
+    if switching:
+        fail("--switching profiles routed methods (whiflash-*, hvd), which are not implemented yet (issue #6)")
+    if component not in (None, "head"):
+        fail(f"unknown --component '{component}' (choose: head)")
+    if component == "head" and method != "flashhead":
+        fail("--component head compares the dense head with FlashHead: use --method flashhead")
+    suffix = "_head" if component else ""
+    config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
+                       max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,
+                       warmup=warmup, opts=opt or [], target=target, drafters=drafter or [],
+                       out=out or Path("results") / "profile" / f"{model}_{Path(dataset).stem}_{method}{suffix}")
+    try:
+        if phases:
+            written = prof.phases(_execute(config, threads), console)
+        else:
+            written = _head_profile(config, threads, reps, warmup_reps)
+    except UsageError as err:
+        fail(str(err))
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+
+
+def _head_profile(config, threads: int | None, reps: int, warmup_reps: int) -> list[Path]:
+    from specbench_cli import plots
+    from specbench_cli import profile as prof
+    from specbench_cli.models import load_model
+    from specbench_cli.runner import Runner, plan
+    from specbench_cli.tables import Table
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    checked = plan(config, dict(os.environ))
+    loaded = load_model(checked.spec, checked.device, checked.dtype)
+    runner = Runner(checked, loaded)
+    ids = loaded.encode_chat([{"role": "user", "content": checked.prompts[0].turns[0]}])
+    frame, clock = prof.head_benchmark(runner.method, runner.target, ids, reps, warmup_reps)
+    table = Table("head", f"flashhead · {config.model}: dense head vs FlashHead ({clock} clock, {reps} reps after "
+                  f"{warmup_reps} warm-up; FlashHead thesis Tables 4.1-4.4)", frame)
+    console.print(table.rich())
+    checked.out.mkdir(parents=True)
+    frame.to_parquet(checked.out / "head.parquet")
+    return [*table.write(checked.out), checked.out / "head.parquet",
+            *plots.save(plots.head_bars(frame, clock), checked.out, "head")]
 
 
 @app.command("train-drafter")
@@ -227,7 +327,6 @@ def _not_yet(command: str, issue: int, about: str) -> None:
     app.command(name=command, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(stub)
 
 
-_not_yet("profile", 4, "Phase breakdowns and head microbenchmarks")
 _not_yet("oracle", 6, "Trace-replay oracle: Oracle-Task/Prompt/Token")
 _not_yet("calibrate", 6, "Router threshold calibration")
 

@@ -26,11 +26,12 @@ def split(rounds: pd.DataFrame) -> pd.DataFrame:
 
 
 def phase_table(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Per part: mean, p50 and p95 ms per round and its share of the mean round time."""
+    """Per part: mean, p50 and p95 ms per round and its share (%) of the mean round time."""
     parts = split(rounds)
     mean_round = parts["round"].mean()
     rows = [{"part": p, "mean_ms": parts[p].mean(), "p50_ms": parts[p].quantile(0.5), "p95_ms": parts[p].quantile(0.95),
-             "share": parts[p].mean() / mean_round if mean_round else float("nan")} for p in [*PARTS, "round"]]
+             "share_pct": 100 * parts[p].mean() / mean_round if mean_round else float("nan")}
+            for p in [*PARTS, "round"]]
     return pd.DataFrame(rows)
 
 
@@ -39,9 +40,9 @@ def flashhead_view(table: pd.DataFrame) -> dict[str, float]:
 
     draft-propose, base-verify and finalize (accept + commit) shares of the round; the head's share inside
     the proposal; and the head-only ceiling, the speedup a free head would give (Amdahl: 1 / (1 - head share))."""
-    share = table.set_index("part").share
+    share = table.set_index("part").share_pct / 100
     draft = share.draft_body + share.draft_head
-    return {"draft_propose_share": draft, "base_verify_share": share.verify,
-            "finalize_share": share.accept + share.commit,
-            "head_share_of_proposal": share.draft_head / draft if draft else float("nan"),
-            "head_only_ceiling": 1 / (1 - share.draft_head) if share.draft_head < 1 else float("inf")}
+    return {"draft-propose share %": 100 * draft, "base-verify share %": 100 * share.verify,
+            "finalize share %": 100 * (share.accept + share.commit),
+            "head share of proposal %": 100 * share.draft_head / draft if draft else float("nan"),
+            "head-only ceiling ×": 1 / (1 - share.draft_head) if share.draft_head < 1 else float("inf")}

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from specbench_cli.metrics import summarise, survival  # noqa: E402
+from specbench_cli.metrics import survival  # noqa: E402
 from specbench_cli.phases import PARTS, split  # noqa: E402
 
 
@@ -100,3 +100,21 @@ def survival_curves(series: dict[str, pd.DataFrame]) -> plt.Figure:
     _legend(ax, "method")
     return fig
 
+
+
+def head_bars(frame: pd.DataFrame, clock: str) -> plt.Figure:
+    """Mean ms (bar) and p95 (whisker) of the head alone and a whole draft step, dense vs FlashHead."""
+    components = list(dict.fromkeys(frame.component))
+    variants = list(dict.fromkeys(frame.variant))
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    x = np.arange(len(components))
+    width = 0.8 / len(variants)
+    for i, variant in enumerate(variants):
+        rows = frame[frame.variant == variant].set_index("component").reindex(components)
+        ax.bar(x + (i - (len(variants) - 1) / 2) * width, rows.mean_ms, width, label=variant, color=f"C{i}",
+               yerr=[[0] * len(rows), rows.p95_ms - rows.mean_ms], capsize=4)
+    ax.set_xticks(x, components)
+    ax.set_ylabel("ms per call (bar: mean, whisker: p95)")
+    ax.set_title(f"Draft head cost ({clock} clock)")
+    _legend(ax, "head")
+    return fig

@@ -27,7 +27,10 @@ BAD = [
     (["run", "--dtype", "float8"], "unknown dtype"),
     (["train-drafter", "--method", "suffix"], "no training recipe for it"),
     (["train-drafter", "--method", "dart", "--model", "qwen3-9b"], "unknown model 'qwen3-9b'"),
-    (["profile"], "not implemented yet"),
+    (["profile"], "choose one of --phases, --component head or --switching"),
+    (["profile", "--component", "head", "--method", "eagle3"], "use --method flashhead"),
+    (["profile", "--component", "lm"], "unknown --component 'lm'"),
+    (["profile", "--phases", "--method", "sufix"], "did you mean 'suffix'"),
     (["report", "no/such/results"], "results directory not found"),
 ]
 

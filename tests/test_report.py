@@ -88,10 +88,10 @@ def test_phase_table_and_flashhead_view():
                            "commit_ms": [1.0, 1.0], "wall_ms": [10.0, 10.0]})
     table = phase_table(rounds).set_index("part")
     assert table.loc["draft_body", "mean_ms"] == 3.0 and table.loc["draft_head", "mean_ms"] == 2.0
-    assert table.loc["host", "mean_ms"] == pytest.approx(1.0) and table.loc["verify", "share"] == pytest.approx(0.3)
+    assert table.loc["host", "mean_ms"] == pytest.approx(1.0) and table.loc["verify", "share_pct"] == pytest.approx(30.0)
     view = flashhead_view(phase_table(rounds))
-    assert view["draft_propose_share"] == pytest.approx(0.5) and view["head_share_of_proposal"] == pytest.approx(0.4)
-    assert view["head_only_ceiling"] == pytest.approx(1 / 0.8)
+    assert view["draft-propose share %"] == pytest.approx(50) and view["head share of proposal %"] == pytest.approx(40)
+    assert view["head-only ceiling ×"] == pytest.approx(1 / 0.8)
 
 
 def invoke(*args):

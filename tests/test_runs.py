@@ -150,3 +150,31 @@ def test_committed_drafters_are_lossless_and_beat_a_random_one(multi_turn, tmp_p
     assert trained.accepted.sum() > 0
     if method in multi_turn and method != "sps":
         assert trained.accepted.sum() > 2 * read_table(multi_turn[method], "rounds").accepted.sum()
+
+
+def test_report_over_real_runs_is_lossless_and_complete(multi_turn, tmp_path):
+    """`report` over the multi-turn runs: every method identical to baseline, speedups against that baseline."""
+    root = next(iter(multi_turn.values())).parent
+    out = tmp_path / "report"
+    result = CliRunner().invoke(app, ["report", str(root), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    lossless = pd.read_csv(out / "lossless.csv")
+    methods = {label.split("[")[0] for label in lossless.method}  # eagle3 ran with a small tree: "eagle3[depth=3,…]"
+    assert methods >= {"suffix", "pld", "eagle3", "dflash", "dart", "confu", "sps"} and (lossless.identical == 1.0).all()
+    overview = pd.read_csv(out / "overview.csv").set_index("method")
+    assert overview.loc["suffix", "speedup"] > 0 and overview.loc["suffix", "baseline"].endswith("/baseline")
+    assert (out / "survival.png").exists() and (out / "per_subtask_spec-bench.pdf").exists()
+
+
+def test_profile_phases_and_head(tmp_path):
+    phases = CliRunner().invoke(app, ["profile", "--phases", "--method", "suffix", *COMMON, "--limit", "1",
+                                      "--max-new-tokens", "24", "--warmup", "0", "--out", str(tmp_path / "p")])
+    assert phases.exit_code == 0, phases.output
+    table = pd.read_parquet(tmp_path / "p" / "profile" / "phases.parquet").set_index("part")
+    assert table.loc["verify", "mean_ms"] > 0 and table.loc["round", "share_pct"] == pytest.approx(100)
+    assert (tmp_path / "p" / "profile" / "phases.pdf").exists()
+    head = CliRunner().invoke(app, ["profile", "--component", "head", "--method", "flashhead", *COMMON, "--reps", "5",
+                                    "--warmup-reps", "1", "--out", str(tmp_path / "h")])
+    assert head.exit_code == 0, head.output
+    frame = pd.read_parquet(tmp_path / "h" / "head.parquet")
+    assert list(frame.variant) == ["dense", "FlashHead"] * 2 and (frame.mean_ms > 0).all()

@@ -1,0 +1,111 @@
+"""`specbench profile`: where a method's time goes.
+
+- `phases`: a short run of the method (after warm-up) whose rounds give mean/p50/p95 ms and the share of
+  the round per phase (`specbench_cli.phases`), plus the FlashHead thesis' regrouping of them.
+- `head`: microbenchmarks of a draft model's output head alone and of a whole draft step (one body
+  forward + head), dense head vs FlashHead side by side (FlashHead thesis, Tables 4.1-4.4).
+
+Timings on CUDA use a pair of CUDA events per repetition and one synchronize at the end; on CPU
+`time.perf_counter_ns`. The clock's name goes into every table title.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+import torch
+from rich.console import Console
+
+from specbench_cli.errors import UsageError
+from specbench_cli.phases import flashhead_view, phase_table
+from specbench_cli.records import read_table
+from specbench_cli.tables import Table
+
+
+def phases(run_dir: Path, console: Console) -> list[Path]:
+    """Phase table, FlashHead view and stacked-bar plot of a finished run, written under run_dir/profile."""
+    from specbench_cli import plots
+
+    info = json.loads((run_dir / "run.json").read_text())
+    rounds = read_table(run_dir, "rounds")
+    if rounds.verify_ms.isna().all():
+        raise UsageError(f"method {info['settings']['method']} runs its own loop: it has no per-phase times")
+    folder = run_dir / "profile"
+    method, clock = info["settings"]["method"], info["clock"]
+    table = Table("phases", f"{method} · {info['settings']['model']}: ms per round by phase ({clock} clock, "
+                  f"{len(rounds)} rounds)", phase_table(rounds), "host = round wall time minus the timed phases")
+    view = Table("flashhead_view", f"{method}: FlashHead thesis profile (Tables 4.7/4.8)",
+                 pd.DataFrame(list(flashhead_view(table.frame).items()), columns=["quantity", "value"]))
+    for t in (table, view):
+        console.print(t.rich())
+    written = [*table.write(folder), *view.write(folder)]
+    table.frame.to_parquet(folder / "phases.parquet")
+    written += plots.save(plots.phase_bars({method: rounds}, clock), folder, "phases")
+    return [*written, folder / "phases.parquet"]
+
+
+# ---------------------------------------------------------------------------------------------- microbenchmarks
+def repeat(fn: Callable[[], object], device: torch.device, reps: int, warmup: int) -> tuple[list[float], str]:
+    """Milliseconds of each of `reps` calls after `warmup` calls, and the clock used."""
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        pairs = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            pairs.append((start, end))
+        torch.cuda.synchronize(device)
+        return [s.elapsed_time(e) for s, e in pairs], "cuda-event"
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        fn()
+        out.append((time.perf_counter_ns() - t0) / 1e6)
+    return out, "perf_counter_ns"
+
+
+def stats(component: str, variant: str, ms: list[float]) -> dict:
+    s = pd.Series(ms)
+    return {"component": component, "variant": variant, "mean_ms": s.mean(), "p50_ms": s.quantile(0.5),
+            "p95_ms": s.quantile(0.95), "per_s": 1e3 / s.mean(), "reps": len(ms)}
+
+
+@torch.inference_mode()
+def head_benchmark(method, target, prompt_ids: list[int], reps: int, warmup: int) -> tuple[pd.DataFrame, str]:
+    """Dense head vs FlashHead of a `flashhead` method's draft model: the head alone on one hidden state,
+    and a whole draft step (one token through the draft body, then the head), each `reps` times."""
+    from methods.base import DecodeState
+    from methods.sps import SpS
+
+    device = method.model.device
+    state = DecodeState(list(prompt_ids), len(prompt_ids), target, 0.0, None)
+    method.start(state)
+    hidden = method._feed(list(prompt_ids), state)
+    length = len(method.cached)
+    heads = {"dense": lambda h: SpS.head(method, h, state), "FlashHead": lambda h: method.head(h, state)}
+
+    def step(head) -> None:
+        if len(method.cached) > length:  # forget the previous repetition's token
+            method.cache.crop(length - len(method.cached))  # transformers 5: negative = remove that many
+            method.cached = method.cached[:length]
+        head(method._feed([prompt_ids[-1]], state))
+
+    rows, clock = [], "?"
+    for variant, head in heads.items():
+        ms, clock = repeat(lambda: head(hidden), device, reps, warmup)
+        rows.append(stats("head", variant, ms))
+    for variant, head in heads.items():
+        ms, clock = repeat(lambda: step(head), device, reps, warmup)
+        rows.append(stats("draft step", variant, ms))
+    frame = pd.DataFrame(rows)
+    dense = frame.set_index(["component", "variant"]).mean_ms
+    frame["speedup_vs_dense"] = [dense[(c, "dense")] / m for c, m in zip(frame.component, frame.mean_ms)]
+    return frame, clock

@@ -32,7 +32,7 @@ Categories = Annotated[Optional[list[str]], typer.Option("--category", "--subtas
 Temperature = Annotated[float, typer.Option(help="0 = greedy; > 0 samples, with lossless rejection sampling.")]
 Seed = Annotated[int, typer.Option(help="Base seed; each prompt and turn derives its own.")]
 Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16 or float16.")]
-Device = Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu, cuda, cuda:N.")]
+Device = Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, or split: the target over all visible GPUs (device_map=auto; for acceptance studies of targets too large for one GPU, not for latency).")]
 Warmup = Annotated[int, typer.Option(help="Prompts decoded first and not recorded, taken from the dataset outside the scored selection.")]
 Opts = Annotated[Optional[list[str]], typer.Option(help="Method hyper-parameter key=value (repeatable); see run --list for each method's options and defaults.")]
 TargetRef = Annotated[Optional[str], typer.Option(help="Target checkpoint (local folder or Hugging Face id) replacing the model's registered one.")]
@@ -157,7 +157,7 @@ def _head_profile(config, threads: int | None, reps: int, warmup_reps: int) -> l
 
         torch.set_num_threads(threads)
     checked = plan(config, dict(os.environ))
-    loaded = load_model(checked.spec, checked.device, checked.dtype)
+    loaded = load_model(checked.spec, checked.device, checked.dtype, config.device == "split")
     runner = Runner(checked, loaded)
     ids = loaded.encode_chat([{"role": "user", "content": checked.prompts[0].turns[0]}])
     frame, clock = prof.head_benchmark(runner.method, runner.target, ids, reps, warmup_reps)
@@ -286,6 +286,61 @@ def report(
         if problems:
             raise typer.Exit(1)
         console.print(f"no regression beyond {max_regression:g}% against {compare}")
+
+
+@app.command()
+def sweep(
+    config: Annotated[Path, typer.Argument(help="Sweep TOML: models, datasets, methods, [run] settings, [options.<method>] grids.", show_default=False)],
+    shard: Annotated[Optional[str], typer.Option(help="Run jobs i, i+n, ... of shard i/n. Default: SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT if set, else all jobs.")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="Show the jobs (hash, directory, status, shard) and exit.")] = False,
+    slurm: Annotated[bool, typer.Option(help="Write a Slurm job-array script (<out>/sweep.sbatch) instead of running.")] = False,
+    shards: Annotated[Optional[int], typer.Option(help="--slurm: array tasks. Default: one per job.")] = None,
+    concurrency: Annotated[int, typer.Option(help="--slurm: array tasks running at once (the % cap).")] = 4,
+    hours: Annotated[float, typer.Option(help="--slurm: time limit per array task, in hours.")] = 4.0,
+    cpus: Annotated[int, typer.Option(help="--slurm: CPUs per array task.")] = 8,
+    submit: Annotated[bool, typer.Option(help="--slurm: submit the array through submitit (pip install submitit) instead of writing a script.")] = False,
+    threads: Threads = None,
+) -> None:
+    """Expand a (model x dataset x method x option) grid into jobs with stable hashes and run them here, one
+    shard of them, or as a Slurm array. Finished jobs are skipped; `specbench report <out>` merges them."""
+    from specbench_cli import sweep as sw
+
+    try:
+        grid = sw.load(config)
+        if list_:
+            show_jobs(grid, shards)
+            return
+        if slurm:
+            n = shards or len(grid.jobs)
+            if submit:
+                console.print(f"submitted array job {sw.submit(config, grid, n, concurrency, hours, cpus)} ({n} tasks)")
+                return
+            script = grid.out / "sweep.sbatch"
+            script.parent.mkdir(parents=True, exist_ok=True)
+            script.write_text(sw.slurm_script(config, grid, n, concurrency, hours, cpus))
+            console.print(f"wrote {script} ({len(grid.jobs)} jobs in {n} array tasks); submit with: sbatch {script}")
+            return
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        ran, skipped = sw.run_shard(str(config), shard, console, dict(os.environ))
+        console.print(f"sweep {config}: ran {ran} jobs, skipped {skipped} finished ones; results in {grid.out}")
+    except UsageError as err:
+        fail(str(err))
+
+
+def show_jobs(grid, shards: int | None) -> None:
+    from specbench_cli.sweep import status
+
+    n = shards or len(grid.jobs)
+    t = Table(title=f"{len(grid.jobs)} jobs under {grid.out}")
+    for column in ("shard", "hash", "directory", "options", "status"):
+        t.add_column(column)
+    for i, job in enumerate(grid.jobs):
+        t.add_row(f"{i % n}/{n}", job.hash, job.name(), " ".join(f"{k}={v}" for k, v in job.options) or "—",
+                  status(job, grid.out))
+    console.print(t)
 
 
 def show_lists() -> None:

@@ -108,6 +108,11 @@ def checkpoint_ref(ref: str, what: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- devices
 def resolve_device(device: str) -> torch.device:
+    """`split` spreads the target over every visible GPU (device_map="auto"); its inputs live on cuda:0."""
+    if device == "split":
+        if not torch.cuda.is_available():
+            raise UsageError("--device split spreads a target over GPUs, but CUDA is not available on this machine")
+        return torch.device("cuda:0")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -198,7 +203,10 @@ class LoadedModel:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, split: bool = False) -> LoadedModel:
+    """Load the target on `device`, or with `split` across all visible GPUs through accelerate's
+    device_map="auto" (layers on several GPUs run one after another: for acceptance studies of targets too
+    large for one GPU, never for latency)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -207,12 +215,13 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> Loa
     where = checkpoint_location(spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa")
+        placement = {"device_map": "auto"} if split else {}
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **placement)
     except OSError as err:
         raise UsageError(f"cannot load target '{spec.target}': {str(err).splitlines()[0]}") from None
     if tokenizer.chat_template is None:
         raise UsageError(f"target '{spec.target}' has no chat template; specbench always applies one")
-    model.to(device).eval()
+    (model if split else model.to(device)).eval()
     return LoadedModel(spec, model, tokenizer, stop_token_ids(model, tokenizer), device, dtype)
 
 

@@ -198,13 +198,16 @@ def execute(plan: Plan, console: Console) -> Path:
         done = writer.finished()
     else:
         done = set()
-    model = load_model(plan.spec, plan.device, plan.dtype)
+    split = plan.config.device == "split"
+    model = load_model(plan.spec, plan.device, plan.dtype, split)
     runner = Runner(plan, model)
     gpu = GpuTelemetry(plan.device)
     info = {"settings": settings, "method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
             "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
             "environment": {**hardware.environment(plan.device), **gpu.info()}, "prompts_selected": len(plan.prompts),
             "started": dt.datetime.now().isoformat(timespec="seconds"), "status": "running"}
+    if split:
+        info["device_map"] = getattr(model.model, "hf_device_map", "auto")  # for acceptance studies only
     if plan.config.resume:
         info["resumed"] = True
     writer.create(info)

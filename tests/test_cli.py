@@ -25,6 +25,7 @@ BAD = [
     (["run", "--dataset", "missing.jsonl"], "dataset file not found"),
     (["run", "--max-new-tokens", "0"], "at least 1"),
     (["run", "--dtype", "float8"], "unknown dtype"),
+    (["run", "--device", "split"], "CUDA is not available"),
     (["train-drafter", "--method", "suffix"], "no training recipe for it"),
     (["train-drafter", "--method", "dart", "--model", "qwen3-9b"], "unknown model 'qwen3-9b'"),
     (["profile"], "choose one of --phases, --component head or --switching"),

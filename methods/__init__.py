@@ -22,6 +22,8 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "confu": ("methods.confu", "ConFu", "ConFu: EAGLE-3 plus a future token from contemplate tokens in the target's verify pass"),
     "sps": ("methods.sps", "SpS", "speculative sampling with a small draft model (a chain of k tokens)"),
     "flashhead": ("methods.flashhead", "FlashHead", "SpS whose draft head is FlashHead (clustered head, top-p probes)"),
+    "whiflash-entropy": ("methods.whiflash", "WhiFlashEntropy", "WhiFlash: per-round eagle3/dflash routing by target entropy, lazy KV-only catch-up"),
+    "whiflash-neural": ("methods.whiflash", "WhiFlashNeural", "WhiFlash: per-round eagle3/dflash routing by a learned ΔAL predictor"),
 }
 
 

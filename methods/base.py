@@ -33,6 +33,10 @@ class DecodeState:
     temperature: float
     generator: torch.Generator | None
     clock: PhaseClock | None = None
+    category: str = ""  # the prompt's category (routers calibrated per category read it)
+    # Target logits [V] at the newest committed position (the distribution the bonus token came from);
+    # routers read it. Set after prefill and after every round, on the device, never synced by the loop.
+    next_logits: torch.Tensor | None = None
 
     def timed(self, part: str):
         """Time a part of the draft phase (e.g. "draft_head") when the loop is timing rounds."""
@@ -77,6 +81,7 @@ class Method(Proposer):
     drafter_names: ClassVar[tuple[str, ...]] = ()  # checkpoints it loads; `--drafter NAME=PATH` overrides
     optional_drafters: ClassVar[tuple[str, ...]] = ()  # further `--drafter` names it accepts but can do without
     owns_loop: ClassVar[bool] = False  # hf-generate: an outside reference that runs its own loop
+    how_to_make: ClassVar[dict[str, str]] = {}  # drafter name -> how a user makes a missing one ({model})
     # Host syncs the algorithm needs in a round beyond reading the accepted length (recorded in run.json).
     inherent_syncs: ClassVar[str] = "one per round: accepted length to host"
 
@@ -89,8 +94,20 @@ class Method(Proposer):
         """The checkpoint of drafter `name`: `--drafter` first, then the model registry."""
         return drafter_ref(type(self), self.model.spec, self.drafters, name)
 
-    def route(self, state: DecodeState) -> Proposer:
-        return self
+    def route(self, state: DecodeState) -> Route:
+        """Routed methods: pick this round's proposer (the loop calls this only when `routed`)."""
+        return Route(self)
+
+
+@dataclass
+class Route:
+    """A routed method's choice for one round, and what it decided from (recorded per round)."""
+
+    proposer: Proposer
+    backlog: int = 0  # committed positions the chosen proposer had not absorbed yet (its catch-up work)
+    entropy: float = float("nan")  # target next-token entropy the policy read (nats)
+    score: float = float("nan")  # the policy's learned score (WhiFlash ΔAL̂, HVD ŷ)
+    also: tuple[Proposer, ...] = ()  # idle proposers to bring up to date too (the always-in-sync ablation)
 
 
 def drafter_ref(cls: type[Method], spec, overrides: dict[str, str], name: str) -> str:
@@ -98,7 +115,7 @@ def drafter_ref(cls: type[Method], spec, overrides: dict[str, str], name: str) -
         return overrides[name]
     if name in spec.drafters:
         return spec.drafters[name]
-    missing = spec.missing_drafters.get(name)
+    missing = spec.missing_drafters.get(name) or cls.how_to_make.get(name, "").format(model=spec.name)
     why = f" ({missing})" if missing else ""
     raise UsageError(f"no {name} drafter is registered for model {spec.name}{why}; pass --drafter {name}=PATH_OR_HUB_ID")
 

@@ -107,12 +107,11 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden, c.eps)
         self.mlp = MLP(c.hidden, c.intermediate)
 
-    def forward(self, x, ctx, rope_x, rope_ctx, past, mask):
-        """Returns the block's new hidden states and this call's context (k, v) for the cache."""
-        ctx_kv = self.self_attn.keys_values(ctx, *rope_ctx)
+    def forward(self, x, rope_x, past, mask, ctx_kv=None):
+        """The block's new hidden states; it attends to past context, this call's context `ctx_kv`, itself."""
         attn, _ = self.self_attn(self.input_layernorm(x), *rope_x, past=past, mask=mask, extra=ctx_kv)
         x = x + attn
-        return x + self.mlp(self.post_attention_layernorm(x)), ctx_kv
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DFlashDraft(nn.Module):
@@ -153,6 +152,13 @@ class DFlashDraft(nn.Module):
                   "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": c.capture}}
         return config, dict(self.state_dict())
 
+    def context_kv(self, feats: torch.Tensor, ctx_start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the keys/values of context rows (target features of positions ctx_start..): all the
+        draft ever computes for context, which is why a DFlash catch-up is KV-only by construction."""
+        ctx = self.hidden_norm(self.fc(feats))
+        rope_ctx = self.rotary(torch.arange(ctx_start, ctx_start + feats.shape[0], device=feats.device), ctx.dtype)
+        return [layer.self_attn.keys_values(ctx, *rope_ctx) for layer in self.layers]
+
     def forward(self, feats: torch.Tensor, ctx_start: int, block_ids: torch.Tensor, block_start: int,
                 past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
                 positions: torch.Tensor | None = None, mask: torch.Tensor | None = None):
@@ -161,20 +167,22 @@ class DFlashDraft(nn.Module):
         feats: target features of positions ctx_start.. (new context); past: cached context per layer.
         The trainer stacks many blocks in one call: it passes each row's `positions` and the `mask`
         [rows, context + rows] saying which context rows and which block rows each row sees."""
+        new_kv = self.context_kv(feats, ctx_start)
+        return self.block(block_ids, block_start, past, positions, mask, new_kv), new_kv
+
+    def block(self, block_ids: torch.Tensor, block_start: int, past: list | None = None,
+              positions: torch.Tensor | None = None, mask: torch.Tensor | None = None, new_kv: list | None = None):
+        """The block's hidden states [B, H] over cached context `past` (+ this call's context `new_kv`)."""
         device, dtype = block_ids.device, self.fc.weight.dtype
-        ctx = self.hidden_norm(self.fc(feats))
-        rope_ctx = self.rotary(torch.arange(ctx_start, ctx_start + feats.shape[0], device=device), dtype)
         if positions is None:
             positions = torch.arange(block_start, block_start + block_ids.shape[0], device=device)
         rope_x = self.rotary(positions, dtype)
         x = nn.functional.embedding(block_ids, self.target_parts[0].weight) * self.config.embed_scale
         if mask is None and self.config.causal:
             mask = causal_mask(block_ids.shape[0], block_start, device)  # block_start context keys seen
-        new_kv = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, ctx, rope_x, rope_ctx, past[i] if past else None, mask)
-            new_kv.append(kv)
-        return self.norm(x), new_kv
+            x = layer(x, rope_x, past[i] if past else None, mask, new_kv[i] if new_kv else None)
+        return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.target_parts[1](hidden).float() * self.config.output_multiplier
@@ -205,18 +213,24 @@ class DFlash(FeatureDrafter):
         self.ctx_kv = None
 
     @property
-    def context_length(self) -> int:
+    def absorbed(self) -> int:
+        """Committed positions whose context keys/values are cached."""
         return 0 if self.ctx_kv is None else self.ctx_kv[0][0].shape[1]
 
     @torch.inference_mode()
+    def catch_up(self, state: DecodeState) -> None:
+        """Add the context keys/values of every committed position the draft has not seen (one batch)."""
+        if self.pending:
+            new_kv = self.draft.context_kv(self.take_pending(state, self.absorbed), self.absorbed)
+            self.ctx_kv = new_kv if self.ctx_kv is None else [append_kv(old, new) for old, new in zip(self.ctx_kv, new_kv)]
+
+    @torch.inference_mode()
     def propose(self, state: DecodeState) -> DraftTree:
-        start, length = self.context_length, state.target.length
-        feats = self.take_pending(state, start)
-        device = feats.device
+        self.catch_up(state)
+        device = state.target.device
         block = torch.full((self.block_size,), self.draft.config.mask_token_id, device=device)
         block[0] = state.tokens[-1]
-        hidden, new_kv = self.draft(feats, start, block, length, self.ctx_kv)
-        self.ctx_kv = new_kv if self.ctx_kv is None else [append_kv(old, new) for old, new in zip(self.ctx_kv, new_kv)]
+        hidden = self.draft.block(block, state.target.length, self.ctx_kv)
         with state.timed("draft_head"):
             logits = self.draft.logits(hidden[1:])
         if state.temperature <= 0:

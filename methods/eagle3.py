@@ -218,6 +218,12 @@ class Eagle3Draft(nn.Module):
         cos, sin = self.rotary(positions, h.dtype)
         return self.midlayer(self.embed(ids), h, cos, sin, past, mask, extra, slots)
 
+    def keys_values(self, h: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor):
+        """The layer's keys/values for target features h [T, 3Ht] with tokens ids [T], and nothing else."""
+        h = self.fc(h)
+        cos, sin = self.rotary(positions, h.dtype)
+        return self.midlayer.token_kv(self.embed(ids), h, cos, sin)
+
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(out)).float()
 
@@ -331,6 +337,7 @@ class Eagle3(FeatureDrafter):
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # draft KV of positions fed by target features
         # Keys/values every draft query of the round also sees (ConFu's future token); not cached.
         self.extra_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.kv_only = True  # catch-up computes keys/values only (WhiFlash's ablation sets False)
 
     def _visible(self, mask: torch.Tensor, past: int, extra: list) -> tuple[torch.Tensor, tuple | None]:
         """Put `extra_kv` first among the extra keys (after `extra`, whose columns `mask` already has) and
@@ -348,15 +355,42 @@ class Eagle3(FeatureDrafter):
         self.kv = None
 
     @torch.inference_mode()
-    def advance(self, state: DecodeState) -> torch.Tensor:
-        """Run the draft over the features it has not seen (feature t with token t+1); return the last output."""
-        start = 0 if self.kv is None else self.kv[0].shape[1]
+    def catch_up(self, state: DecodeState) -> None:
+        """KV-only prefill (WhiFlash §3.3): the draft cache of every committed position but the newest gets
+        only its keys/values (fc, norms, k/v projections), never attention, MLP or head, whose outputs
+        nothing reads. A routed method calls this for the backlog after an idle stretch; `advance` calls it
+        every round, so a plain EAGLE-3 run and a routed one build the same cache the same way."""
+        start = self.absorbed
         feats = self.take_pending(state, start)
         n, device = feats.shape[0], feats.device
-        ids = torch.tensor(state.tokens[start + 1: start + n + 1], device=device)
+        if n > 1:
+            ids = torch.tensor(state.tokens[start + 1: start + n], device=device)
+            positions = torch.arange(start, start + n - 1, device=device)
+            if self.kv_only:
+                kv = self.draft.keys_values(feats[:-1], ids, positions)
+            else:  # the ablation: run the whole layer over the backlog (outputs discarded)
+                mask, extra = self._visible(causal_mask(n - 1, start, device), start, [])
+                _, kv = self.draft.step(feats[:-1], ids, positions, self.kv, mask, extra)
+            self.kv = append_kv(self.kv, kv)
+        self.pending = [feats[-1:]]
+
+    @property
+    def absorbed(self) -> int:
+        """Committed positions already in the draft cache."""
+        return 0 if self.kv is None else self.kv[0].shape[1]
+
+    @torch.inference_mode()
+    def advance(self, state: DecodeState) -> torch.Tensor:
+        """Bring the draft up to the committed length and return its output at the newest position (feature
+        t with token t+1), from which the tree grows."""
+        self.catch_up(state)
+        start = self.absorbed
+        feats = self.take_pending(state, start)
+        device = feats.device
+        ids = torch.tensor(state.tokens[start + 1: start + 2], device=device)
         self.last_features = feats[-1]
-        mask, extra = self._visible(causal_mask(n, start, device), start, [])
-        out, (k, v) = self.draft.step(feats, ids, torch.arange(start, start + n, device=device), self.kv, mask, extra)
+        mask, extra = self._visible(causal_mask(1, start, device), start, [])
+        out, (k, v) = self.draft.step(feats, ids, torch.arange(start, start + 1, device=device), self.kv, mask, extra)
         self.kv = append_kv(self.kv, (k, v))
         return out[-1]
 

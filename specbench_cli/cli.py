@@ -108,8 +108,10 @@ def profile(
     dtype: Dtype = "auto",
     device: Device = "auto",
     warmup: Warmup = 1,
-    reps: Annotated[int, typer.Option(help="--component: timed repetitions per measurement (after --warmup-reps).")] = 200,
-    warmup_reps: Annotated[int, typer.Option(help="--component: untimed repetitions first.")] = 20,
+    reps: Annotated[int, typer.Option(help="--component/--switching: timed repetitions per measurement (after --warmup-reps).")] = 200,
+    warmup_reps: Annotated[int, typer.Option(help="--component/--switching: untimed repetitions first.")] = 20,
+    kv_lens: Annotated[Optional[list[int]], typer.Option("--kv-len", help="--switching: base KV lengths (repeatable); lengths past the target's context are skipped. Default: 512 ... 16384 (WhiFlash Table 4).")] = None,
+    backlogs: Annotated[Optional[list[int]], typer.Option("--backlog", help="--switching: backlog sizes (repeatable). Default: 1 64 128 512 1024.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Results directory. Default: results/profile/<model>_<dataset>_<method>[_head].")] = None,
     opt: Opts = None,
     target: TargetRef = None,
@@ -124,13 +126,13 @@ def profile(
     chosen = [name for name, on in (("--phases", phases), ("--component", component), ("--switching", switching)) if on]
     if len(chosen) != 1:
         fail("choose one of --phases, --component head or --switching")
-    if switching:
-        fail("--switching profiles routed methods (whiflash-*, hvd), which are not implemented yet (issue #6)")
+    if switching and not method.startswith("whiflash"):
+        fail("--switching profiles WhiFlash's catch-up: use --method whiflash-entropy or whiflash-neural")
     if component not in (None, "head"):
         fail(f"unknown --component '{component}' (choose: head)")
     if component == "head" and method != "flashhead":
         fail("--component head compares the dense head with FlashHead: use --method flashhead")
-    suffix = "_head" if component else ""
+    suffix = "_head" if component else "_switching" if switching else ""
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,
                        warmup=warmup, opts=opt or [], target=target, drafters=drafter or [],
@@ -139,17 +141,20 @@ def profile(
         if phases:
             written = prof.phases(_execute(config, threads), console)
         else:
-            written = _head_profile(config, threads, reps, warmup_reps)
+            written = _component_profile(config, threads, reps, warmup_reps, "switching" if switching else "head",
+                                         kv_lens or list(prof.SWITCH_KV), backlogs or list(prof.SWITCH_BACKLOG))
     except UsageError as err:
         fail(str(err))
     console.print(f"wrote {', '.join(str(p) for p in written)}")
 
 
-def _head_profile(config, threads: int | None, reps: int, warmup_reps: int) -> list[Path]:
+def _component_profile(config, threads: int | None, reps: int, warmup_reps: int, what: str,
+                       kv_lens: list[int], backlogs: list[int]) -> list[Path]:
+    """--component head (dense vs FlashHead) or --switching (WhiFlash catch-up cost) on the loaded method."""
     from specbench_cli import plots
     from specbench_cli import profile as prof
     from specbench_cli.models import load_model
-    from specbench_cli.runner import Runner, plan
+    from specbench_cli.runner import Runner, plan, progress_bar
     from specbench_cli.tables import Table
 
     if threads:
@@ -159,15 +164,25 @@ def _head_profile(config, threads: int | None, reps: int, warmup_reps: int) -> l
     checked = plan(config, dict(os.environ))
     loaded = load_model(checked.spec, checked.device, checked.dtype, config.device == "split")
     runner = Runner(checked, loaded)
-    ids = loaded.encode_chat([{"role": "user", "content": checked.prompts[0].turns[0]}])
-    frame, clock = prof.head_benchmark(runner.method, runner.target, ids, reps, warmup_reps)
-    table = Table("head", f"flashhead · {config.model}: dense head vs FlashHead ({clock} clock, {reps} reps after "
-                  f"{warmup_reps} warm-up; FlashHead thesis Tables 4.1-4.4)", frame)
+    header = f"({{clock}} clock, {reps} reps after {warmup_reps} warm-up"
+    if what == "head":
+        ids = loaded.encode_chat([{"role": "user", "content": checked.prompts[0].turns[0]}])
+        frame, clock = prof.head_benchmark(runner.method, runner.target, ids, reps, warmup_reps)
+        title = f"flashhead · {config.model}: dense head vs FlashHead {header}; FlashHead thesis Tables 4.1-4.4)"
+        figure = plots.head_bars
+    else:
+        with progress_bar(console) as bar:
+            task = bar.add_task("switching sweep", total=len(kv_lens) * len(backlogs), stats="")
+            frame, clock = prof.switching_sweep(runner.method, runner.target, kv_lens, backlogs, reps, warmup_reps,
+                                                lambda: bar.update(task, advance=1))
+        title = f"{config.method} · {config.model}: catch-up cost of a switch {header}; WhiFlash Table 4/12)"
+        figure = plots.switching
+    table = Table(what, title.format(clock=clock), frame)
     console.print(table.rich())
     checked.out.mkdir(parents=True)
-    frame.to_parquet(checked.out / "head.parquet")
-    return [*table.write(checked.out), checked.out / "head.parquet",
-            *plots.save(plots.head_bars(frame, clock), checked.out, "head")]
+    frame.to_parquet(checked.out / f"{what}.parquet")
+    return [*table.write(checked.out), checked.out / f"{what}.parquet",
+            *plots.save(figure(frame, clock), checked.out, what)]
 
 
 @app.command("train-drafter")
@@ -247,6 +262,95 @@ def train_drafter(
                       f"held-out top-1 per position: {card['heldout_top1_per_position']}")
     except UsageError as err:
         fail(str(err))
+
+
+@app.command()
+def oracle(
+    drafters: Annotated[str, typer.Option(help="Comma-separated drafting methods to replay, e.g. eagle3,dflash,suffix.")] = "eagle3,dflash",
+    model: Model = "smollm2-135m",
+    dataset: Dataset = "spec-bench",
+    category: Categories = None,
+    limit: Annotated[Optional[int], typer.Option(help="Keep N prompts, taken round-robin across subtasks. Default: all.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens of each greedy trace per turn.")] = 1024,
+    dtype: Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16 or float16; replay = live is exact in float32.")] = "auto",
+    device: Device = "auto",
+    warmup: Warmup = 1,
+    out: Annotated[Optional[Path], typer.Option(help="Oracle directory. Default: results/oracle_<model>_<dataset>.")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue an existing oracle directory (same settings required).")] = False,
+    opt: Annotated[Optional[list[str]], typer.Option(help="A drafter's hyper-parameter DRAFTER.key=value (repeatable), e.g. eagle3.depth=4.")] = None,
+    target: TargetRef = None,
+    drafter: Drafters = None,
+    threads: Threads = None,
+) -> None:
+    """Trace replay: one greedy trace per prompt, and for every position and drafter the tokens that drafter
+    would have accepted there; static, Oracle-Task, Oracle-Prompt and Oracle-Token τ (WhiFlash §4)."""
+    from specbench_cli import oracle_run
+    from specbench_cli import report as rep
+    from specbench_cli.results import load
+    from specbench_cli.runner import RunConfig
+
+    run_config = RunConfig(model=model, dataset=dataset, categories=category or [], limit=limit,
+                           max_new_tokens=max_new_tokens, dtype=dtype, device=device, warmup=warmup, out=out,
+                           resume=resume, target=target, drafters=drafter or [])
+    config = oracle_run.OracleConfig([d.strip() for d in drafters.split(",") if d.strip()], run_config, opt or [])
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        folder = oracle_run.execute(config, console)
+    except UsageError as err:
+        fail(str(err))
+    for table in rep.oracle_tables(load([folder])):
+        console.print(table.rich())
+        table.write(folder)
+    console.print(f"wrote {folder}")
+
+
+@app.command()
+def calibrate(
+    method: Annotated[str, typer.Option(help="whiflash-entropy (τ_entropy per category) or whiflash-neural (router MLP + τ_neural).")] = "whiflash-entropy",
+    model: Model = "smollm2-135m",
+    dataset: Annotated[str, typer.Option(help="whiflash-entropy: dataset whose categories get thresholds (its last --prompts per category are used).")] = "spec-bench",
+    prompts: Annotated[Optional[int], typer.Option(help="whiflash-entropy: prompts per category (default 4; the paper uses 32-64); whiflash-neural: training prompts replayed (default 96).")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Longest greedy trace per turn.")] = 128,
+    steps: Annotated[int, typer.Option(help="whiflash-neural: optimiser steps.")] = 1500,
+    confirm: Annotated[int, typer.Option(help="whiflash-entropy: best simulated thresholds decoded for real per category (0 = trust the simulation).")] = 2,
+    out: Annotated[Optional[Path], typer.Option(help="Artifact folder (run finds it there). Default: drafters/<model>/<method>.")] = None,
+    work: Annotated[Optional[Path], typer.Option(help="Replay and timing runs, resumable. Default: results/calibrate_<model>_<method>.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing artifact folder.")] = False,
+    threads: Threads = None,
+) -> None:
+    """Calibrate a router from trace replay and latencies measured on this machine; writes an artifact that
+    `run` loads automatically (config.json card, router.safetensors, sweep.csv)."""
+    from specbench_cli import calibrate as cal
+
+    try:
+        cal.check_method(method)
+        from specbench_cli.models import get_model_spec
+
+        get_model_spec(model)
+        folder = out or Path("drafters") / model / method
+        if folder.exists() and not overwrite:
+            raise UsageError(f"{folder} exists; pass --overwrite to replace the calibration or --out for another folder")
+        config = cal.CalibrateConfig(method, model, dataset, prompts or (96 if method == "whiflash-neural" else 4),
+                                     max_new_tokens, steps, confirm,
+                                     work or Path("results") / f"calibrate_{model}_{method}", folder)
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        if method == "whiflash-entropy":
+            result = cal.calibrate_entropy(config, console)
+            console.print(f"τ_entropy overall {result['threshold']:.3f}; per category "
+                          + ", ".join(f"{k} {v:.3f}" for k, v in result["thresholds"].items()))
+        else:
+            result = cal.calibrate_neural(config, console)
+            console.print(f"τ_neural {result['threshold']:.3f}; held-out MSE {result['heldout_mse']:.3f} "
+                          f"(predicting the mean: {result['heldout_mse_of_mean']:.3f})")
+    except UsageError as err:
+        fail(str(err))
+    console.print(f"wrote {folder}")
 
 
 @app.command()
@@ -372,18 +476,6 @@ def show_lists() -> None:
     for name, entry in DATASETS.items():
         t.add_row(name, f"datasets/{entry.path}")
     console.print(t)
-
-
-def _not_yet(command: str, issue: int, about: str) -> None:
-    def stub() -> None:
-        fail(f"`specbench {command}` is not implemented yet (issue #{issue})")
-
-    stub.__doc__ = f"{about} (not implemented yet: issue #{issue})."
-    app.command(name=command, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(stub)
-
-
-_not_yet("oracle", 6, "Trace-replay oracle: Oracle-Task/Prompt/Token")
-_not_yet("calibrate", 6, "Router threshold calibration")
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from methods.base import DecodeState, Method
+from methods.base import DecodeState, Method, Route
 from specbench_cli.acceptance import accept
 from specbench_cli.target import Target
 from specbench_cli.timing import PhaseClock, sync
@@ -29,6 +29,9 @@ class RoundInfo:
     emitted: int  # tokens this round added to the output (after any stop cut)
     kv_len: int  # target cache length before the round's verify
     target_forwards: int  # target forward passes in the round (1 unless a method needs extra ones)
+    backlog: int = 0  # routed methods: positions the chosen proposer caught up on
+    entropy: float = float("nan")  # routed methods: the policy's inputs and score
+    router_score: float = float("nan")
     phases: dict[str, float] = field(default_factory=dict)  # ms per phase and "wall"
 
 
@@ -65,7 +68,7 @@ def cut(tokens: list[int], stop_ids: frozenset[int], budget: int) -> tuple[list[
 
 
 def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings: DecodeSettings,
-                generator: torch.Generator | None = None) -> TurnResult:
+                generator: torch.Generator | None = None, category: str = "") -> TurnResult:
     if method.owns_loop:
         return method.generate(prompt_ids, settings, generator)  # type: ignore[attr-defined]
     device = target.device
@@ -73,11 +76,12 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
 
     method.attach(target)
     t0 = time.perf_counter_ns()
-    first = pick(target.prefill(prompt_ids), settings.temperature, generator)
+    prefill_logits = target.prefill(prompt_ids)
+    first = pick(prefill_logits, settings.temperature, generator)
     ttft_ms = (time.perf_counter_ns() - t0) / 1e6  # pick() read the token on the host: the device is done
 
     tokens = [*prompt_ids, first]
-    state = DecodeState(tokens, len(prompt_ids), target, settings.temperature, generator, clock)
+    state = DecodeState(tokens, len(prompt_ids), target, settings.temperature, generator, clock, category, prefill_logits)
     out, stopped = cut([first], settings.stop_ids, settings.max_new_tokens)
     method.start(state)
     infos: list[RoundInfo] = []
@@ -85,13 +89,14 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
     while not stopped and len(out) < settings.max_new_tokens:
         clock.start_round()
         kv_len, forwards = target.length, target.forwards
+        route = Route(method)
         if method.routed:
             with clock.phase("route"):
-                proposer = method.route(state)
+                route = method.route(state)
             with clock.phase("catchup"):
-                proposer.catch_up(state)
-        else:
-            proposer = method
+                for p in (route.proposer, *route.also):
+                    p.catch_up(state)
+        proposer = route.proposer
         with clock.phase("draft"):
             tree = proposer.propose(state)
         with clock.phase("verify"):
@@ -100,14 +105,15 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
             result = accept(tree, logits, settings.temperature, generator)
         new, stopped = cut(result.tokens, settings.stop_ids, settings.max_new_tokens - len(out))
         with clock.phase("commit"):
+            state.next_logits = logits[result.path[-1]]
             target.commit(result.path)
             tokens.extend(new)
             out.extend(new)
-            proposer.observe(state, new)
+            method.observe(state, new)  # a routed method passes it to every proposer
         clock.end_round()
         depth = max(tree.depths()) if len(tree) else 0
         infos.append(RoundInfo(proposer.name, len(tree), depth, result.accepted, len(new), kv_len,
-                               target.forwards - forwards))
+                               target.forwards - forwards, route.backlog, route.entropy, route.score))
     sync(device)
     decode_ms = (time.perf_counter_ns() - t1) / 1e6
     method.finish(state)

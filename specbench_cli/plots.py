@@ -118,3 +118,29 @@ def head_bars(frame: pd.DataFrame, clock: str) -> plt.Figure:
     ax.set_title(f"Draft head cost ({clock} clock)")
     _legend(ax, "head")
     return fig
+
+
+def threshold_sensitivity(sweep: pd.DataFrame, policy: str) -> plt.Figure:
+    """Simulated decode tokens/s against the routing threshold, one line per category (WhiFlash Table 2)."""
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    groups = sweep.groupby("category") if "category" in sweep else [("held-out", sweep)]
+    for category, g in groups:
+        ax.plot(g.threshold, g.tokens_per_s, marker="o", markersize=3, label=str(category))
+    ax.set_xlabel(f"{policy} threshold (EAGLE-3 above it, DFlash below)")
+    ax.set_ylabel("simulated decode tokens/s")
+    ax.set_title("Threshold sensitivity (trace replay + measured latencies)")
+    _legend(ax, "category")
+    return fig
+
+
+def switching(frame: pd.DataFrame, clock: str) -> plt.Figure:
+    """Catch-up cost of a switch as % of a round, against the base KV length, one line per backlog."""
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for backlog, g in frame.groupby("backlog"):
+        ax.plot(g.kv_len, g.catchup_pct_of_round, marker="o", markersize=3, label=f"{backlog} tokens")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("base KV length (tokens)")
+    ax.set_ylabel("catch-up cost (% of a round)")
+    ax.set_title(f"Switching cost: lazy KV-only catch-up of EAGLE-3 ({clock} clock)")
+    _legend(ax, "backlog")
+    return fig

@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 from rich.console import Console
 
+from methods.base import DecodeState
 from specbench_cli.errors import UsageError
 from specbench_cli.phases import flashhead_view, phase_table
 from specbench_cli.records import read_table
@@ -109,3 +110,70 @@ def head_benchmark(method, target, prompt_ids: list[int], reps: int, warmup: int
     dense = frame.set_index(["component", "variant"]).mean_ms
     frame["speedup_vs_dense"] = [dense[(c, "dense")] / m for c, m in zip(frame.component, frame.mean_ms)]
     return frame, clock
+
+
+# ---------------------------------------------------------------------------------------------- switching
+SWITCH_KV = (512, 1024, 2048, 4096, 8192, 16384)  # WhiFlash Table 4/12: base KV lengths
+SWITCH_BACKLOG = (1, 64, 128, 512, 1024)  # and backlog tokens
+
+
+@torch.inference_mode()
+def switching_sweep(method, target, kv_lens, backlogs, reps: int, warmup: int, progress=None) -> tuple[pd.DataFrame, str]:
+    """Catch-up cost of a switch to EAGLE-3 as a share of a round at each base KV length (WhiFlash Table 4/12).
+
+    At base length L the target's cache holds L tokens (one prefill of random ids) and the EAGLE-3 draft
+    cache L rows; a round is the target's verify of a full EAGLE-3 tree plus EAGLE-3's draft; a catch-up of
+    B tokens is the KV-only prefill of B-1 rows plus the full layer on the newest, over L + B - 1 cached rows."""
+    from methods.layers import causal_mask
+
+    eagle3, device = method.eagle3, target.device
+    draft, c = eagle3.draft, eagle3.draft.config
+    dtype = draft.fc.weight.dtype
+    most = max(backlogs)
+    limit = getattr(target.model.config, "max_position_embeddings", None) or (max(kv_lens) + most + 1)
+    gen = torch.Generator().manual_seed(0)
+    rows, clock = [], "?"
+    for L in [k for k in kv_lens if k + most + method.options.total_token < limit]:
+        ids = torch.randint(0, c.vocab, (L,), generator=gen).tolist()
+        target.prefill(ids)
+        feats = torch.randn(L + most, 3 * c.target_hidden, generator=gen).to(device, dtype)
+        tok = torch.randint(0, c.vocab, (L + most + 1,), generator=gen).to(device)
+        before = draft.keys_values(feats[:L - 1], tok[1:L], torch.arange(L - 1, device=device))
+        full = draft.keys_values(feats[:L], tok[1:L + 1], torch.arange(L, device=device))
+        state = DecodeState(ids + [int(tok[L])], L, target, 0.0, None)
+
+        def draft_round():
+            eagle3.kv, eagle3.pending = before, [feats[L - 1:L]]  # advance() adds the newest row itself
+            return eagle3.propose(state)
+
+        tree = draft_round()
+
+        def one_round() -> None:
+            draft_round()
+            target.verify(state.tokens[-1], tree)
+            _crop(target, L)
+
+        round_ms, clock = repeat(one_round, device, reps, warmup)
+        mean_round = float(pd.Series(round_ms).mean())
+        for B in backlogs:
+            def catch_up(B=B) -> None:
+                pos = torch.arange(L, L + B, device=device)
+                kv = full
+                if B > 1:  # KV-only rows, then the full layer on the newest
+                    k, v = draft.keys_values(feats[L:L + B - 1], tok[L + 1:L + B], pos[:-1])
+                    kv = (torch.cat((full[0], k), 1), torch.cat((full[1], v), 1))
+                draft.step(feats[L + B - 1:L + B], tok[L + B:L + B + 1], pos[-1:], kv, causal_mask(1, L + B - 1, device))
+
+            ms, clock = repeat(catch_up, device, reps, warmup)
+            mean = float(pd.Series(ms).mean())
+            rows.append({"kv_len": L, "backlog": B, "catchup_ms": mean, "round_ms": mean_round,
+                         "catchup_pct_of_round": 100 * mean / mean_round})
+            if progress:
+                progress()
+    return pd.DataFrame(rows), clock
+
+
+def _crop(target, length: int) -> None:
+    """Drop what a timing repetition's verify appended to the target cache."""
+    for layer in target.cache.layers:
+        layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]

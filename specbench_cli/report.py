@@ -169,9 +169,10 @@ def all_tables(results: Results) -> list[Table]:
         if prompts.category.nunique() > 1:
             tables.append(by_group(results, ds, "category"))
             tables[-1].terminal = prompts.subtask.nunique() == 1
-    tables += [positions(results), lossless(results), *oracle_tables(results), phases(results), environment(results)]
-    for wide in tables[-3:]:
-        wide.terminal = False
+    wide = [positions(results), phases(results), environment(results)]  # files only: too wide for a terminal
+    for table in wide:
+        table.terminal = False
+    tables += [lossless(results), *oracle_tables(results), *wide]
     return [t for t in tables if len(t.frame)]
 
 

@@ -154,7 +154,7 @@ class Runner:
         for t, text in enumerate(prompt.turns):
             messages.append({"role": "user", "content": text})
             ids = self.model.encode_chat(messages)
-            result = decode_turn(self.target, self.method, ids, self.settings, self._generator(prompt, t))
+            result = decode_turn(self.target, self.method, ids, self.settings, self._generator(prompt, t), prompt.category)
             messages.append({"role": "assistant", "content": self.model.decode(result.output_ids)})
             turns.append((ids, result))
         return turns
@@ -183,7 +183,8 @@ class Runner:
                 ms = {f"{p}_ms": info.phases.get(p, NAN) for p in (*PHASES, *SUB_PHASES, "wall")}
                 rounds.append(RoundRecord(**common, turn=t, round=k, proposer=info.proposer, tree_size=info.tree_size,
                                           draft_depth=info.draft_depth, accepted=info.accepted, emitted=info.emitted,
-                                          kv_len=info.kv_len, target_forwards=info.target_forwards, backlog=0, entropy=NAN, router_score=NAN, **ms))
+                                          kv_len=info.kv_len, target_forwards=info.target_forwards, backlog=info.backlog,
+                                          entropy=info.entropy, router_score=info.router_score, **ms))
         return rounds, rows
 
 

@@ -74,3 +74,14 @@ class DraftTree:
         for i, p in enumerate(self.parents, start=1):
             mask[i] |= mask[p]
         return mask
+
+    def matched(self, continuation: list[int]) -> int:
+        """Draft tokens a greedy verify would accept if the target's next tokens are `continuation`
+        (the walk `accept_greedy` makes, with the trace in place of the target's argmax)."""
+        children, node, n = self.children(), 0, 0
+        while n < len(continuation):
+            node = next((c for c in children[node] if self.tokens[c - 1] == continuation[n]), None)
+            if node is None:
+                break
+            n += 1
+        return n

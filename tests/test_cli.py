@@ -31,6 +31,12 @@ BAD = [
     (["profile"], "choose one of --phases, --component head or --switching"),
     (["profile", "--component", "head", "--method", "eagle3"], "use --method flashhead"),
     (["profile", "--component", "lm"], "unknown --component 'lm'"),
+    (["profile", "--switching", "--method", "eagle3"], "use --method whiflash-entropy"),
+    (["calibrate", "--method", "hvd"], "hvd is not implemented yet"),
+    (["calibrate", "--model", "qwen3-9b"], "unknown model 'qwen3-9b'"),
+    (["oracle", "--drafters", "confu"], "confu cannot be replayed"),
+    (["oracle", "--drafters", "eagle3", "--opt", "depth=3"], "malformed --opt 'depth=3'"),
+    (["run", "--method", "whiflash-neural", "--model", "qwen3-8b"], "no whiflash-neural drafter is registered"),
     (["profile", "--phases", "--method", "sufix"], "did you mean 'suffix'"),
     (["report", "no/such/results"], "results directory not found"),
 ]

@@ -1,0 +1,170 @@
+"""WhiFlash (Kwon et al. 2026, arXiv 2606.07710): per-round routing between an autoregressive drafter
+(EAGLE-3, a tree) and a block-diffusion drafter (DFlash, a chain), sharing one target.
+
+Each round a policy reads the target at the newest committed position and picks a drafter:
+- `whiflash-entropy`: H_t, the entropy of the target's next-token distribution; EAGLE-3 when
+  H_t > τ_entropy (uncertain text suits the tree), else DFlash. τ_entropy per category comes from
+  `specbench calibrate --method whiflash-entropy` (or `--opt threshold=`).
+- `whiflash-neural`: an MLP on the target's final-layer hidden state h_t, Linear(d → d/8) → GELU →
+  dropout → Linear(d/8 → 1), predicting ΔAL = AL_eagle3 − AL_dflash; EAGLE-3 when ΔAL̂ > τ_neural, a
+  threshold that folds in the two drafters' latencies (from `specbench calibrate --method whiflash-neural`).
+
+Lazy catch-up: the idle drafter does nothing; both only keep references to the committed positions' target
+features. On a switch, the incoming drafter absorbs the backlog in one batch, KV-only (EAGLE-3: keys and
+values of the backlog rows, the full layer on the newest row only; DFlash computes nothing but context
+keys/values anyway). `--opt lazy_catchup=false` is the always-in-sync ablation (both drafters catch up every
+round) and `--opt kv_only=false` runs EAGLE-3's whole layer over the backlog (WhiFlash Table 3).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from methods.base import DecodeState, Method, Route
+from methods.checkpoints import CheckpointError, locate
+from methods.dflash import DFlash
+from methods.eagle3 import Eagle3
+from specbench_cli.target import Target
+
+ROUTER_FILE = "router.safetensors"
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of softmax(logits), on the device."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum()
+
+
+class Router(nn.Module):
+    """WhiFlash's neural policy: standardised h_t → Linear(d, d/8) → GELU → Dropout → Linear(d/8, 1) = ΔAL̂."""
+
+    def __init__(self, hidden: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(hidden))
+        self.register_buffer("std", torch.ones(hidden))
+        self.net = nn.Sequential(nn.Linear(hidden, hidden // 8), nn.GELU(), nn.Dropout(dropout),
+                                 nn.Linear(hidden // 8, 1))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.net((h.float() - self.mean) / self.std).squeeze(-1)
+
+    @classmethod
+    def load(cls, folder: Path) -> tuple[Router, dict]:
+        from safetensors.torch import load_file
+
+        config = json.loads((folder / "config.json").read_text())
+        router = cls(int(config["hidden_size"]), float(config.get("dropout", 0.1)))
+        tensors = load_file(str(folder / ROUTER_FILE))
+        missing, unexpected = router.load_state_dict(tensors, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(f"{folder / ROUTER_FILE}: missing {missing}, unexpected {unexpected}")
+        return router.eval(), config
+
+
+class WhiFlash(Method):
+    routed = True
+    drafter_names = ("eagle3", "dflash")
+    inherent_syncs = "EAGLE-3's or DFlash's own, plus one per round: the policy's decision to host"
+    calibration = ""  # drafter name of the policy's calibration artifact
+    needs_artifact = False  # True: no --opt threshold can stand in for the artifact (the neural router)
+
+    @dataclass
+    class Options:
+        # WhiFlash Table 7: EAGLE-3 depth 8, top-k 10, 60 tree tokens; DFlash its checkpoint's block (16).
+        depth: int = 8
+        top_k: int = 10
+        total_token: int = 60
+        block_size: int = 0
+        threshold: float = math.nan  # τ; NaN = the calibrated value (per category for the entropy policy)
+        lazy_catchup: bool = True
+        kv_only: bool = True
+
+    def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
+        super().__init__(options, model, drafters)
+        o = options
+        self.eagle3 = Eagle3(Eagle3.Options(o.depth, o.top_k, o.total_token), model, drafters)
+        self.dflash = DFlash(DFlash.Options(o.block_size), model, drafters)
+        self.eagle3.kv_only = o.kv_only
+        self.calibrated = self._calibration()
+
+    def _calibration(self) -> dict:
+        """The policy's calibration card (config.json of its artifact folder), {} when none is needed."""
+        if not math.isnan(self.options.threshold) and not self.needs_artifact:
+            return {}
+        ref = self.drafters.get(self.calibration) or self.model.spec.drafters.get(self.calibration)
+        if not ref:
+            raise CheckpointError(f"{self.name} has no calibration for model {self.model.spec.name}: run `specbench "
+                                  f"calibrate --method {self.name} --model {self.model.spec.name}`"
+                                  + ("" if self.needs_artifact else " or pass --opt threshold=T"))
+        self.calibration_folder = locate(ref, self.calibration)
+        return json.loads((self.calibration_folder / "config.json").read_text())
+
+    # ------------------------------------------------------------------------------------ proposer plumbing
+    def attach(self, target: Target) -> None:
+        self.eagle3.attach(target)
+        self.dflash.attach(target)
+
+    def start(self, state: DecodeState) -> None:
+        self.eagle3.start(state)
+        self.dflash.start(state)
+
+    def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
+        self.eagle3.observe(state, new_tokens)  # both keep the accepted rows' features: no compute
+        self.dflash.observe(state, new_tokens)
+
+    # ------------------------------------------------------------------------------------ routing
+    def route(self, state: DecodeState) -> Route:
+        use_eagle3, h, score = self.decide(state)
+        chosen, idle = (self.eagle3, self.dflash) if use_eagle3 else (self.dflash, self.eagle3)
+        backlog = state.target.length - chosen.absorbed
+        return Route(chosen, backlog, h, score, () if self.options.lazy_catchup else (idle,))
+
+    def decide(self, state: DecodeState) -> tuple[bool, float, float]:
+        """(EAGLE-3?, entropy, score) for this round."""
+        raise NotImplementedError
+
+
+class WhiFlashEntropy(WhiFlash):
+    name = "whiflash-entropy"
+    calibration = "whiflash-entropy"
+    optional_drafters = ("whiflash-entropy",)  # calibrated thresholds; --opt threshold=T stands in
+
+    def threshold(self, category: str) -> float:
+        if not math.isnan(self.options.threshold):
+            return self.options.threshold
+        per = self.calibrated.get("thresholds", {})
+        return float(per.get(category, self.calibrated["threshold"]))
+
+    def decide(self, state: DecodeState) -> tuple[bool, float, float]:
+        h = float(entropy(state.next_logits))  # the round's one extra sync: the decision needs it on the host
+        return h > self.threshold(state.category), h, math.nan
+
+
+class WhiFlashNeural(WhiFlash):
+    name = "whiflash-neural"
+    calibration = "whiflash-neural"
+    needs_artifact = True
+    drafter_names = ("eagle3", "dflash", "whiflash-neural")  # the router is checked before anything loads
+    how_to_make = {"whiflash-neural": "make it with `specbench calibrate --method whiflash-neural --model {model}`"}
+
+    def __init__(self, options, model, drafters: dict[str, str] | None = None) -> None:
+        super().__init__(options, model, drafters)
+        router, config = Router.load(self.calibration_folder)
+        self.router = router.to(model.device)
+        self.layer = int(config.get("layer", model.model.config.num_hidden_layers - 1))
+        self.tau = options.threshold if not math.isnan(options.threshold) else float(config["threshold"])
+
+    def attach(self, target: Target) -> None:
+        super().attach(target)
+        target.capture([self.layer])
+
+    @torch.inference_mode()
+    def decide(self, state: DecodeState) -> tuple[bool, float, float]:
+        score = float(self.router(state.target.captured[self.layer][-1]))
+        return score > self.tau, math.nan, score

@@ -1,0 +1,353 @@
+"""`specbench calibrate`: the routers' thresholds and the WhiFlash neural router, from trace replay.
+
+Both WhiFlash policies are calibrated from the same ingredients:
+- replay of EAGLE-3 and DFlash over calibration prompts (`specbench oracle` in-process): AL_e(t), AL_d(t),
+  the target's entropy and final hidden state at every position;
+- measured latencies on this machine: the mean round time of each drafter (a short live run of each) and
+  the cost of a lazy catch-up per backlog token (EAGLE-3's KV-only prefill timed on backlogs of 1..512).
+A route over a replayed turn is then simulated exactly as the decode loop would run it (position t →
+t + AL + 1 with the chosen drafter, plus catch-up cost after an idle stretch), giving its tokens per second.
+
+- whiflash-entropy: per category, the τ_entropy maximising simulated throughput over a grid of entropy
+  quantiles; the best `--confirm` values are then decoded for real and the fastest measured one kept.
+  Calibration prompts are each category's LAST `--per-category` prompts of the dataset (runs with --limit
+  take prompts from the front); their ids are in the card.
+- whiflash-neural: the router MLP trained on (h_t, ΔAL_t = AL_e − AL_d) pairs from task-agnostic training
+  prompts (datasets/train, past the ones the embedded drafters were distilled on), AdamW, MSE, peak lr
+  1e-3 (WhiFlash's settings, fewer steps for a CPU); τ_neural is the break-even of the two drafters'
+  measured throughputs: EAGLE-3 pays when ΔAL > (L_e / L_d − 1)(ĀL_d + 1). The Table 2 sweep
+  τ_neural ∈ {−1, −0.5, 0, 0.5, 1, 1.5, 2} is simulated on the held-out pairs.
+
+Artifacts land in drafters/<model>/<method>/ (config.json = card with data, settings and metrics;
+router.safetensors for the neural router; sweep.csv) where `run` finds them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from rich.console import Console
+
+from specbench_cli.errors import UsageError
+
+TABLE2_THRESHOLDS = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # WhiFlash Table 2's τ_neural sweep
+
+
+@dataclass
+class Latency:
+    """Measured costs on this machine (ms)."""
+
+    eagle3: float  # mean round time of an EAGLE-3 round
+    dflash: float  # mean round time of a DFlash round
+    catchup_per_token: float  # EAGLE-3 KV-only prefill, per backlog token
+
+    def as_dict(self) -> dict:
+        return {"eagle3_round_ms": self.eagle3, "dflash_round_ms": self.dflash,
+                "catchup_ms_per_backlog_token": self.catchup_per_token}
+
+
+# ---------------------------------------------------------------------------------------------- simulation
+def simulate(al_e: np.ndarray, al_d: np.ndarray, use_eagle3: np.ndarray, lat: Latency) -> tuple[int, int, float]:
+    """(tokens, rounds, ms) of a routed decode of one replayed turn: at each round start t the route says
+    which drafter drafts; EAGLE-3 coming back after an idle stretch first catches up on the positions since
+    it last drafted."""
+    T = len(al_e)
+    t = rounds = 0
+    ms = 0.0
+    eagle_at = 0  # the position up to which EAGLE-3's cache is current
+    while t < T:
+        if use_eagle3[t]:
+            ms += lat.eagle3 + lat.catchup_per_token * max(t - eagle_at, 0)
+            t += int(al_e[t]) + 1
+            eagle_at = t
+        else:
+            ms += lat.dflash
+            t += int(al_d[t]) + 1
+        rounds += 1
+    return T, rounds, ms
+
+
+def throughput(turns: list[tuple[np.ndarray, np.ndarray, np.ndarray]], lat: Latency) -> tuple[float, float]:
+    """(tokens/s, τ) over turns of (al_e, al_d, use_eagle3)."""
+    tokens = rounds = 0
+    ms = 0.0
+    for al_e, al_d, use in turns:
+        a, b, c = simulate(al_e, al_d, use, lat)
+        tokens, rounds, ms = tokens + a, rounds + b, ms + c
+    return tokens / (ms / 1e3) if ms else 0.0, tokens / max(rounds, 1)
+
+
+def replayed_turns(oracle_dir: Path) -> pd.DataFrame:
+    """One row per replayed turn: category, al_e, al_d (arrays), entropy and hidden (arrays)."""
+    replay = pd.read_parquet(oracle_dir / "replay.parquet")
+    signals = pd.read_parquet(oracle_dir / "signals.parquet")
+    wide = replay.pivot_table(index=["prompt_id", "turn", "position"], columns="drafter", values="accepted").reset_index()
+    merged = signals.merge(wide, on=["prompt_id", "turn", "position"]).sort_values(["prompt_id", "turn", "position"])
+    rows = []
+    for (pid, turn), g in merged.groupby(["prompt_id", "turn"], sort=False):
+        rows.append({"prompt_id": pid, "turn": turn, "category": g.category.iloc[0],
+                     "al_e": g.eagle3.to_numpy(int), "al_d": g.dflash.to_numpy(int),
+                     "entropy": g.entropy.to_numpy(float), "hidden": np.stack(g.hidden.to_numpy())})
+    return pd.DataFrame(rows)
+
+
+def entropy_sweep(turns: pd.DataFrame, lat: Latency, grid: list[float]) -> pd.DataFrame:
+    """Simulated tokens/s and τ per category (and overall) for every threshold of the grid."""
+    rows = []
+    for category, g in [*turns.groupby("category"), ("overall", turns)]:
+        for tau in grid:
+            speed, t = throughput([(r.al_e, r.al_d, r.entropy > tau) for r in g.itertuples()], lat)
+            rows.append({"category": category, "threshold": tau, "tokens_per_s": speed, "tau": t,
+                         "eagle3_share": float(np.mean(np.concatenate([r.entropy > tau for r in g.itertuples()])))})
+    return pd.DataFrame(rows)
+
+
+def entropy_grid(turns: pd.DataFrame, n: int = 19) -> list[float]:
+    """Quantiles of the observed entropies, plus 'always EAGLE-3' (−1) and 'always DFlash' (+∞ stand-in)."""
+    values = np.concatenate(turns.entropy.to_numpy())
+    qs = np.quantile(values, np.linspace(0.05, 0.95, n))
+    return [-1.0, *sorted(set(np.round(qs, 4).tolist())), float(values.max() + 1.0)]
+
+
+# ---------------------------------------------------------------------------------------------- neural router
+def train_router(hidden: np.ndarray, delta: np.ndarray, steps: int, lr: float = 1e-3, seed: int = 0,
+                 batch: int = 256, progress=None):
+    """Fit WhiFlash's router to ΔAL with MSE (AdamW, linear warm-up then cosine decay to 0)."""
+    from methods.whiflash import Router
+
+    torch.manual_seed(seed)
+    x, y = torch.tensor(hidden, dtype=torch.float32), torch.tensor(delta, dtype=torch.float32)
+    router = Router(x.shape[1])
+    router.mean.copy_(x.mean(0))
+    router.std.copy_(x.std(0).clamp_min(1e-4))
+    opt = torch.optim.AdamW(router.parameters(), lr=lr, weight_decay=0.01)
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
+    gen = torch.Generator().manual_seed(seed)
+    router.train()
+    for step in range(steps):
+        idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=gen)
+        loss = torch.nn.functional.mse_loss(router(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if progress:
+            progress(step + 1, float(loss))
+    return router.eval()
+
+
+def break_even_threshold(lat: Latency, mean_al_d: float) -> float:
+    """ΔAL above which an EAGLE-3 round yields more tokens per ms than a DFlash round at DFlash's mean AL."""
+    return (lat.eagle3 / lat.dflash - 1.0) * (mean_al_d + 1.0)
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+def catchup_cost(method, backlogs=(1, 64, 512), reps: int = 5) -> float:
+    """ms per backlog token of EAGLE-3's KV-only prefill (slope of a least-squares line over backlogs)."""
+    draft = method.eagle3.draft
+    c = draft.config
+    device = next(draft.parameters()).device
+    times = []
+    for b in backlogs:
+        feats = torch.randn(b, 3 * c.target_hidden, device=device, dtype=draft.fc.weight.dtype)
+        ids = torch.randint(0, c.vocab, (b,), device=device)
+        pos = torch.arange(b, device=device)
+        with torch.inference_mode():
+            draft.keys_values(feats, ids, pos)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                draft.keys_values(feats, ids, pos)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - t0) / reps * 1e3)
+    slope = np.polyfit(np.array(backlogs, float), np.array(times), 1)[0]
+    return float(max(slope, 0.0))
+
+
+def round_ms(run_dir: Path) -> float:
+    from specbench_cli.records import read_table
+
+    return float(read_table(run_dir, "rounds").wall_ms.mean())
+
+
+def card(method: str, model: str, **fields) -> dict:
+    from specbench_cli.hardware import environment
+    from specbench_cli.train_drafter import command_line
+
+    return {"method": method, "model": model, "created": dt.datetime.now().isoformat(timespec="seconds"),
+            "command": command_line(), "environment": environment(torch.device("cpu")), **fields}
+
+
+def write_artifact(folder: Path, config: dict, sweep: pd.DataFrame, tensors: dict | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if tensors:
+        from safetensors.torch import save_file
+
+        from methods.whiflash import ROUTER_FILE
+
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / ROUTER_FILE))
+    sweep.to_csv(folder / "sweep.csv", index=False)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    from specbench_cli import plots
+
+    policy = "τ_entropy (nats)" if config["method"] == "whiflash-entropy" else "τ_neural (ΔAL)"
+    plots.save(plots.threshold_sensitivity(sweep, policy), folder, "sensitivity")
+
+
+def check_method(method: str) -> None:
+    if method not in ("whiflash-entropy", "whiflash-neural"):
+        raise UsageError(f"calibrate knows whiflash-entropy and whiflash-neural (got '{method}'; hvd is not "
+                         "implemented yet, issue #6)")
+
+
+
+# ---------------------------------------------------------------------------------------------- orchestration
+@dataclass
+class CalibrateConfig:
+    method: str
+    model: str
+    dataset: str  # whiflash-entropy: the dataset whose categories get thresholds
+    prompts: int  # whiflash-neural: training prompts replayed; whiflash-entropy: prompts per category
+    max_new_tokens: int
+    steps: int  # whiflash-neural: optimiser steps
+    confirm: int  # whiflash-entropy: best simulated thresholds decoded for real per category
+    work: Path  # replay and latency runs (resumable)
+    out: Path  # the artifact folder
+
+
+def write_prompts(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def calibration_prompts(config: CalibrateConfig) -> list[dict]:
+    """whiflash-entropy: each category's last `prompts` prompts; whiflash-neural: training prompts past the
+    distillation corpus's (which used the first 800 at most)."""
+    if config.method == "whiflash-neural":
+        from specbench_cli.distill import training_prompts
+
+        texts = training_prompts(800 + config.prompts)[800:]
+        return [{"id": f"train-{i}", "category": "train", "turns": [t]} for i, t in enumerate(texts)]
+    from specbench_cli.datasets import load_dataset
+
+    by_category: dict[str, list] = {}
+    for p in load_dataset(config.dataset):
+        by_category.setdefault(p.category, []).append(p)
+    return [{"id": p.id, "category": p.category, "turns": list(p.turns)}
+            for ps in by_category.values() for p in ps[-config.prompts:]]
+
+
+def measure(config: CalibrateConfig, prompts_file: Path, console: Console) -> tuple[pd.DataFrame, Latency]:
+    """Replay EAGLE-3 and DFlash over the prompts, and time both drafters and the catch-up on this machine."""
+    from methods.whiflash import WhiFlashEntropy
+    from specbench_cli import oracle_run
+    from specbench_cli.models import get_model_spec, load_model, resolve_device, resolve_dtype
+    from specbench_cli.runner import RunConfig, execute, plan
+
+    def resumable(out: Path) -> bool:
+        return (out / "run.json").exists()
+
+    oracle_dir = config.work / "oracle"
+    oracle_run.execute(oracle_run.OracleConfig(["eagle3", "dflash"], RunConfig(
+        model=config.model, dataset=str(prompts_file), max_new_tokens=config.max_new_tokens, warmup=0,
+        out=oracle_dir, resume=resumable(oracle_dir))), console)
+    rounds = {}
+    for m in ("eagle3", "dflash"):
+        out = config.work / f"latency_{m}"
+        execute(plan(RunConfig(method=m, model=config.model, dataset=str(prompts_file), limit=2,
+                               max_new_tokens=min(config.max_new_tokens, 96), warmup=1, out=out,
+                               resume=resumable(out)), {}), console)
+        rounds[m] = round_ms(out)
+    device = resolve_device("auto")
+    loaded = load_model(get_model_spec(config.model), device, resolve_dtype("auto", device))
+    probe = WhiFlashEntropy(WhiFlashEntropy.Options(threshold=0.0), loaded, {})
+    return replayed_turns(oracle_dir), Latency(rounds["eagle3"], rounds["dflash"], catchup_cost(probe))
+
+
+def calibrate_entropy(config: CalibrateConfig, console: Console) -> dict:
+    prompts = calibration_prompts(config)
+    prompts_file = write_prompts(config.work / "prompts.jsonl", prompts)
+    turns, lat = measure(config, prompts_file, console)
+    sweep = entropy_sweep(turns, lat, entropy_grid(turns))
+    best = {}
+    for category, g in sweep.groupby("category"):
+        top = g.sort_values("tokens_per_s", ascending=False).head(max(config.confirm, 1))
+        best[category] = confirm_live(config, prompts_file, category, top.threshold.tolist(), console) \
+            if config.confirm and category != "overall" else float(top.threshold.iloc[0])
+    config_json = card(config.method, config.model, threshold=best.pop("overall"), thresholds=best,
+                       latency=lat.as_dict(), dataset=config.dataset, prompts=[p["id"] for p in prompts],
+                       max_new_tokens=config.max_new_tokens, confirm=config.confirm,
+                       simulated_best=_best_rows(sweep))
+    write_artifact(config.out, config_json, sweep)
+    return config_json
+
+
+def confirm_live(config: CalibrateConfig, prompts_file: Path, category: str, thresholds: list[float],
+                 console: Console) -> float:
+    """Decode the category's calibration prompts with each candidate threshold; keep the fastest measured."""
+    from specbench_cli.records import read_table
+    from specbench_cli.runner import RunConfig, execute, plan
+
+    speeds = {}
+    for tau in thresholds:
+        out = config.work / f"confirm_{category}_{tau:.4f}"
+        execute(plan(RunConfig(method="whiflash-entropy", model=config.model, dataset=str(prompts_file),
+                               categories=[category], limit=2, max_new_tokens=min(config.max_new_tokens, 96),
+                               warmup=0, opts=[f"threshold={tau}"], out=out, resume=(out / "run.json").exists()),
+                     {}), console)
+        prompts = read_table(out, "prompts")
+        speeds[tau] = prompts.decode_tokens.sum() / (prompts.decode_ms.sum() / 1e3)
+    return max(speeds, key=speeds.get)
+
+
+def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
+    prompts = calibration_prompts(config)
+    prompts_file = write_prompts(config.work / "prompts.jsonl", prompts)
+    turns, lat = measure(config, prompts_file, console)
+    held = turns.prompt_id.isin(turns.prompt_id.drop_duplicates().iloc[::10])  # every 10th prompt held out
+    train, test = turns[~held], turns[held]
+    x = np.concatenate(train.hidden.to_numpy())
+    y = np.concatenate([r.al_e - r.al_d for r in train.itertuples()]).astype(np.float32)
+    from specbench_cli.runner import progress_bar
+
+    with progress_bar(console) as bar:
+        task = bar.add_task("training the router", total=config.steps, stats="")
+        router = train_router(x, y, config.steps,
+                              progress=lambda step, loss: bar.update(task, completed=step, stats=f"mse {loss:.3f}"))
+    with torch.inference_mode():
+        predict = {r.Index: router(torch.tensor(r.hidden, dtype=torch.float32)).numpy() for r in test.itertuples()}
+    truth = np.concatenate([r.al_e - r.al_d for r in test.itertuples()])
+    guess = np.concatenate([predict[i] for i in test.index])
+    tau = break_even_threshold(lat, float(np.concatenate(train.al_d.to_numpy()).mean()))
+    rows = []
+    for threshold in sorted({*TABLE2_THRESHOLDS, round(tau, 4)}):
+        speed, t = throughput([(r.al_e, r.al_d, predict[r.Index] > threshold) for r in test.itertuples()], lat)
+        rows.append({"threshold": threshold, "tokens_per_s": speed, "tau": t,
+                     "eagle3_share": float(np.mean(np.concatenate([predict[i] > threshold for i in test.index])))})
+    statics = {name: throughput([(r.al_e, r.al_d, np.full(len(r.al_e), name == "eagle3")) for r in test.itertuples()], lat)
+               for name in ("eagle3", "dflash")}
+    config_json = card(config.method, config.model, hidden_size=int(x.shape[1]), dropout=0.1, threshold=tau, latency=lat.as_dict(), steps=config.steps, lr=1e-3,
+                       train_pairs=int(len(y)), heldout_pairs=int(len(truth)),
+                       heldout_mse=float(np.mean((guess - truth) ** 2)),
+                       heldout_mse_of_mean=float(np.mean((y.mean() - truth) ** 2)),
+                       heldout_sign_agreement=float(np.mean(np.sign(guess) == np.sign(truth))),
+                       heldout_static={k: {"tokens_per_s": v[0], "tau": v[1]} for k, v in statics.items()},
+                       prompts=len(prompts), max_new_tokens=config.max_new_tokens)
+    write_artifact(config.out, config_json, pd.DataFrame(rows), router.state_dict())
+    return config_json
+
+
+def _best_rows(sweep: pd.DataFrame) -> dict:
+    best = sweep.loc[sweep.groupby("category").tokens_per_s.idxmax()]
+    return {r.category: {"threshold": r.threshold, "tokens_per_s": r.tokens_per_s, "tau": r.tau} for r in best.itertuples()}

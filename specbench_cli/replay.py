@@ -1,0 +1,94 @@
+"""Trace replay (DESIGN.md, "Oracle by trace replay"): what every drafter would accept at every position.
+
+At temperature 0 every lossless method emits the target's greedy trace, so a drafter's round that starts at
+decode position t (committed: prompt + output[:t], root output[t]) accepts exactly the longest path of its
+draft that matches output[t+1:]. Replay computes that AL_d(t) for every t without running the target more
+than once per turn: one teacher-forced forward over prompt + output gives the target features of every
+position, and each drafter is driven through its normal interface (start, propose, observe, finish) with a
+view of the target that shows only the committed prefix, advancing one token at a time. A live run of d
+therefore shows, round by round, the AL that replay predicts at its start position (tests check it).
+
+Alongside, each position's router signals: the entropy of the target's next-token distribution at the
+last committed position and that position's final-layer hidden state (WhiFlash's h_t).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from methods.base import DecodeState, Method
+from specbench_cli.target import Target
+
+
+@dataclass
+class Trace:
+    """One turn's greedy trace: the templated prompt and the output ids (first token included)."""
+
+    prompt_id: str
+    turn: int
+    category: str
+    subtask: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+
+
+@dataclass
+class TargetView:
+    """What a drafter reads of the target during replay: the committed length and the newest rows."""
+
+    device: torch.device
+    length: int
+    captured: dict[int, torch.Tensor]
+
+
+@dataclass
+class TurnReplay:
+    accepted: dict[str, list[int]]  # drafter -> AL at decode positions 0..T-1
+    entropy: torch.Tensor  # [T] nats, at the last committed position of each round start
+    hidden: torch.Tensor  # [T, H] final-layer hidden state there
+
+
+@torch.inference_mode()
+def teacher_forced(target: Target, sequence: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """Every hooked layer's rows for the whole sequence, and the next-token entropy at every position."""
+    target.prefill(sequence)
+    rows = dict(target.captured)
+    last = rows[target.num_layers - 1]
+    model = target.model
+    entropies = []
+    for chunk in last.split(256):  # never all positions × vocabulary at once
+        logp = torch.log_softmax(model.lm_head(model.model.norm(chunk[None]))[0].float(), dim=-1)
+        entropies.append(-(logp.exp() * logp).sum(-1))
+    return rows, torch.cat(entropies)
+
+
+def replay_turn(target: Target, drafters: dict[str, Method], trace: Trace) -> TurnReplay:
+    for d in drafters.values():
+        d.attach(target)
+    target.capture([target.num_layers - 1])
+    seq = trace.prompt_ids + trace.output_ids
+    P, T = len(trace.prompt_ids), len(trace.output_ids) - 1
+    rows, entropy = teacher_forced(target, seq)
+    accepted = {name: _walk(d, rows, seq, P, T, trace.category, target.device) for name, d in drafters.items()}
+    at = slice(P - 1, P - 1 + T)  # round t starts after committing position P+t-1
+    return TurnReplay(accepted, entropy[at].cpu(), rows[target.num_layers - 1][at].float().cpu())
+
+
+def _walk(drafter: Method, rows: dict[int, torch.Tensor], seq: list[int], P: int, T: int, category: str,
+          device: torch.device) -> list[int]:
+    """Drive one drafter along the trace, one committed token per step; AL at every position."""
+    view = TargetView(device, P, {i: r[:P] for i, r in rows.items()})
+    state = DecodeState(seq[:P + 1], P, view, 0.0, None, None, category)  # type: ignore[arg-type]
+    drafter.start(state)
+    out = []
+    for t in range(T):
+        tree = drafter.propose(state)
+        out.append(tree.matched(seq[P + t + 1:]))
+        view.captured = {i: r[P + t: P + t + 1] for i, r in rows.items()}  # the committed root's rows
+        view.length = P + t + 1
+        state.tokens.append(seq[P + t + 1])
+        drafter.observe(state, [seq[P + t + 1]])
+    drafter.finish(state)
+    return out

@@ -75,12 +75,8 @@ class WhiFlash(Method):
     needs_artifact = False  # True: no --opt threshold can stand in for the artifact (the neural router)
 
     @dataclass
-    class Options:
-        # WhiFlash Table 7: EAGLE-3 depth 8, top-k 10, 60 tree tokens; DFlash its checkpoint's block (16).
-        depth: int = 8
-        top_k: int = 10
-        total_token: int = 60
-        block_size: int = 0
+    class Options(Eagle3.Options):  # EAGLE-3's tree: WhiFlash Table 7 (depth 8, top-k 10, 60 tokens)
+        block_size: int = 0  # DFlash: the checkpoint's block (16 for the z-lab drafters)
         threshold: float = math.nan  # τ; NaN = the calibrated value (per category for the entropy policy)
         lazy_catchup: bool = True
         kv_only: bool = True

@@ -41,7 +41,9 @@ def drafters(embedded, tmp_path_factory):
             "dart": ["--drafter", f"dart={write_dart(root / 'dart', target)}", "--opt", "trie=none",
                      "--opt", "total=8", "--opt", "beam_width=3", "--opt", "top_k=3"],
             "confu": ["--drafter", f"confu={write_confu(root / 'confu', target)}", *small_tree],
-            "sps": ["--drafter", f"sps={embedded_folder()}"]}
+            "sps": ["--drafter", f"sps={embedded_folder()}"],
+            # the committed eagle3 and dflash drafters; a threshold inside the entropies seen, so it switches
+            "whiflash-entropy": ["--opt", "threshold=2.0", *small_tree, "--opt", "block_size=4"]}
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +162,8 @@ def test_report_over_real_runs_is_lossless_and_complete(multi_turn, tmp_path):
     assert result.exit_code == 0, result.output
     lossless = pd.read_csv(out / "lossless.csv")
     methods = {label.split("[")[0] for label in lossless.method}  # eagle3 ran with a small tree: "eagle3[depth=3,…]"
-    assert methods >= {"suffix", "pld", "eagle3", "dflash", "dart", "confu", "sps"} and (lossless.identical == 1.0).all()
+    assert methods >= {"suffix", "pld", "eagle3", "dflash", "dart", "confu", "sps", "whiflash-entropy"}
+    assert (lossless.identical == 1.0).all()
     overview = pd.read_csv(out / "overview.csv").set_index("method")
     assert overview.loc["suffix", "speedup"] > 0 and overview.loc["suffix", "baseline"].endswith("/baseline")
     assert (out / "survival.png").exists() and (out / "per_subtask_spec-bench.pdf").exists()
@@ -178,3 +181,30 @@ def test_profile_phases_and_head(tmp_path):
     assert head.exit_code == 0, head.output
     frame = pd.read_parquet(tmp_path / "h" / "head.parquet")
     assert list(frame.variant) == ["dense", "FlashHead"] * 2 and (frame.mean_ms > 0).all()
+
+
+def test_whiflash_switches_on_the_real_model(multi_turn):
+    rounds = read_table(multi_turn["whiflash-entropy"], "rounds")
+    assert set(rounds.proposer) == {"eagle3", "dflash"} and rounds.entropy.notna().all()
+    assert (rounds[rounds.proposer == "eagle3"].backlog > 1).any()  # a lazy catch-up after a DFlash stretch
+
+
+def test_oracle_calibrate_and_the_neural_router(tmp_path):
+    """oracle → replay records and oracle rows; calibrate (tiny) → an artifact that run loads."""
+    oracle = CliRunner().invoke(app, ["oracle", "--drafters", "eagle3,suffix", *COMMON, "--limit", "1", "--max-new-tokens",
+                                      "24", "--warmup", "0", "--out", str(tmp_path / "o")])
+    assert oracle.exit_code == 0, oracle.output
+    replay = pd.read_parquet(tmp_path / "o" / "replay.parquet")
+    assert set(replay.drafter) == {"eagle3", "suffix"} and (replay.accepted >= 0).all()
+    assert "Oracle-Token" in (tmp_path / "o" / "oracle_o.md").read_text()
+    cal = tmp_path / "cal"
+    result = CliRunner().invoke(app, ["calibrate", "--method", "whiflash-neural", *COMMON, "--prompts", "3",
+                                      "--max-new-tokens", "16", "--steps", "20", "--out", str(cal),
+                                      "--work", str(tmp_path / "work")])
+    assert result.exit_code == 0, result.output
+    card = json.loads((cal / "config.json").read_text())
+    assert card["train_pairs"] > 0 and card["latency"]["eagle3_round_ms"] > 0 and (cal / "router.safetensors").exists()
+    assert len(pd.read_csv(cal / "sweep.csv")) >= 7 and (cal / "sensitivity.png").exists()
+    run_cli("--method", "whiflash-neural", "--drafter", f"whiflash-neural={cal}", "--limit", "1", "--max-new-tokens", "24",
+            "--warmup", "0", "--out", str(tmp_path / "wn"))
+    assert read_table(tmp_path / "wn", "rounds").router_score.notna().all()

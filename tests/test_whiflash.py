@@ -102,3 +102,15 @@ def test_neural_router_switches_losslessly_and_needs_its_artifact(setup, tmp_pat
         WhiFlashNeural(WhiFlashNeural.Options(**SMALL), loaded(target), drafters)
     with pytest.raises(CheckpointError, match="or pass --opt threshold=T"):
         WhiFlashEntropy(WhiFlashEntropy.Options(**SMALL), loaded(target), drafters)
+
+
+def test_switching_sweep_measures_catch_up_against_a_round(setup):
+    from specbench_cli.profile import switching_sweep
+    from specbench_cli.target import Target
+
+    target, _, _ = setup
+    method = entropy_method(setup, threshold=0.0)
+    frame, clock = switching_sweep(method, Target(target, torch.device("cpu")), [16, 32, 10_000], [1, 8], reps=2, warmup=1)
+    assert clock == "perf_counter_ns" and list(frame.kv_len.unique()) == [16, 32]  # past the context: skipped
+    assert (frame.catchup_ms > 0).all() and (frame.round_ms > frame.catchup_ms).all()
+    assert frame.catchup_pct_of_round.between(0, 100).all()

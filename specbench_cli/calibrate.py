@@ -39,6 +39,7 @@ from rich.console import Console
 from specbench_cli.errors import UsageError
 
 TABLE2_THRESHOLDS = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # WhiFlash Table 2's τ_neural sweep
+POLICY_AXIS = {"whiflash-entropy": "τ_entropy (nats)", "whiflash-neural": "τ_neural (ΔAL)"}  # sensitivity plots
 
 
 @dataclass
@@ -216,8 +217,7 @@ def write_artifact(folder: Path, config: dict, sweep: pd.DataFrame, tensors: dic
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
     from specbench_cli import plots
 
-    policy = "τ_entropy (nats)" if config["method"] == "whiflash-entropy" else "τ_neural (ΔAL)"
-    plots.save(plots.threshold_sensitivity(sweep, policy), folder, "sensitivity")
+    plots.save(plots.threshold_sensitivity(sweep, POLICY_AXIS[config["method"]]), folder, "sensitivity")
 
 
 def check_method(method: str) -> None:

@@ -129,6 +129,17 @@ def oracle_tables(results: Results) -> list[Table]:
     return tables
 
 
+def calibration_tables(results: Results) -> list[Table]:
+    """Each calibration's threshold sweep (WhiFlash Table 2): simulated tokens/s, τ and EAGLE-3 share."""
+    tables = []
+    for cal in results.calibrations:
+        method, model = cal.card.get("method", "?"), cal.card.get("model", "?")
+        tables.append(Table(f"calibration_{method}_{model}", f"{method} · {model}: threshold sweep (chosen: "
+                            f"{cal.card.get('threshold', float('nan')):.3f})", cal.sweep,
+                            "simulated from trace replay and latencies measured at calibration"))
+    return tables
+
+
 def phases(results: Results) -> Table:
     rows = []
     for g in results.groups:
@@ -172,7 +183,7 @@ def all_tables(results: Results) -> list[Table]:
     wide = [positions(results), phases(results), environment(results)]  # files only: too wide for a terminal
     for table in wide:
         table.terminal = False
-    tables += [lossless(results), *oracle_tables(results), *wide]
+    tables += [lossless(results), *oracle_tables(results), *calibration_tables(results), *wide]
     return [t for t in tables if len(t.frame)]
 
 
@@ -224,4 +235,9 @@ def figures(results: Results, folder, along: list[str] | None = None) -> list:
         drafting = [g for g in withrounds if g.rounds.tree_size.gt(0).any()]
         if drafting:
             written += plots.save(plots.survival_curves({name(g): g.rounds for g in drafting}), folder, "survival")
+    for cal in results.calibrations:
+        from specbench_cli.calibrate import POLICY_AXIS
+
+        written += plots.save(plots.threshold_sensitivity(cal.sweep, POLICY_AXIS.get(cal.card.get("method"), "threshold")), folder,
+                              f"sensitivity_{cal.card.get('method')}_{cal.card.get('model')}")
     return written

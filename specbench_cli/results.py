@@ -50,9 +50,19 @@ class OracleRun:
 
 
 @dataclass
+class Calibration:
+    """A router calibration (`specbench calibrate` artifact): its card and threshold sweep."""
+
+    dir: Path
+    card: dict
+    sweep: pd.DataFrame
+
+
+@dataclass
 class Results:
     groups: list[RunGroup]
     oracles: list[OracleRun]
+    calibrations: list[Calibration] = dataclasses.field(default_factory=list)
 
     def baseline_for(self, group: RunGroup) -> RunGroup | None:
         """The baseline group of the same experiment on the same hardware, if any."""
@@ -68,6 +78,17 @@ class Results:
             if other.method == "baseline" and other.experiment()[:-1] == mine and other.hardware != group.hardware:
                 return other
         return None
+
+
+def find_calibrations(paths: list[Path]) -> list[Calibration]:
+    """Calibration folders (a card naming a routed method, beside its sweep.csv) below the paths."""
+    found = []
+    for path in paths:
+        for sweep in sorted(path.rglob("sweep.csv")) if path.is_dir() else []:
+            card = json.loads((sweep.parent / "config.json").read_text()) if (sweep.parent / "config.json").exists() else {}
+            if str(card.get("method", "")).startswith(("whiflash", "hvd")):
+                found.append(Calibration(sweep.parent, card, pd.read_csv(sweep)))
+    return found
 
 
 def find_run_dirs(paths: list[Path]) -> list[Path]:
@@ -93,7 +114,7 @@ def load(paths: list[Path]) -> Results:
         groups.setdefault(key, []).append((d, info))
     merged = [_merge(key[0], members) for key, members in groups.items()]
     _tell_apart(merged)
-    return Results(merged, oracles)
+    return Results(merged, oracles, find_calibrations(paths))
 
 
 def _tell_apart(groups: list[RunGroup]) -> None:

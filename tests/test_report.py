@@ -100,12 +100,19 @@ def invoke(*args):
 
 def test_report_writes_tables_and_figures(root, tmp_path):
     out = tmp_path / "rep"
+    cal = root / "calibration"  # a calibrate artifact beside the runs: its sweep becomes a table and a figure
+    cal.mkdir()
+    (cal / "config.json").write_text('{"method": "whiflash-neural", "model": "tiny", "threshold": 0.5}')
+    pd.DataFrame({"threshold": [-1.0, 0.0, 1.0], "tokens_per_s": [9.0, 9.5, 8.0], "tau": [2.1, 1.9, 1.5],
+                  "eagle3_share": [1.0, 0.6, 0.2]}).to_csv(cal / "sweep.csv", index=False)
     result = invoke(root, "--out", out)
     assert result.exit_code == 0, result.output
     for name in ("overview", "subtasks_spec-bench", "acceptance_positions", "lossless", "phases", "environment"):
         for ext in ("md", "csv", "tex"):
             assert (out / f"{name}.{ext}").stat().st_size > 0
-    for fig in ("per_subtask_spec-bench", "tau_along_response_spec-bench", "phases", "survival"):
+    assert "threshold sweep (chosen: 0.500)" in (out / "calibration_whiflash-neural_tiny.md").read_text()
+    for fig in ("per_subtask_spec-bench", "tau_along_response_spec-bench", "phases", "survival",
+                "sensitivity_whiflash-neural_tiny"):
         assert (out / f"{fig}.png").read_bytes()[:4] == b"\x89PNG" and (out / f"{fig}.pdf").read_bytes()[:4] == b"%PDF"
     assert pd.read_csv(out / "overview.csv").set_index("method").loc["suffix", "speedup"] == pytest.approx(3.0)
     again = invoke(root, "--out", out)

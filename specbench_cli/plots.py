@@ -123,6 +123,7 @@ def head_bars(frame: pd.DataFrame, clock: str) -> plt.Figure:
 def threshold_sensitivity(sweep: pd.DataFrame, policy: str) -> plt.Figure:
     """Simulated decode tokens/s against the routing threshold, one line per category (WhiFlash Table 2)."""
     fig, ax = plt.subplots(figsize=(8, 3.8))
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)  # Spec-Bench has 13 categories: 10 colours would repeat
     groups = sweep.groupby("category") if "category" in sweep else [("held-out", sweep)]
     for category, g in groups:
         ax.plot(g.threshold, g.tokens_per_s, marker="o", markersize=3, label=str(category))

@@ -142,6 +142,12 @@ def _merge(label: str, members: list[tuple[Path, dict]]) -> RunGroup:
     return RunGroup(label, dirs, members[-1][1], keep.reset_index(drop=True), rounds)
 
 
+def _same(default: object, value: object) -> bool:
+    """Equal, counting NaN (an option meaning "the calibrated value") as equal to NaN."""
+    nan = lambda x: isinstance(x, float) and x != x  # noqa: E731
+    return default == value or (nan(default) and nan(value))
+
+
 def experiment_key(info: dict) -> tuple:
     """What a baseline must share with a run for a speedup to mean anything; the hardware comes last."""
     s = info["settings"]
@@ -157,5 +163,5 @@ def method_label(settings: dict) -> str:
         defaults = {f.name: f.default for f in dataclasses.fields(method_class(method).Options)}
     except UsageError:  # a method this version does not know: show every option
         defaults = {}
-    changed = [f"{k}={v}" for k, v in options.items() if defaults.get(k, object()) != v]
+    changed = [f"{k}={v}" for k, v in options.items() if not _same(defaults.get(k, object()), v)]
     return f"{method}[{','.join(changed)}]" if changed else method

@@ -78,8 +78,10 @@ def test_shards_merge_and_clashing_labels_say_what_differs(tmp_path):
     write_run(tmp_path / "s1", "suffix", TURNS[1:])
     write_run(tmp_path / "long", "suffix", TURNS, max_new_tokens=256)
     write_run(tmp_path / "opt", "suffix", TURNS, options={"max_depth": 8})
+    write_run(tmp_path / "nan", "whiflash-entropy", TURNS, options={"threshold": float("nan")})  # the default
     labels = {g.label: len(g.prompts) for g in load([tmp_path]).groups}
-    assert labels == {"suffix (max_new_tokens=128)": 2, "suffix (max_new_tokens=256)": 2, "suffix[max_depth=8]": 2}
+    assert labels == {"suffix (max_new_tokens=128)": 2, "suffix (max_new_tokens=256)": 2, "suffix[max_depth=8]": 2,
+                      "whiflash-entropy": 2}
 
 
 def test_phase_table_and_flashhead_view():

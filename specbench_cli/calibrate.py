@@ -338,7 +338,7 @@ def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
     turns, lat = measure(config, prompts_file, console)
     ids = turns.prompt_id.drop_duplicates()
     test = turns[turns.prompt_id.isin(ids.iloc[::8])]  # every 8th prompt held out for the metrics and the sweep
-    val = turns[turns.prompt_id.isin(ids.iloc[4::8])]  # every 8th from the 5th: early stopping
+    val = turns[turns.prompt_id.isin(ids.iloc[4::8])]  # every 8th from the 5th: early stopping (none under 5 prompts)
     train = turns[~turns.index.isin(test.index) & ~turns.index.isin(val.index)]
 
     def pairs(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -350,7 +350,7 @@ def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
 
     with progress_bar(console) as bar:
         task = bar.add_task("training the router", total=config.steps, stats="")
-        router = train_router(x, y, config.steps, validation=pairs(val),
+        router = train_router(x, y, config.steps, validation=pairs(val) if len(val) else None,
                               progress=lambda step, loss: bar.update(task, completed=step, stats=f"mse {loss:.3f}"))
     with torch.inference_mode():
         predict = {r.Index: router(torch.tensor(r.hidden, dtype=torch.float32)).numpy() for r in test.itertuples()}
@@ -365,7 +365,7 @@ def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
     statics = {name: throughput([(r.al_e, r.al_d, np.full(len(r.al_e), name == "eagle3")) for r in test.itertuples()], lat)
                for name in ("eagle3", "dflash")}
     config_json = card(config.method, config.model, hidden_size=int(x.shape[1]), dropout=0.1, threshold=tau, latency=lat.as_dict(), steps=config.steps, lr=1e-3,
-                       train_pairs=int(len(y)), validation_pairs=int(len(pairs(val)[1])), heldout_pairs=int(len(truth)),
+                       train_pairs=int(len(y)), validation_pairs=int(len(pairs(val)[1])) if len(val) else 0, heldout_pairs=int(len(truth)),
                        heldout_mse=float(np.mean((guess - truth) ** 2)),
                        heldout_mse_of_mean=float(np.mean((y.mean() - truth) ** 2)),
                        heldout_sign_agreement=float(np.mean(np.sign(guess) == np.sign(truth))),

@@ -24,6 +24,8 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "flashhead": ("methods.flashhead", "FlashHead", "SpS whose draft head is FlashHead (clustered head, top-p probes)"),
     "whiflash-entropy": ("methods.whiflash", "WhiFlashEntropy", "WhiFlash: per-round eagle3/dflash routing by target entropy, lazy KV-only catch-up"),
     "whiflash-neural": ("methods.whiflash", "WhiFlashNeural", "WhiFlash: per-round eagle3/dflash routing by a learned ΔAL predictor"),
+    "hvd": ("methods.hvd", "Hvd", "Hybrid Verified Decoding: verify the suffix-cache draft when its predicted payoff is high, else eagle3"),
+    "hvd-freq": ("methods.hvd", "HvdFreq", "HVD's frequency baseline: the suffix-cache draft when its frequency score is high, else eagle3"),
 }
 
 

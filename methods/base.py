@@ -69,6 +69,10 @@ class Proposer:
     def absorb(self, output_ids: list[int]) -> None:
         """Take in the output of a turn decoded earlier (resume and warm-up replay cross-prompt state)."""
 
+    def draft_info(self) -> dict | None:
+        """What trace replay records about the last draft besides its accepted length (None: nothing)."""
+        return None
+
 
 class Method(Proposer):
     """A registered method. Single-proposer methods are their own proposer; routed ones override `route`."""
@@ -108,6 +112,7 @@ class Route:
     entropy: float = float("nan")  # target next-token entropy the policy read (nats)
     score: float = float("nan")  # the policy's learned score (WhiFlash ΔAL̂, HVD ŷ)
     also: tuple[Proposer, ...] = ()  # idle proposers to bring up to date too (the always-in-sync ablation)
+    features: tuple[float, ...] = ()  # the policy's input vector when it has one (HVD), recorded per round
 
 
 def drafter_ref(cls: type[Method], spec, overrides: dict[str, str], name: str) -> str:

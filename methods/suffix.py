@@ -42,6 +42,9 @@ class SuffixDraft:
     def truncated(self, n: int, match_len: int) -> SuffixDraft:
         return SuffixDraft(self.tokens[:n], self.parents[:n], self.probs[:n], match_len)
 
+    def tree(self) -> DraftTree:
+        return DraftTree(self.tokens, [p + 1 for p in self.parents])
+
 
 class TokenStore:
     """Sequences of token ids in one growable array, separated by SEPARATOR; the last one is open."""
@@ -189,14 +192,23 @@ class Suffix(Method):
         self.global_store.new_sequence()
         self.global_store.extend(state.tokens[state.prompt_len:])
 
-    def propose(self, state: DecodeState) -> DraftTree:
+    def lookup(self, state: DecodeState) -> SuffixDraft:
+        """This round's draft: the better of the local and the global tree's (the global only if strictly)."""
         pattern = state.tokens[-self.options.max_depth:]
         draft = speculate(self.local_store, pattern, self.options)
         other = speculate(self.global_store, pattern, self.options)
         if other.score > draft.score:
             draft = other
         self.last_draft = draft
-        return DraftTree(draft.tokens, [p + 1 for p in draft.parents])
+        return draft
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        return self.lookup(state).tree()
+
+    def draft_info(self) -> dict:
+        """What replay records of each lookup (HVD's payoff predictor trains on it)."""
+        d = self.last_draft
+        return {"score": d.score, "match_len": d.match_len, "draft": list(d.tokens)}
 
     def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
         self.local_store.extend(new_tokens)

@@ -21,50 +21,21 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from torch import nn
 
 from methods.base import DecodeState, Method, Route
 from methods.checkpoints import CheckpointError, locate
 from methods.dflash import DFlash
 from methods.eagle3 import Eagle3
+from methods.predictors import Router
 from specbench_cli.target import Target
-
-ROUTER_FILE = "router.safetensors"
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of softmax(logits), on the device."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     return -(logp.exp() * logp).sum()
-
-
-class Router(nn.Module):
-    """WhiFlash's neural policy: standardised h_t → Linear(d, d/8) → GELU → Dropout → Linear(d/8, 1) = ΔAL̂."""
-
-    def __init__(self, hidden: int, dropout: float = 0.1) -> None:
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(hidden))
-        self.register_buffer("std", torch.ones(hidden))
-        self.net = nn.Sequential(nn.Linear(hidden, hidden // 8), nn.GELU(), nn.Dropout(dropout),
-                                 nn.Linear(hidden // 8, 1))
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.net((h.float() - self.mean) / self.std).squeeze(-1)
-
-    @classmethod
-    def load(cls, folder: Path) -> tuple[Router, dict]:
-        from safetensors.torch import load_file
-
-        config = json.loads((folder / "config.json").read_text())
-        router = cls(int(config["hidden_size"]), float(config.get("dropout", 0.1)))
-        tensors = load_file(str(folder / ROUTER_FILE))
-        missing, unexpected = router.load_state_dict(tensors, strict=False)
-        if missing or unexpected:
-            raise CheckpointError(f"{folder / ROUTER_FILE}: missing {missing}, unexpected {unexpected}")
-        return router.eval(), config
 
 
 class WhiFlash(Method):

@@ -19,7 +19,8 @@ t + AL + 1 with the chosen drafter, plus catch-up cost after an idle stretch), g
   τ_neural ∈ {−1, −0.5, 0, 0.5, 1, 1.5, 2} is simulated on the held-out pairs.
 
 Artifacts land in drafters/<model>/<method>/ (config.json = card with data, settings and metrics;
-router.safetensors for the neural router; sweep.csv) where `run` finds them.
+router.safetensors for the neural router; sweep.csv) where `run` finds them. HVD's payoff predictor is
+calibrated from the same pieces (replay, measured latencies, simulation, `fit`) in `calibrate_hvd.py`.
 """
 
 from __future__ import annotations
@@ -39,27 +40,37 @@ from rich.console import Console
 from specbench_cli.errors import UsageError
 
 TABLE2_THRESHOLDS = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # WhiFlash Table 2's τ_neural sweep
-POLICY_AXIS = {"whiflash-entropy": "τ_entropy (nats)", "whiflash-neural": "τ_neural (ΔAL)"}  # sensitivity plots
+# x-axis labels of the sensitivity plots
+POLICY_AXIS = {"whiflash-entropy": "τ_entropy (nats): EAGLE-3 above it, DFlash below",
+               "whiflash-neural": "τ_neural (ΔAL): EAGLE-3 above it, DFlash below",
+               "hvd": "τ (predicted accepted length ŷ): cache draft at or above it, EAGLE-3 below"}
+METHODS = ("whiflash-entropy", "whiflash-neural", "hvd")
 
 
 @dataclass
 class Latency:
-    """Measured costs on this machine (ms)."""
+    """Measured costs on this machine (ms). `other` is the drafter EAGLE-3 is routed against (WhiFlash: DFlash,
+    HVD: the suffix cache)."""
 
     eagle3: float  # mean round time of an EAGLE-3 round
-    dflash: float  # mean round time of a DFlash round
+    other: float  # mean round time of the other drafter's round
     catchup_per_token: float  # EAGLE-3 KV-only prefill, per backlog token
+    other_name: str = "dflash"
 
     def as_dict(self) -> dict:
-        return {"eagle3_round_ms": self.eagle3, "dflash_round_ms": self.dflash,
+        return {"eagle3_round_ms": self.eagle3, f"{self.other_name}_round_ms": self.other,
                 "catchup_ms_per_backlog_token": self.catchup_per_token}
+
+    @classmethod
+    def from_dict(cls, d: dict, other_name: str) -> Latency:
+        return cls(d["eagle3_round_ms"], d[f"{other_name}_round_ms"], d["catchup_ms_per_backlog_token"], other_name)
 
 
 # ---------------------------------------------------------------------------------------------- simulation
 def simulate(al_e: np.ndarray, al_d: np.ndarray, use_eagle3: np.ndarray, lat: Latency) -> tuple[int, int, float]:
-    """(tokens, rounds, ms) of a routed decode of one replayed turn: at each round start t the route says
-    which drafter drafts; EAGLE-3 coming back after an idle stretch first catches up on the positions since
-    it last drafted."""
+    """(tokens, rounds, ms) of a routed decode of one replayed turn (al_d: the other drafter's ALs): at each
+    round start t the route says which drafter drafts; EAGLE-3 coming back after an idle stretch first catches
+    up on the positions since it last drafted."""
     T = len(al_e)
     t = rounds = 0
     ms = 0.0
@@ -70,7 +81,7 @@ def simulate(al_e: np.ndarray, al_d: np.ndarray, use_eagle3: np.ndarray, lat: La
             t += int(al_e[t]) + 1
             eagle_at = t
         else:
-            ms += lat.dflash
+            ms += lat.other
             t += int(al_d[t]) + 1
         rounds += 1
     return T, rounds, ms
@@ -86,12 +97,17 @@ def throughput(turns: list[tuple[np.ndarray, np.ndarray, np.ndarray]], lat: Late
     return tokens / (ms / 1e3) if ms else 0.0, tokens / max(rounds, 1)
 
 
+def accepted_wide(oracle_dir: Path) -> pd.DataFrame:
+    """Replay as one row per (prompt, turn, position) and one AL column per drafter."""
+    replay = pd.read_parquet(oracle_dir / "replay.parquet")
+    return replay.pivot_table(index=["prompt_id", "turn", "position"], columns="drafter", values="accepted").reset_index()
+
+
 def replayed_turns(oracle_dir: Path) -> pd.DataFrame:
     """One row per replayed turn: category, al_e, al_d (arrays), entropy and hidden (arrays)."""
-    replay = pd.read_parquet(oracle_dir / "replay.parquet")
     signals = pd.read_parquet(oracle_dir / "signals.parquet")
-    wide = replay.pivot_table(index=["prompt_id", "turn", "position"], columns="drafter", values="accepted").reset_index()
-    merged = signals.merge(wide, on=["prompt_id", "turn", "position"]).sort_values(["prompt_id", "turn", "position"])
+    merged = signals.merge(accepted_wide(oracle_dir), on=["prompt_id", "turn", "position"])
+    merged = merged.sort_values(["prompt_id", "turn", "position"])
     rows = []
     for (pid, turn), g in merged.groupby(["prompt_id", "turn"], sort=False):
         rows.append({"prompt_id": pid, "turn": turn, "category": g.category.iloc[0],
@@ -118,43 +134,40 @@ def entropy_grid(turns: pd.DataFrame, n: int = 19) -> list[float]:
     return [-1.0, *sorted(set(np.round(qs, 4).tolist())), float(values.max() + 1.0)]
 
 
-# ---------------------------------------------------------------------------------------------- neural router
-def train_router(hidden: np.ndarray, delta: np.ndarray, steps: int, lr: float = 1e-3, seed: int = 0,
-                 batch: int = 256, progress=None, validation: tuple[np.ndarray, np.ndarray] | None = None,
-                 every: int = 50):
-    """Fit WhiFlash's router to ΔAL with MSE (AdamW, linear warm-up then cosine decay to 0). With
-    `validation` pairs, the weights with the lowest validation MSE (checked every `every` steps) are kept:
-    a few thousand pairs overfit the d → d/8 MLP long before the schedule ends."""
-    from methods.whiflash import Router
-
+# ---------------------------------------------------------------------------------------------- learned policies
+def fit(make, inputs: np.ndarray, targets: np.ndarray, steps: int, lr: float = 1e-3, seed: int = 0,
+        batch: int = 256, progress=None, validation: tuple[np.ndarray, np.ndarray] | None = None, every: int = 50):
+    """Fit `make(n_inputs)` (a `methods.predictors.Standardised`) to the targets with MSE: AdamW, linear
+    warm-up then cosine decay to 0 (WhiFlash's and HVD's recipe). With `validation` pairs, the weights with
+    the lowest validation MSE (checked every `every` steps) are kept: a few thousand pairs overfit these MLPs
+    long before the schedule ends."""
     torch.manual_seed(seed)
-    x, y = torch.tensor(hidden, dtype=torch.float32), torch.tensor(delta, dtype=torch.float32)
-    router = Router(x.shape[1])
-    router.mean.copy_(x.mean(0))
-    router.std.copy_(x.std(0).clamp_min(1e-4))
-    opt = torch.optim.AdamW(router.parameters(), lr=lr, weight_decay=0.01)
+    x, y = torch.tensor(inputs, dtype=torch.float32), torch.tensor(targets, dtype=torch.float32)
+    module = make(x.shape[1])
+    module.fit_scale(x)
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.01)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
     gen = torch.Generator().manual_seed(seed)
     best = (math.inf, None)
     for step in range(steps):
-        router.train()
+        module.train()
         idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=gen)
-        loss = torch.nn.functional.mse_loss(router(x[idx]), y[idx])
+        loss = torch.nn.functional.mse_loss(module(x[idx]), y[idx])
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
         if validation is not None and ((step + 1) % every == 0 or step + 1 == steps):
-            mse = _mse(router, *validation)
+            mse = _mse(module, *validation)
             if mse < best[0]:
-                best = (mse, {k: v.clone() for k, v in router.state_dict().items()})
+                best = (mse, {k: v.clone() for k, v in module.state_dict().items()})
         if progress:
             progress(step + 1, float(loss.detach()))
     if best[1] is not None:
-        router.load_state_dict(best[1])
-    return router.eval()
+        module.load_state_dict(best[1])
+    return module.eval()
 
 
 def _mse(router, x: np.ndarray, y: np.ndarray) -> float:
@@ -165,13 +178,13 @@ def _mse(router, x: np.ndarray, y: np.ndarray) -> float:
 
 def break_even_threshold(lat: Latency, mean_al_d: float) -> float:
     """ΔAL above which an EAGLE-3 round yields more tokens per ms than a DFlash round at DFlash's mean AL."""
-    return (lat.eagle3 / lat.dflash - 1.0) * (mean_al_d + 1.0)
+    return (lat.eagle3 / lat.other - 1.0) * (mean_al_d + 1.0)
 
 
 # ---------------------------------------------------------------------------------------------- measuring
-def catchup_cost(method, backlogs=(1, 64, 512), reps: int = 5) -> float:
+def catchup_cost(eagle3, backlogs=(1, 64, 512), reps: int = 5) -> float:
     """ms per backlog token of EAGLE-3's KV-only prefill (slope of a least-squares line over backlogs)."""
-    draft = method.eagle3.draft
+    draft = eagle3.draft
     c = draft.config
     device = next(draft.parameters()).device
     times = []
@@ -205,14 +218,11 @@ def card(method: str, model: str, **fields) -> dict:
             "command": command_line(), "environment": environment(torch.device("cpu")), **fields}
 
 
-def write_artifact(folder: Path, config: dict, sweep: pd.DataFrame, tensors: dict | None = None) -> None:
+def write_artifact(folder: Path, config: dict, sweep: pd.DataFrame, module=None) -> None:
+    """config.json (the card), sweep.csv, the sensitivity plot and the learned policy's weights if any."""
     folder.mkdir(parents=True, exist_ok=True)
-    if tensors:
-        from safetensors.torch import save_file
-
-        from methods.whiflash import ROUTER_FILE
-
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / ROUTER_FILE))
+    if module is not None:
+        module.save(folder)
     sweep.to_csv(folder / "sweep.csv", index=False)
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
     from specbench_cli import plots
@@ -221,10 +231,8 @@ def write_artifact(folder: Path, config: dict, sweep: pd.DataFrame, tensors: dic
 
 
 def check_method(method: str) -> None:
-    if method not in ("whiflash-entropy", "whiflash-neural"):
-        raise UsageError(f"calibrate knows whiflash-entropy and whiflash-neural (got '{method}'; hvd is not "
-                         "implemented yet, issue #6)")
-
+    if method not in METHODS:
+        raise UsageError(f"calibrate knows {', '.join(METHODS)} (got '{method}')")
 
 
 # ---------------------------------------------------------------------------------------------- orchestration
@@ -233,9 +241,9 @@ class CalibrateConfig:
     method: str
     model: str
     dataset: str  # whiflash-entropy: the dataset whose categories get thresholds
-    prompts: int  # whiflash-neural: training prompts replayed; whiflash-entropy: prompts per category
+    prompts: int  # whiflash-neural, hvd: training prompts replayed; whiflash-entropy: prompts per category
     max_new_tokens: int
-    steps: int  # whiflash-neural: optimiser steps
+    steps: int  # whiflash-neural, hvd: optimiser steps
     confirm: int  # whiflash-entropy: best simulated thresholds decoded for real per category
     work: Path  # replay and latency runs (resumable)
     out: Path  # the artifact folder
@@ -248,9 +256,9 @@ def write_prompts(path: Path, rows: list[dict]) -> Path:
 
 
 def calibration_prompts(config: CalibrateConfig) -> list[dict]:
-    """whiflash-entropy: each category's last `prompts` prompts; whiflash-neural: training prompts past the
-    distillation corpus's (which used the first 800 at most)."""
-    if config.method == "whiflash-neural":
+    """whiflash-entropy: each category's last `prompts` prompts; whiflash-neural and hvd: training prompts past
+    the distillation corpus's (which used the first 800 at most), never an evaluation set."""
+    if config.method in ("whiflash-neural", "hvd"):
         from specbench_cli.distill import training_prompts
 
         texts = training_prompts(800 + config.prompts)[800:]
@@ -264,42 +272,46 @@ def calibration_prompts(config: CalibrateConfig) -> list[dict]:
             for ps in by_category.values() for p in ps[-config.prompts:]]
 
 
-def measure(config: CalibrateConfig, prompts_file: Path, console: Console) -> tuple[pd.DataFrame, Latency]:
-    """Replay EAGLE-3 and DFlash over the prompts, and time both drafters and the catch-up on this machine."""
-    from methods.whiflash import WhiFlashEntropy
+def measure(config: CalibrateConfig, prompts_file: Path, console: Console, other: str = "dflash",
+            eagle3_opts: tuple[str, ...] = ()) -> tuple[Path, Latency]:
+    """Replay EAGLE-3 (with `eagle3_opts`) and `other` over the prompts into <work>/oracle, and time both
+    drafters' rounds and EAGLE-3's catch-up on this machine (cached in <work>/latency.json)."""
+    from methods.eagle3 import Eagle3
     from specbench_cli import oracle_run
     from specbench_cli.models import get_model_spec, load_model, resolve_device, resolve_dtype
-    from specbench_cli.runner import RunConfig, execute, plan
-
-    def resumable(out: Path) -> bool:
-        return (out / "run.json").exists()
+    from specbench_cli.runner import RunConfig
 
     oracle_dir = config.work / "oracle"
-    oracle_run.execute(oracle_run.OracleConfig(["eagle3", "dflash"], RunConfig(
+    oracle_run.execute(oracle_run.OracleConfig(["eagle3", other], RunConfig(
         model=config.model, dataset=str(prompts_file), max_new_tokens=config.max_new_tokens, warmup=0,
-        out=oracle_dir, resume=resumable(oracle_dir))), console)
-    rounds = {}
-    for m in ("eagle3", "dflash"):
-        out = config.work / f"latency_{m}"
-        execute(plan(RunConfig(method=m, model=config.model, dataset=str(prompts_file), limit=2,
-                               max_new_tokens=min(config.max_new_tokens, 96), warmup=1, out=out,
-                               resume=resumable(out)), {}), console)
-        rounds[m] = round_ms(out)
+        out=oracle_dir, resume=(oracle_dir / "run.json").exists()), [f"eagle3.{o}" for o in eagle3_opts]), console)
+    rounds = {m: round_ms(live_run(config, prompts_file, m, config.work / f"latency_{m}", list(opts), console))
+              for m, opts in (("eagle3", eagle3_opts), (other, ()))}
     cached = config.work / "latency.json"  # measured once per work folder, so a re-fit never re-times
     if not cached.exists():
         device = resolve_device("auto")
         loaded = load_model(get_model_spec(config.model), device, resolve_dtype("auto", device))
-        probe = WhiFlashEntropy(WhiFlashEntropy.Options(threshold=0.0), loaded, {})
-        cached.write_text(json.dumps(Latency(rounds["eagle3"], rounds["dflash"], catchup_cost(probe)).as_dict()))
-    lat = json.loads(cached.read_text())
-    return replayed_turns(oracle_dir), Latency(lat["eagle3_round_ms"], lat["dflash_round_ms"],
-                                               lat["catchup_ms_per_backlog_token"])
+        cost = catchup_cost(Eagle3(Eagle3.Options(), loaded, {}))
+        cached.write_text(json.dumps(Latency(rounds["eagle3"], rounds[other], cost, other).as_dict()))
+    return oracle_dir, Latency.from_dict(json.loads(cached.read_text()), other)
+
+
+def live_run(config: CalibrateConfig, prompts_file: Path, method: str, out: Path, opts: list[str], console: Console,
+             categories: list[str] | None = None, warmup: int = 1) -> Path:
+    """A short real decode (2 prompts, ≤ 96 tokens) of the calibration prompts; resumed if it exists."""
+    from specbench_cli.runner import RunConfig, execute, plan
+
+    execute(plan(RunConfig(method=method, model=config.model, dataset=str(prompts_file), categories=categories or [],
+                           limit=2, max_new_tokens=min(config.max_new_tokens, 96), warmup=warmup, opts=opts, out=out,
+                           resume=(out / "run.json").exists()), {}), console)
+    return out
 
 
 def calibrate_entropy(config: CalibrateConfig, console: Console) -> dict:
     prompts = calibration_prompts(config)
     prompts_file = write_prompts(config.work / "prompts.jsonl", prompts)
-    turns, lat = measure(config, prompts_file, console)
+    oracle_dir, lat = measure(config, prompts_file, console)
+    turns = replayed_turns(oracle_dir)
     sweep = entropy_sweep(turns, lat, entropy_grid(turns))
     best = {}
     for category, g in sweep.groupby("category"):
@@ -318,15 +330,11 @@ def confirm_live(config: CalibrateConfig, prompts_file: Path, category: str, thr
                  console: Console) -> float:
     """Decode the category's calibration prompts with each candidate threshold; keep the fastest measured."""
     from specbench_cli.records import read_table
-    from specbench_cli.runner import RunConfig, execute, plan
 
     speeds = {}
     for tau in thresholds:
-        out = config.work / f"confirm_{category}_{tau:.4f}"
-        execute(plan(RunConfig(method="whiflash-entropy", model=config.model, dataset=str(prompts_file),
-                               categories=[category], limit=2, max_new_tokens=min(config.max_new_tokens, 96),
-                               warmup=0, opts=[f"threshold={tau}"], out=out, resume=(out / "run.json").exists()),
-                     {}), console)
+        out = live_run(config, prompts_file, "whiflash-entropy", config.work / f"confirm_{category}_{tau:.4f}",
+                       [f"threshold={tau}"], console, categories=[category], warmup=0)
         prompts = read_table(out, "prompts")
         speeds[tau] = prompts.decode_tokens.sum() / (prompts.decode_ms.sum() / 1e3)
     return max(speeds, key=speeds.get)
@@ -335,7 +343,8 @@ def confirm_live(config: CalibrateConfig, prompts_file: Path, category: str, thr
 def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
     prompts = calibration_prompts(config)
     prompts_file = write_prompts(config.work / "prompts.jsonl", prompts)
-    turns, lat = measure(config, prompts_file, console)
+    oracle_dir, lat = measure(config, prompts_file, console)
+    turns = replayed_turns(oracle_dir)
     ids = turns.prompt_id.drop_duplicates()
     test = turns[turns.prompt_id.isin(ids.iloc[::8])]  # every 8th prompt held out for the metrics and the sweep
     val = turns[turns.prompt_id.isin(ids.iloc[4::8])]  # every 8th from the 5th: early stopping (none under 5 prompts)
@@ -346,11 +355,12 @@ def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
                 np.concatenate([r.al_e - r.al_d for r in frame.itertuples()]).astype(np.float32))
 
     x, y = pairs(train)
+    from methods.predictors import Router
     from specbench_cli.runner import progress_bar
 
     with progress_bar(console) as bar:
         task = bar.add_task("training the router", total=config.steps, stats="")
-        router = train_router(x, y, config.steps, validation=pairs(val) if len(val) else None,
+        router = fit(Router, x, y, config.steps, validation=pairs(val) if len(val) else None,
                               progress=lambda step, loss: bar.update(task, completed=step, stats=f"mse {loss:.3f}"))
     with torch.inference_mode():
         predict = {r.Index: router(torch.tensor(r.hidden, dtype=torch.float32)).numpy() for r in test.itertuples()}
@@ -371,7 +381,7 @@ def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
                        heldout_sign_agreement=float(np.mean(np.sign(guess) == np.sign(truth))),
                        heldout_static={k: {"tokens_per_s": v[0], "tau": v[1]} for k, v in statics.items()},
                        prompts=len(prompts), max_new_tokens=config.max_new_tokens)
-    write_artifact(config.out, config_json, pd.DataFrame(rows), router.state_dict())
+    write_artifact(config.out, config_json, pd.DataFrame(rows), router)
     return config_json
 
 

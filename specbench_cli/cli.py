@@ -309,12 +309,12 @@ def oracle(
 
 @app.command()
 def calibrate(
-    method: Annotated[str, typer.Option(help="whiflash-entropy (τ_entropy per category) or whiflash-neural (router MLP + τ_neural).")] = "whiflash-entropy",
+    method: Annotated[str, typer.Option(help="whiflash-entropy (τ_entropy per category), whiflash-neural (router MLP + τ_neural) or hvd (payoff predictor).")] = "whiflash-entropy",
     model: Model = "smollm2-135m",
     dataset: Annotated[str, typer.Option(help="whiflash-entropy: dataset whose categories get thresholds (its last --prompts per category are used).")] = "spec-bench",
-    prompts: Annotated[Optional[int], typer.Option(help="whiflash-entropy: prompts per category (default 4; the paper uses 32-64); whiflash-neural: training prompts replayed (default 96).")] = None,
+    prompts: Annotated[Optional[int], typer.Option(help="whiflash-entropy: prompts per category (default 4; the paper uses 32-64); whiflash-neural and hvd: training prompts replayed (default 96).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Longest greedy trace per turn.")] = 128,
-    steps: Annotated[int, typer.Option(help="whiflash-neural: optimiser steps.")] = 1500,
+    steps: Annotated[int, typer.Option(help="whiflash-neural and hvd: optimiser steps (hvd: per rollout, two rollouts).")] = 1500,
     confirm: Annotated[int, typer.Option(help="whiflash-entropy: best simulated thresholds decoded for real per category (0 = trust the simulation).")] = 2,
     out: Annotated[Optional[Path], typer.Option(help="Artifact folder (run finds it there). Default: drafters/<model>/<method>.")] = None,
     work: Annotated[Optional[Path], typer.Option(help="Replay and timing runs, resumable. Default: results/calibrate_<model>_<method>.")] = None,
@@ -322,7 +322,7 @@ def calibrate(
     threads: Threads = None,
 ) -> None:
     """Calibrate a router from trace replay and latencies measured on this machine; writes an artifact that
-    `run` loads automatically (config.json card, router.safetensors, sweep.csv)."""
+    `run` loads automatically (config.json card, router.safetensors or predictor.safetensors, sweep.csv)."""
     from specbench_cli import calibrate as cal
 
     try:
@@ -333,7 +333,7 @@ def calibrate(
         folder = out or Path("drafters") / model / method
         if folder.exists() and not overwrite:
             raise UsageError(f"{folder} exists; pass --overwrite to replace the calibration or --out for another folder")
-        config = cal.CalibrateConfig(method, model, dataset, prompts or (96 if method == "whiflash-neural" else 4),
+        config = cal.CalibrateConfig(method, model, dataset, prompts or (4 if method == "whiflash-entropy" else 96),
                                      max_new_tokens, steps, confirm,
                                      work or Path("results") / f"calibrate_{model}_{method}", folder)
         if threads:
@@ -344,10 +344,18 @@ def calibrate(
             result = cal.calibrate_entropy(config, console)
             console.print(f"τ_entropy overall {result['threshold']:.3f}; per category "
                           + ", ".join(f"{k} {v:.3f}" for k, v in result["thresholds"].items()))
-        else:
+        elif method == "whiflash-neural":
             result = cal.calibrate_neural(config, console)
             console.print(f"τ_neural {result['threshold']:.3f}; held-out MSE {result['heldout_mse']:.3f} "
                           f"(predicting the mean: {result['heldout_mse_of_mean']:.3f})")
+        else:
+            from specbench_cli.calibrate_hvd import calibrate_hvd
+
+            result = calibrate_hvd(config, console)
+            q = result["heldout_quality"]
+            console.print(f"held-out payoff at τ={result['threshold']:g}: P(y≥τ) {q['p_high']:.3f}, P(ŷ≥τ) "
+                          f"{q['p_predicted_high']:.3f}, precision {q['precision']:.3f}, recall {q['recall']:.3f}; "
+                          f"MSE {q['mse']:.3f} (predicting the mean: {result['heldout_mse_of_mean']:.3f})")
     except UsageError as err:
         fail(str(err))
     console.print(f"wrote {folder}")

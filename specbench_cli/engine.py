@@ -32,6 +32,7 @@ class RoundInfo:
     backlog: int = 0  # routed methods: positions the chosen proposer caught up on
     entropy: float = float("nan")  # routed methods: the policy's inputs and score
     router_score: float = float("nan")
+    features: tuple[float, ...] = ()  # routed methods with a feature vector (HVD)
     phases: dict[str, float] = field(default_factory=dict)  # ms per phase and "wall"
 
 
@@ -113,7 +114,7 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
         clock.end_round()
         depth = max(tree.depths()) if len(tree) else 0
         infos.append(RoundInfo(proposer.name, len(tree), depth, result.accepted, len(new), kv_len,
-                               target.forwards - forwards, route.backlog, route.entropy, route.score))
+                               target.forwards - forwards, route.backlog, route.entropy, route.score, route.features))
     sync(device)
     decode_ms = (time.perf_counter_ns() - t1) / 1e6
     method.finish(state)

@@ -4,6 +4,8 @@
     <out>/replay.parquet/   one part per prompt: (prompt_id, turn, category, subtask, position, drafter, accepted)
     <out>/signals.parquet/  one part per prompt: (prompt_id, turn, position, entropy, hidden) — router inputs
     <out>/traces.parquet/   one part per prompt: the greedy output ids per turn (resume replays them)
+    <out>/drafts.parquet/   one part per prompt, for drafters that describe their drafts (suffix: score, matched
+                            length, draft tokens; HVD's payoff predictor trains on them)
 
 `report` turns replay.parquet into static / Oracle-Task / Oracle-Prompt / Oracle-Token rows; `calibrate`
 reads replay and signals. Like `run`, prompts are written as they finish and `--resume` continues.
@@ -125,7 +127,7 @@ def _start(out: Path, checked: Plan, config: OracleConfig, drafters: dict[str, M
                 for d in drafters.values():
                     d.absorb([int(t) for t in ids])
     else:
-        for folder in ("replay.parquet", "signals.parquet", "traces.parquet"):
+        for folder in ("replay.parquet", "signals.parquet", "traces.parquet", "drafts.parquet"):
             (out / folder).mkdir(parents=True)
     info = {"kind": "oracle", "settings": settings, "environment": hardware.environment(checked.device),
             "started": dt.datetime.now().isoformat(timespec="seconds"), "status": "running"}
@@ -140,14 +142,17 @@ def _replay_prompt(runner: Runner, drafters: dict[str, Method], prompt) -> tuple
 
 
 def _write_prompt(out: Path, index: int, traces: list[Trace], turns: list) -> None:
-    replay, signals = [], []
+    replay, signals, drafts = [], [], []
     for tr, r in zip(traces, turns):
         ident = dict(prompt_id=tr.prompt_id, turn=tr.turn, category=tr.category, subtask=tr.subtask)
         for name, als in r.accepted.items():
             replay += [dict(ident, position=t, drafter=name, accepted=a) for t, a in enumerate(als)]
+        for name, infos in r.drafts.items():
+            drafts += [dict(ident, position=t, drafter=name, prompt_len=len(tr.prompt_ids), **info)
+                       for t, info in enumerate(infos)]
         signals += [dict(ident, position=t, entropy=float(e), hidden=h.tolist()) for t, (e, h) in
                     enumerate(zip(r.entropy, r.hidden))]
-    parts = {"replay": pd.DataFrame(replay), "signals": pd.DataFrame(signals),
+    parts = {"replay": pd.DataFrame(replay), "signals": pd.DataFrame(signals), **({"drafts": pd.DataFrame(drafts)} if drafts else {}),
              "traces": pd.DataFrame([dict(index=index, prompt_id=tr.prompt_id, turn=tr.turn, output_ids=tr.output_ids)
                                      for tr in traces])}
     for name, frame in parts.items():  # traces last: a prompt counts as finished when its trace part exists

@@ -127,7 +127,7 @@ def threshold_sensitivity(sweep: pd.DataFrame, policy: str) -> plt.Figure:
     groups = sweep.groupby("category") if "category" in sweep else [("held-out", sweep)]
     for category, g in groups:
         ax.plot(g.threshold, g.tokens_per_s, marker="o", markersize=3, label=str(category))
-    ax.set_xlabel(f"{policy} threshold (EAGLE-3 above it, DFlash below)")
+    ax.set_xlabel(policy)
     ax.set_ylabel("simulated decode tokens/s")
     ax.set_title("Threshold sensitivity (trace replay + measured latencies)")
     _legend(ax, "category")

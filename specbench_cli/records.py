@@ -49,6 +49,7 @@ class RoundRecord(Identity):
     backlog: int
     entropy: float
     router_score: float
+    features: str  # the policy's input vector, comma-separated (HVD's FEATURES order); "" for other methods
     route_ms: float
     catchup_ms: float
     draft_ms: float

@@ -46,6 +46,7 @@ class TargetView:
 @dataclass
 class TurnReplay:
     accepted: dict[str, list[int]]  # drafter -> AL at decode positions 0..T-1
+    drafts: dict[str, list[dict]]  # drafter -> its `draft_info()` at every position (drafters that give one)
     entropy: torch.Tensor  # [T] nats, at the last committed position of each round start
     hidden: torch.Tensor  # [T, H] final-layer hidden state there
 
@@ -71,24 +72,29 @@ def replay_turn(target: Target, drafters: dict[str, Method], trace: Trace) -> Tu
     seq = trace.prompt_ids + trace.output_ids
     P, T = len(trace.prompt_ids), len(trace.output_ids) - 1
     rows, entropy = teacher_forced(target, seq)
-    accepted = {name: _walk(d, rows, seq, P, T, trace.category, target.device) for name, d in drafters.items()}
+    walks = {name: _walk(d, rows, seq, P, T, trace.category, target.device) for name, d in drafters.items()}
     at = slice(P - 1, P - 1 + T)  # round t starts after committing position P+t-1
-    return TurnReplay(accepted, entropy[at].cpu(), rows[target.num_layers - 1][at].float().cpu())
+    return TurnReplay({n: w[0] for n, w in walks.items()}, {n: w[1] for n, w in walks.items() if w[1]},
+                      entropy[at].cpu(), rows[target.num_layers - 1][at].float().cpu())
 
 
 def _walk(drafter: Method, rows: dict[int, torch.Tensor], seq: list[int], P: int, T: int, category: str,
-          device: torch.device) -> list[int]:
-    """Drive one drafter along the trace, one committed token per step; AL at every position."""
+          device: torch.device) -> tuple[list[int], list[dict]]:
+    """Drive one drafter along the trace, one committed token per step: AL at every position, and what the
+    drafter tells of each draft (`draft_info`)."""
     view = TargetView(device, P, {i: r[:P] for i, r in rows.items()})
     state = DecodeState(seq[:P + 1], P, view, 0.0, None, None, category)  # type: ignore[arg-type]
     drafter.start(state)
-    out = []
+    out, infos = [], []
     for t in range(T):
         tree = drafter.propose(state)
         out.append(tree.matched(seq[P + t + 1:]))
+        info = drafter.draft_info()
+        if info is not None:
+            infos.append(info)
         view.captured = {i: r[P + t: P + t + 1] for i, r in rows.items()}  # the committed root's rows
         view.length = P + t + 1
         state.tokens.append(seq[P + t + 1])
         drafter.observe(state, [seq[P + t + 1]])
     drafter.finish(state)
-    return out
+    return out, infos

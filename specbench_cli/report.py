@@ -74,6 +74,26 @@ def by_group(results: Results, dataset: str, by: str) -> Table:
                  "× is left blank where no baseline run of the same settings and hardware exists")
 
 
+def routing(results: Results) -> Table:
+    """HVD Table 11's view of every run: target cycles (verify forwards) per 1K decoded tokens, τ, tokens/s,
+    and for routed runs the share of rounds each drafter took (columns: drafters seen in a routed run)."""
+    mixed = [g for g in results.groups if g.rounds.proposer.nunique() > 1]
+    drafters = sorted({p for g in mixed for p in g.rounds.proposer.unique()})
+    rows = []
+    for g in results.groups:
+        tokens = g.prompts.decode_tokens.sum()
+        total = summarise(g.prompts, group_column(g.prompts)).iloc[-1]
+        row = {"dataset": g.info["settings"]["dataset"], "method": g.label, "rounds": len(g.rounds),
+               "cycles / 1K tokens": 1e3 * g.rounds.target_forwards.sum() / tokens if tokens else NAN,
+               "τ": total.tau, "tokens/s": total.tokens_per_s}
+        shares = g.rounds.proposer.value_counts(normalize=True)
+        known = set(shares.index) <= set(drafters)
+        row.update({f"{d} %": 100 * shares.get(d, 0.0) if known else NAN for d in drafters})
+        rows.append(row)
+    return Table("routing", "Target cycles per 1K decoded tokens and the drafters' shares of rounds", pd.DataFrame(rows),
+                 "a cycle is one target verify forward; shares are left blank for runs of other drafters")
+
+
 def positions(results: Results, depth: int = 8) -> Table:
     """Per-position acceptance (vLLM's rate and the conditional rate) for every drafting method."""
     rows = []
@@ -183,7 +203,7 @@ def all_tables(results: Results) -> list[Table]:
     wide = [positions(results), phases(results), environment(results)]  # files only: too wide for a terminal
     for table in wide:
         table.terminal = False
-    tables += [lossless(results), *oracle_tables(results), *calibration_tables(results), *wide]
+    tables += [routing(results), lossless(results), *oracle_tables(results), *calibration_tables(results), *wide]
     return [t for t in tables if len(t.frame)]
 
 

@@ -184,7 +184,8 @@ class Runner:
                 rounds.append(RoundRecord(**common, turn=t, round=k, proposer=info.proposer, tree_size=info.tree_size,
                                           draft_depth=info.draft_depth, accepted=info.accepted, emitted=info.emitted,
                                           kv_len=info.kv_len, target_forwards=info.target_forwards, backlog=info.backlog,
-                                          entropy=info.entropy, router_score=info.router_score, **ms))
+                                          entropy=info.entropy, router_score=info.router_score,
+                                          features=",".join(f"{v:.6g}" for v in info.features), **ms))
         return rounds, rows
 
 

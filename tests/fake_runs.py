@@ -20,6 +20,7 @@ class Turn:
     ids: list[int] | None = None  # output ids (default: 0..n)
     category: str = ""
     turn: int = 0
+    proposers: list[str] | None = None  # per round: who drafted (default: the method)
 
     @property
     def tokens(self) -> int:
@@ -51,9 +52,9 @@ def write_run(folder: Path, method: str, turns: list[Turn], env: dict | None = N
             for k, a in enumerate(t.accepted):
                 ms = {f"{p}_ms": 0.0 for p in ("route", "catchup", "draft", "draft_head", "verify", "accept", "commit", "wall")}
                 ms.update(phases)
-                rounds.append(RoundRecord(**common, round=k, proposer=method, tree_size=t.depth, draft_depth=t.depth,
+                rounds.append(RoundRecord(**common, round=k, proposer=t.proposers[k] if t.proposers else method, tree_size=t.depth, draft_depth=t.depth,
                                           accepted=a, emitted=a + 1, kv_len=10 + k, target_forwards=1, backlog=0,
-                                          entropy=float("nan"), router_score=float("nan"), **ms))
+                                          entropy=float("nan"), router_score=float("nan"), features="", **ms))
         writer.write_prompt(index, rounds, rows)
     return folder
 

@@ -7,11 +7,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from methods.predictors import Router
 from specbench_cli.calibrate import (TABLE2_THRESHOLDS, Latency, break_even_threshold, entropy_grid, entropy_sweep,
-                                     simulate, throughput, train_router)
+                                     fit, simulate, throughput)
 from specbench_cli.oracle import static_rounds
 
-LAT = Latency(eagle3=30.0, dflash=10.0, catchup_per_token=0.5)
+LAT = Latency(eagle3=30.0, other=10.0, catchup_per_token=0.5)
 
 
 def test_simulate_static_routes_match_the_oracle_paths():
@@ -59,7 +60,7 @@ def test_router_learns_a_linear_signal():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(2000, 64)).astype(np.float32)
     y = (2.0 * x[:, 0] - x[:, 1]).astype(np.float32)
-    router = train_router(x, y, steps=1500)
+    router = fit(Router, x, y, steps=1500)
     import torch
 
     with torch.inference_mode():

@@ -32,11 +32,12 @@ BAD = [
     (["profile", "--component", "head", "--method", "eagle3"], "use --method flashhead"),
     (["profile", "--component", "lm"], "unknown --component 'lm'"),
     (["profile", "--switching", "--method", "eagle3"], "use --method whiflash-entropy"),
-    (["calibrate", "--method", "hvd"], "hvd is not implemented yet"),
+    (["calibrate", "--method", "hvd-freq"], "calibrate knows whiflash-entropy, whiflash-neural, hvd"),
     (["calibrate", "--model", "qwen3-9b"], "unknown model 'qwen3-9b'"),
     (["oracle", "--drafters", "confu"], "confu cannot be replayed"),
     (["oracle", "--drafters", "eagle3", "--opt", "depth=3"], "malformed --opt 'depth=3'"),
     (["run", "--method", "whiflash-neural", "--model", "qwen3-8b"], "no whiflash-neural drafter is registered"),
+    (["run", "--method", "hvd", "--model", "qwen3-8b"], "no hvd drafter is registered"),
     (["profile", "--phases", "--method", "sufix"], "did you mean 'suffix'"),
     (["report", "no/such/results"], "results directory not found"),
 ]

@@ -84,6 +84,19 @@ def test_shards_merge_and_clashing_labels_say_what_differs(tmp_path):
                       "whiflash-entropy": 2}
 
 
+def test_routing_table_counts_cycles_and_drafter_shares(tmp_path):
+    from specbench_cli.report import routing
+
+    write_run(tmp_path / "hvd", "hvd", [Turn("A", "qa", [3, 0, 5, 0], 10.0, proposers=["suffix", "eagle3", "suffix", "eagle3"])])
+    write_run(tmp_path / "eagle3", "eagle3", [Turn("A", "qa", [1, 1], 10.0)])
+    write_run(tmp_path / "base", "baseline", [Turn("A", "qa", [0, 0], 10.0, depth=0)])
+    rows = routing(load([tmp_path])).frame.set_index("method")
+    assert rows.loc["hvd", "cycles / 1K tokens"] == 1e3 * 4 / 12 and rows.loc["hvd", "τ"] == 3.0
+    assert rows.loc["hvd", "suffix %"] == 50.0 and rows.loc["hvd", "eagle3 %"] == 50.0
+    assert rows.loc["eagle3", "eagle3 %"] == 100.0 and rows.loc["eagle3", "suffix %"] == 0.0
+    assert rows.loc["baseline", "cycles / 1K tokens"] == 1e3 and math.isnan(rows.loc["baseline", "eagle3 %"])
+
+
 def test_phase_table_and_flashhead_view():
     rounds = pd.DataFrame({**{f"{p}_ms": [0.0, 0.0] for p in ("route", "catchup", "accept")},
                            "draft_ms": [4.0, 6.0], "draft_head_ms": [1.0, 3.0], "verify_ms": [4.0, 2.0],

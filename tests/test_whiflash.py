@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from methods.checkpoints import CheckpointError
-from methods.whiflash import ROUTER_FILE, Router, WhiFlashEntropy, WhiFlashNeural
+from methods.predictors import Router
+from methods.whiflash import WhiFlashEntropy, WhiFlashNeural
 from tests.drafter_fixtures import loaded
 from tests.helpers import assert_lossless, assert_multi_turn_lossless, run_method, sampling_p_value
 
@@ -79,11 +80,8 @@ def test_sampling_keeps_the_target_distribution(setup, median_entropy):
 
 
 def write_router(folder, hidden: int, threshold: float, seed: int = 0):
-    from safetensors.torch import save_file
-
     torch.manual_seed(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(Router(hidden).state_dict(), str(folder / ROUTER_FILE))
+    Router(hidden).save(folder)
     (folder / "config.json").write_text(json.dumps({"hidden_size": hidden, "threshold": threshold}))
     return folder
 

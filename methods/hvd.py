@@ -1,0 +1,202 @@
+"""Hybrid Verified Decoding (Su et al. 2026, arXiv 2606.01019): each round, predict the payoff of the
+parameter-free cache draft before verifying it, and verify it only when the payoff is worth a round;
+otherwise draft with EAGLE-3.
+
+A round: look up the suffix-cache draft (SuffixDecoding's trees over this request and earlier outputs; the
+cache warms on the run's warm-up prompts, which are never scored), describe it by the features of HVD
+Table 9, and let a policy score it:
+- `hvd`: the payoff predictor (an MLP, two hidden layers of 256, ReLU) predicts the draft's accepted length ŷ;
+  the cache draft is verified when ŷ ≥ τ (HVD's default τ = 6), else EAGLE-3 drafts.
+- `hvd-freq`: the same structure deciding by SuffixDecoding's own frequency score (HVD's Frequency-Based
+  Hybrid baseline); the default τ is ArcticInference's hybrid rule, "use the suffix draft when its score is
+  at least the model drafter's speculation length" (`arctic_inference/vllm/model_runner.py`,
+  `propose_draft_token_ids`), here EAGLE-3's tree depth.
+
+EAGLE-3 catches up lazily after cache rounds (KV-only, as in WhiFlash); `--opt lazy_catchup=false` keeps it
+in sync every round. Rounds record the source chosen ("suffix" or "eagle3"), the score and the features.
+
+The features, identical live and in `specbench calibrate --method hvd` (which replays the suffix lookups
+over greedy traces and labels each with the accepted length of its draft):
+  suffix score, matched length, draft length; prompt length, generated length, relative position
+  (generated / (prompt + generated)); over the last `HISTORY` rounds of the turn, the share of rounds that
+  verified the cache draft and their mean accepted length; and the share of draft tokens that are
+  whitespace, punctuation, line breaks, brackets and delimiters (a per-vocabulary class table built once
+  from the tokenizer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import unicodedata
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from methods.base import DecodeState, Method, Proposer, Route
+from methods.checkpoints import locate
+from methods.eagle3 import Eagle3
+from methods.predictors import PayoffPredictor
+from methods.suffix import SpecParams, Suffix, SuffixDraft
+from specbench_cli.target import Target
+from specbench_cli.tree import DraftTree
+
+CLASSES = ("whitespace", "punctuation", "line_break", "bracket", "delimiter")
+FEATURES = ("suffix_score", "match_len", "draft_len", "prompt_len", "generated", "relative_position",
+            "recent_cache_rate", "recent_accepted", *(f"{c}_share" for c in CLASSES))
+HISTORY = 8  # rounds the recent-behaviour features look back over (our choice; the paper says "recent")
+BRACKETS = frozenset("()[]{}<>")
+DELIMITERS = frozenset(",;:|\t")
+
+
+def token_classes(tokenizer, vocab: int) -> np.ndarray:
+    """[vocab, len(CLASSES)] 0/1 table: which classes each token's text falls in (all 0 without a tokenizer)."""
+    table = np.zeros((vocab, len(CLASSES)), dtype=np.float32)
+    if tokenizer is None:
+        return table
+    n = min(vocab, len(tokenizer))
+    for i, text in enumerate(tokenizer.batch_decode([[i] for i in range(n)])):
+        table[i] = _classes(text)
+    return table
+
+
+def _classes(text: str) -> list[float]:
+    visible = text.strip()
+    return [float(bool(text) and text.isspace()),
+            float(bool(visible) and all(unicodedata.category(c).startswith("P") for c in visible)),
+            float("\n" in text),
+            float(any(c in BRACKETS for c in text)),
+            float(any(c in DELIMITERS for c in text))]
+
+
+@dataclass
+class History:
+    """The turn's last `HISTORY` rounds: (verified the cache draft?, tokens accepted)."""
+
+    rounds: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+    def add(self, cache: bool, accepted: int) -> None:
+        self.rounds.append((cache, accepted))
+
+    def summary(self) -> tuple[float, float]:
+        """(share of rounds that verified the cache draft, mean accepted length); zeros before any round."""
+        if not self.rounds:
+            return 0.0, 0.0
+        return (sum(c for c, _ in self.rounds) / len(self.rounds),
+                sum(a for _, a in self.rounds) / len(self.rounds))
+
+
+def features(score: float, match_len: int, draft: list[int], prompt_len: int, generated: int, history: History,
+             classes: np.ndarray) -> np.ndarray:
+    """HVD Table 9's features of one cache lookup, in `FEATURES` order."""
+    shares = classes[draft].mean(0) if draft else np.zeros(len(CLASSES), dtype=np.float32)
+    rate, accepted = history.summary()
+    return np.array([score, match_len, len(draft), prompt_len, generated, generated / max(prompt_len + generated, 1),
+                     rate, accepted, *shares], dtype=np.float32)
+
+
+class CacheDraft(Proposer):
+    """The suffix draft the route already looked up: verifying it needs no further drafting."""
+
+    name = "suffix"
+
+    def __init__(self) -> None:
+        self.tree = DraftTree([], [])
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        return self.tree
+
+
+class HybridVerified(Method):
+    """The shared structure; subclasses say how a cache draft is scored and what τ is by default."""
+
+    routed = True
+    drafter_names = ("eagle3",)
+    inherent_syncs = "EAGLE-3's own when it drafts; the cache lookup and the decision are host work"
+
+    @dataclass
+    class Options(SpecParams):  # the suffix cache: SpecParams' defaults (HVD Table 7)
+        # EAGLE-3 in HVD's setting (HVD seed; the EAGLE Qwen3 evaluation script): 32 tree tokens, depth 8, top-k 4.
+        depth: int = 8
+        top_k: int = 4
+        total_token: int = 32
+        threshold: float = math.nan  # τ; NaN = the method's default (hvd: the calibration card's, 6)
+        lazy_catchup: bool = True
+
+    def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
+        super().__init__(options, model, drafters)
+        o = options
+        cache = {f.name: getattr(o, f.name) for f in dataclasses.fields(SpecParams)}
+        self.suffix = Suffix(Suffix.Options(**cache), model, drafters)
+        self.eagle3 = Eagle3(Eagle3.Options(o.depth, o.top_k, o.total_token), model, drafters)
+        self.cache = CacheDraft()
+        self.classes = token_classes(model.tokenizer, int(model.model.config.vocab_size))
+        self.history = History()
+        self.chose_cache = False
+
+    def score(self, draft: SuffixDraft, x: np.ndarray) -> float:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------ proposer plumbing
+    def attach(self, target: Target) -> None:
+        self.eagle3.attach(target)
+
+    def start(self, state: DecodeState) -> None:
+        self.suffix.start(state)
+        self.eagle3.start(state)
+        self.history = History()
+
+    def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
+        self.suffix.observe(state, new_tokens)
+        self.eagle3.observe(state, new_tokens)  # keeps the accepted rows' features: no compute
+        self.history.add(self.chose_cache, max(len(new_tokens) - 1, 0))
+
+    def finish(self, state: DecodeState) -> None:
+        self.suffix.finish(state)
+        self.eagle3.finish(state)
+
+    def absorb(self, output_ids: list[int]) -> None:
+        self.suffix.absorb(output_ids)
+
+    # ------------------------------------------------------------------------------------ routing
+    def route(self, state: DecodeState) -> Route:
+        draft = self.suffix.lookup(state)
+        x = features(draft.score, draft.match_len, draft.tokens, state.prompt_len, len(state.tokens) - state.prompt_len,
+                     self.history, self.classes)
+        score = self.score(draft, x)
+        self.chose_cache = bool(draft.tokens) and score >= self.tau
+        values = tuple(float(v) for v in x)
+        if self.chose_cache:
+            self.cache.tree = draft.tree()
+            return Route(self.cache, score=score, features=values,
+                         also=() if self.options.lazy_catchup else (self.eagle3,))
+        return Route(self.eagle3, state.target.length - self.eagle3.absorbed, score=score, features=values)
+
+
+class Hvd(HybridVerified):
+    name = "hvd"
+    drafter_names = ("eagle3", "hvd")  # the payoff predictor is checked before anything loads
+    how_to_make = {"hvd": "make it with `specbench calibrate --method hvd --model {model}`"}
+
+    def __init__(self, options, model, drafters: dict[str, str] | None = None) -> None:
+        super().__init__(options, model, drafters)
+        predictor, card = PayoffPredictor.load(locate(self.drafter_ref("hvd"), "hvd payoff predictor"))
+        self.predictor = predictor  # stays on the CPU: its 13 inputs are host values, it costs microseconds
+        self.tau = options.threshold if not math.isnan(options.threshold) else float(card.get("threshold", 6.0))
+
+    @torch.inference_mode()
+    def score(self, draft: SuffixDraft, x: np.ndarray) -> float:
+        return float(self.predictor(torch.from_numpy(x)[None])[0])
+
+
+class HvdFreq(HybridVerified):
+    name = "hvd-freq"
+
+    def __init__(self, options, model, drafters: dict[str, str] | None = None) -> None:
+        super().__init__(options, model, drafters)
+        self.tau = options.threshold if not math.isnan(options.threshold) else float(options.depth)
+
+    def score(self, draft: SuffixDraft, x: np.ndarray) -> float:
+        return draft.score

@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from rich.console import Console
 
@@ -141,6 +142,12 @@ def _replay_prompt(runner: Runner, drafters: dict[str, Method], prompt) -> tuple
     return traces, [replay_turn(runner.target, drafters, tr) for tr in traces]
 
 
+def _typed(info: dict) -> dict:
+    """Token lists as int64 arrays: an all-empty list column would be written as list<null>, a schema the
+    other parts' list<int64> does not match when the directory is read back."""
+    return {k: np.asarray(v, dtype=np.int64) if isinstance(v, list) else v for k, v in info.items()}
+
+
 def _write_prompt(out: Path, index: int, traces: list[Trace], turns: list) -> None:
     replay, signals, drafts = [], [], []
     for tr, r in zip(traces, turns):
@@ -148,7 +155,7 @@ def _write_prompt(out: Path, index: int, traces: list[Trace], turns: list) -> No
         for name, als in r.accepted.items():
             replay += [dict(ident, position=t, drafter=name, accepted=a) for t, a in enumerate(als)]
         for name, infos in r.drafts.items():
-            drafts += [dict(ident, position=t, drafter=name, prompt_len=len(tr.prompt_ids), **info)
+            drafts += [dict(ident, position=t, drafter=name, prompt_len=len(tr.prompt_ids), **_typed(info))
                        for t, info in enumerate(infos)]
         signals += [dict(ident, position=t, entropy=float(e), hidden=h.tolist()) for t, (e, h) in
                     enumerate(zip(r.entropy, r.hidden))]

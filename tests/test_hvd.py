@@ -59,9 +59,11 @@ def test_frequency_policy_switches_losslessly(setup, median_score, variant):
     assert all(len(r.features) == len(FEATURES) for r in result.rounds)
 
 
-def test_multi_turn_is_lossless(setup, median_score):
-    target, corpus, _ = setup
+def test_multi_turn_is_lossless(setup, median_score, tmp_path):
+    target, corpus, drafters = setup
     assert_multi_turn_lossless(target, freq(setup, threshold=median_score), corpus[1][:24])
+    payoff = Hvd(Hvd.Options(**SMALL, threshold=0.0), loaded(target), {**drafters, "hvd": str(write_predictor(tmp_path, 6.0))})
+    assert_multi_turn_lossless(target, payoff, corpus[1][:24])
 
 
 def test_sampling_keeps_the_target_distribution(setup):

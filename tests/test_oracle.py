@@ -69,3 +69,21 @@ def test_report_shows_oracle_rows(tmp_path):
     frame = table.frame.set_index("path")
     assert list(frame.index) == ["a", "b", "Oracle-Task", "Oracle-Prompt", "Oracle-Token"]
     assert frame.loc["Oracle-Token", "overall"] == pytest.approx(18 / 6)
+
+
+def test_draft_parts_read_back_when_one_prompt_never_drafted(tmp_path):
+    """A part whose drafts are all empty must not give the column a type the other parts do not share."""
+    import torch
+
+    from specbench_cli.oracle_run import _write_prompt
+    from specbench_cli.replay import Trace, TurnReplay
+
+    for folder in ("replay.parquet", "signals.parquet", "traces.parquet", "drafts.parquet"):
+        (tmp_path / folder).mkdir()
+    for index, draft in enumerate(([], [5, 6])):
+        trace = Trace(f"p{index}", 0, "c", "s", [1, 2], [3, 4])
+        turn = TurnReplay({"suffix": [0]}, {"suffix": [{"score": 0.5, "match_len": 1, "draft": draft}]},
+                          torch.zeros(1), torch.zeros(1, 2))
+        _write_prompt(tmp_path, index, [trace], [turn])
+    drafts = pd.read_parquet(tmp_path / "drafts.parquet").sort_values("prompt_id")
+    assert [list(d) for d in drafts.draft] == [[], [5, 6]] and list(drafts.prompt_len) == [2, 2]

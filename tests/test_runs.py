@@ -21,6 +21,7 @@ from tests.conftest import needs_embedded
 pytestmark = needs_embedded
 COMMON = ["--model", "smollm2-135m", "--threads", "2"]
 TOKENS = "32"  # per turn in the multi-turn runs and the committed drafters' runs (they are compared): CI time
+SMALL_TREE = ["--opt", "total_token=8", "--opt", "depth=3", "--opt", "top_k=3"]  # EAGLE-3-style trees: CPU time in CI
 
 
 def run_cli(*args: str) -> None:
@@ -36,17 +37,17 @@ def drafters(embedded, tmp_path_factory):
     from tests.drafter_fixtures import write_confu, write_dart, write_dflash, write_eagle3
 
     root, target = tmp_path_factory.mktemp("drafters"), embedded.model
-    small_tree = ["--opt", "total_token=8", "--opt", "depth=3", "--opt", "top_k=3"]  # CPU time in CI
-    return {"eagle3": ["--drafter", f"eagle3={write_eagle3(root / 'eagle3', target)}", *small_tree],
+    return {"eagle3": ["--drafter", f"eagle3={write_eagle3(root / 'eagle3', target)}", *SMALL_TREE],
             "dflash": ["--drafter", f"dflash={write_dflash(root / 'dflash', target)}"],
             "dart": ["--drafter", f"dart={write_dart(root / 'dart', target)}", "--opt", "trie=none",
                      "--opt", "total=8", "--opt", "beam_width=3", "--opt", "top_k=3"],
-            "confu": ["--drafter", f"confu={write_confu(root / 'confu', target)}", *small_tree],
+            "confu": ["--drafter", f"confu={write_confu(root / 'confu', target)}", *SMALL_TREE],
             "sps": ["--drafter", f"sps={embedded_folder()}"],
             # the committed eagle3 and dflash drafters; a threshold inside the entropies seen, so it switches
-            "whiflash-entropy": ["--opt", "threshold=2.0", *small_tree, "--opt", "block_size=4"],
+            "whiflash-entropy": ["--opt", "threshold=2.0", *SMALL_TREE, "--opt", "block_size=4"],
             # the committed eagle3 drafter and the suffix cache; a low score threshold, so both draft
-            "hvd-freq": ["--opt", "threshold=1.0", *small_tree]}
+            "hvd-freq": ["--opt", "threshold=1.0", *SMALL_TREE],
+            "hvd": ["--opt", "threshold=1.0", *SMALL_TREE]}  # the committed payoff predictor
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +147,7 @@ def test_committed_drafters_are_lossless_and_beat_a_random_one(multi_turn, tmp_p
     sps and flashhead are compared with nothing random (the fixture's sps drafter is the model itself)."""
     out = tmp_path / "trained"
     run_cli("--method", method, "--dataset", "spec-bench", "--category", "writing", "--limit", "1",
-            "--max-new-tokens", TOKENS, "--warmup", "0", "--out", str(out))
+            "--max-new-tokens", TOKENS, "--warmup", "0", "--out", str(out), *(SMALL_TREE if method in ("eagle3", "confu") else []))
     base = read_table(multi_turn["baseline"], "prompts")
     mine = read_table(out, "prompts")
     same = base.merge(mine, on=["prompt_id", "turn"], suffixes=("", "_trained"))
@@ -192,6 +193,15 @@ def test_whiflash_switches_on_the_real_model(multi_turn):
     assert (rounds[rounds.proposer == "eagle3"].backlog > 1).any()  # a lazy catch-up after a DFlash stretch
 
 
+def test_hvd_routes_on_the_real_model(multi_turn):
+    from methods.hvd import FEATURES
+
+    for method in ("hvd", "hvd-freq"):  # hvd: the committed payoff predictor (drafters/smollm2-135m/hvd)
+        rounds = read_table(multi_turn[method], "rounds")
+        assert set(rounds.proposer) <= {"suffix", "eagle3"} and rounds.router_score.notna().all()
+        assert (rounds.features.str.split(",").map(len) == len(FEATURES)).all()
+
+
 def test_oracle_calibrate_and_the_neural_router(tmp_path):
     """oracle → replay records and oracle rows; calibrate (tiny) → an artifact that run loads."""
     oracle = CliRunner().invoke(app, ["oracle", "--drafters", "eagle3,suffix", *COMMON, "--limit", "1", "--max-new-tokens",
@@ -224,7 +234,7 @@ def test_hvd_calibration_makes_a_predictor_run_loads(tmp_path):
     assert result.exit_code == 0, result.output
     card = json.loads((cal / "config.json").read_text())
     assert card["features"] == list(FEATURES) and card["threshold"] == 6.0 and card["train_positions"] > 0
-    assert set(card["heldout_simulated"]) == {"eagle3", "suffix", "hvd-freq", "hvd"}
+    assert set(card["heldout_simulated"]) == {"eagle3", "cache-first", "hvd-freq", "hvd"}
     assert 0 <= card["heldout_quality"]["p_high"] <= 1 and (cal / "predictor.safetensors").exists()
     run_cli("--method", "hvd", "--drafter", f"hvd={cal}", "--opt", "threshold=0", "--limit", "1",
             "--max-new-tokens", "24", "--warmup", "0", "--out", str(tmp_path / "hvd"))

@@ -2,7 +2,7 @@
 
 Labels: `specbench oracle` replays the suffix cache over greedy traces of training prompts; at every decode
 position it records the cache draft (score, matched length, tokens) and its accepted length y = the longest
-path of the draft that matches the trace (HVD §3's payoff). EAGLE-3 (in HVD's tree setting) is replayed too,
+path of the draft that matches the trace (HVD's payoff label). EAGLE-3 (in HVD's tree setting) is replayed too,
 so a routed decode of every turn can be simulated exactly.
 
 Features: `methods.hvd.features`, the function `hvd` calls live. Its history terms (recent cache selection

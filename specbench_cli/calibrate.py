@@ -67,24 +67,31 @@ class Latency:
 
 
 # ---------------------------------------------------------------------------------------------- simulation
+def round_starts(al_e: np.ndarray, al_d: np.ndarray, use_eagle3: np.ndarray) -> list[tuple[int, bool]]:
+    """(position, EAGLE-3?) of every round of a routed decode of one replayed turn (al_d: the other drafter's
+    ALs): a round starting at t with drafter d ends after AL_d(t) accepted tokens and the bonus."""
+    t, starts = 0, []
+    while t < len(al_e):
+        eagle3 = bool(use_eagle3[t])
+        starts.append((t, eagle3))
+        t += int((al_e if eagle3 else al_d)[t]) + 1
+    return starts
+
+
 def simulate(al_e: np.ndarray, al_d: np.ndarray, use_eagle3: np.ndarray, lat: Latency) -> tuple[int, int, float]:
-    """(tokens, rounds, ms) of a routed decode of one replayed turn (al_d: the other drafter's ALs): at each
-    round start t the route says which drafter drafts; EAGLE-3 coming back after an idle stretch first catches
-    up on the positions since it last drafted."""
-    T = len(al_e)
-    t = rounds = 0
+    """(tokens, rounds, ms) of a routed decode of one replayed turn: at each round start t the route says
+    which drafter drafts; EAGLE-3 coming back after an idle stretch first catches up on the positions since
+    it last drafted."""
+    starts = round_starts(al_e, al_d, use_eagle3)
     ms = 0.0
     eagle_at = 0  # the position up to which EAGLE-3's cache is current
-    while t < T:
-        if use_eagle3[t]:
+    for t, eagle3 in starts:
+        if eagle3:
             ms += lat.eagle3 + lat.catchup_per_token * max(t - eagle_at, 0)
-            t += int(al_e[t]) + 1
-            eagle_at = t
+            eagle_at = t + int(al_e[t]) + 1
         else:
             ms += lat.other
-            t += int(al_d[t]) + 1
-        rounds += 1
-    return T, rounds, ms
+    return len(al_e), len(starts), ms
 
 
 def throughput(turns: list[tuple[np.ndarray, np.ndarray, np.ndarray]], lat: Latency) -> tuple[float, float]:
@@ -174,6 +181,12 @@ def _mse(router, x: np.ndarray, y: np.ndarray) -> float:
     router.eval()
     with torch.inference_mode():
         return float(np.mean((router(torch.tensor(x, dtype=torch.float32)).numpy() - y) ** 2))
+
+
+def held_out(prompt_ids: list[str]) -> tuple[set[str], set[str]]:
+    """(test, validation) prompts of a learned policy's calibration: every 8th prompt is held out for the
+    metrics and the sweep, every 8th from the 5th stops training early (none under 5 prompts)."""
+    return set(prompt_ids[::8]), set(prompt_ids[4::8])
 
 
 def break_even_threshold(lat: Latency, mean_al_d: float) -> float:
@@ -345,9 +358,8 @@ def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
     prompts_file = write_prompts(config.work / "prompts.jsonl", prompts)
     oracle_dir, lat = measure(config, prompts_file, console)
     turns = replayed_turns(oracle_dir)
-    ids = turns.prompt_id.drop_duplicates()
-    test = turns[turns.prompt_id.isin(ids.iloc[::8])]  # every 8th prompt held out for the metrics and the sweep
-    val = turns[turns.prompt_id.isin(ids.iloc[4::8])]  # every 8th from the 5th: early stopping (none under 5 prompts)
+    test_ids, val_ids = held_out(list(turns.prompt_id.drop_duplicates()))
+    test, val = turns[turns.prompt_id.isin(test_ids)], turns[turns.prompt_id.isin(val_ids)]
     train = turns[~turns.index.isin(test.index) & ~turns.index.isin(val.index)]
 
     def pairs(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -32,7 +32,7 @@ import torch
 from rich.console import Console
 
 from specbench_cli.calibrate import (CalibrateConfig, Latency, accepted_wide, calibration_prompts, card, fit,
-                                     measure, simulate, write_artifact, write_prompts)
+                                     held_out, measure, round_starts, simulate, write_artifact, write_prompts)
 
 PAYOFF = 6.0  # HVD's τ: verify the cache draft when ŷ ≥ 6; also Table 2's "high payoff" line y ≥ 6
 THRESHOLDS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0)  # the sensitivity sweep of τ
@@ -128,18 +128,10 @@ def simulated(turns: list[CacheTurn], classes: np.ndarray, decide: Decide, lat: 
         _, chose = rollout(turn, classes, decide)
         n, r, t_ms = simulate(turn.al_e, turn.al_s, ~chose, lat)
         tokens, rounds, ms = tokens + n, rounds + r, ms + t_ms
-        cache_rounds += _cache_rounds(turn, chose)
+        cache_rounds += sum(not eagle3 for _, eagle3 in round_starts(turn.al_e, turn.al_s, ~chose))
     return {"tokens_per_s": tokens / (ms / 1e3) if ms else 0.0, "cycles_per_1k": 1e3 * rounds / max(tokens, 1),
             "tau": tokens / max(rounds, 1), "cache_share": cache_rounds / max(rounds, 1),
             "eagle3_share": 1 - cache_rounds / max(rounds, 1)}
-
-
-def _cache_rounds(turn: CacheTurn, chose: np.ndarray) -> int:
-    t = count = 0
-    while t < len(chose):
-        count += bool(chose[t])
-        t += int(turn.al_s[t] if chose[t] else turn.al_e[t]) + 1
-    return count
 
 
 def token_table(model_name: str) -> np.ndarray:
@@ -162,8 +154,7 @@ def calibrate_hvd(config: CalibrateConfig, console: Console) -> dict:
     prompts_file = write_prompts(config.work / "prompts.jsonl", prompts)
     oracle_dir, lat = measure(config, prompts_file, console, other="suffix", eagle3_opts=EAGLE3_SETTING)
     turns, classes = cache_turns(oracle_dir), token_table(config.model)
-    ids = list(dict.fromkeys(t.prompt_id for t in turns))
-    test_ids, val_ids = set(ids[::8]), set(ids[4::8])
+    test_ids, val_ids = held_out(list(dict.fromkeys(t.prompt_id for t in turns)))
     test = [t for t in turns if t.prompt_id in test_ids]
     val = [t for t in turns if t.prompt_id in val_ids]
     train = [t for t in turns if t.prompt_id not in test_ids | val_ids]

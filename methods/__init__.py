@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from specbench_cli.errors import unknown
+from specbench_cli.core.errors import unknown
 
 METHODS: dict[str, tuple[str, str, str]] = {
     # name: (module, class, one-line description)

@@ -4,8 +4,8 @@ Speedups are measured against this, so both sides pay the same engine costs."""
 
 from __future__ import annotations
 
-from methods.base import DecodeState, Method
-from specbench_cli.tree import DraftTree
+from specbench_cli.core.method import DecodeState, Method
+from specbench_cli.core.tree import DraftTree
 
 
 class Baseline(Method):

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from specbench_cli.errors import UsageError
+from specbench_cli.core.errors import UsageError
 
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.txt"]
 

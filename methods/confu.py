@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from methods.base import DecodeState
+from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, CheckpointError
 from methods.eagle3 import Eagle3, Eagle3Draft
-from specbench_cli.target import Target
-from specbench_cli.tree import DraftTree, SideTokens
+from specbench_cli.core.target import Target
+from specbench_cli.core.tree import DraftTree, SideTokens
 
 
 class MoE(nn.Module):

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from methods.base import DecodeState
+from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, CheckpointError, locate_file
 from methods.eagle3 import Eagle3Draft, append_kv
 from methods.features import FeatureDrafter
 from methods.layers import causal_mask
 from methods.ngram import Trie
-from specbench_cli.tree import DraftTree
+from specbench_cli.core.tree import DraftTree
 
 
 @dataclass

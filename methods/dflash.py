@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from methods.base import DecodeState
+from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, CheckpointError
 from methods.eagle3 import append_kv
 from methods.features import FeatureDrafter
 from methods.layers import MLP, Attention, RMSNorm, Rotary, causal_mask
-from specbench_cli.tree import DraftTree
+from specbench_cli.core.tree import DraftTree
 
 
 @dataclass

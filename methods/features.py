@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from methods.base import DecodeState, Method
-from specbench_cli.target import Target
+from specbench_cli.core.method import DecodeState, Method
+from specbench_cli.core.target import Target
 
 
 class FeatureDrafter(Method):

@@ -24,10 +24,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from methods.base import DecodeState
+from specbench_cli.core.method import DecodeState
 from methods.checkpoints import CheckpointError, locate
 from methods.sps import SpS
-from specbench_cli.models import cache_root
 
 ASSET_FILE = "clustering_cache.safetensors"
 
@@ -193,7 +192,7 @@ class FlashHead(SpS):
     def _built(self, weight: torch.Tensor) -> Clustering:
         """Build (once; cached by head content) the clustering of this draft model's head."""
         digest = hashlib.sha256(weight.detach().float().cpu().numpy().tobytes()).hexdigest()[:16]
-        folder = cache_root() / "flashhead" / f"{digest}-c{self.options.cluster_size}"
+        folder = Path(self.model.cache_dir) / "flashhead" / f"{digest}-c{self.options.cluster_size}"
         cached = load_assets(folder, *weight.shape) if (folder / "config.json").exists() else None
         if cached is not None:
             return cached

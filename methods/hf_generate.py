@@ -10,9 +10,9 @@ import time
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from methods.base import Method
-from specbench_cli.engine import DecodeSettings, RoundInfo, TurnResult, cut
-from specbench_cli.timing import sync
+from specbench_cli.core.method import Method
+from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut
+from specbench_cli.core.timing import sync
 
 
 class _Stamps(BaseStreamer):

@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from methods.base import DecodeState, Method, Proposer, Route
+from specbench_cli.core.method import DecodeState, Method, Proposer, Route
 from methods.checkpoints import locate
 from methods.eagle3 import Eagle3
 from methods.predictors import PayoffPredictor
 from methods.suffix import SpecParams, Suffix, SuffixDraft
-from specbench_cli.target import Target
-from specbench_cli.tree import DraftTree
+from specbench_cli.core.target import Target
+from specbench_cli.core.tree import DraftTree
 
 CLASSES = ("whitespace", "punctuation", "line_break", "bracket", "delimiter")
 FEATURES = ("suffix_score", "match_len", "draft_len", "prompt_len", "generated", "relative_position",

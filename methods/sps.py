@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from methods.base import DecodeState, Method
+from specbench_cli.core.method import DecodeState, Method
 from methods.checkpoints import CheckpointError, locate
-from specbench_cli.tree import DraftTree
+from specbench_cli.core.tree import DraftTree
 
 
 EMBEDDING_FROM_TARGET = "specbench_embedding_from_target"  # config key of the project's own draft models

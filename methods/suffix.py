@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from methods.base import DecodeState, Method
-from specbench_cli.tree import DraftTree
+from specbench_cli.core.method import DecodeState, Method
+from specbench_cli.core.tree import DraftTree
 
 SEPARATOR = -1
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.base import DecodeState, Method, Route
+from specbench_cli.core.method import DecodeState, Method, Route
 from methods.checkpoints import CheckpointError, locate
 from methods.dflash import DFlash
 from methods.eagle3 import Eagle3
 from methods.predictors import Router
-from specbench_cli.target import Target
+from specbench_cli.core.target import Target
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:

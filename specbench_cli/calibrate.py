@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 from rich.console import Console
 
-from specbench_cli.errors import UsageError
+from specbench_cli.core.errors import UsageError
 
 TABLE2_THRESHOLDS = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # WhiFlash Table 2's τ_neural sweep
 # x-axis labels of the sensitivity plots

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from specbench_cli.errors import UsageError
+from specbench_cli.core.errors import UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Benchmark speculative decoding methods: lossless outputs, per-round timings, Parquet records.")

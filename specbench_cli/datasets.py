@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbench_cli.errors import UsageError, unknown
+from specbench_cli.core.errors import UsageError, unknown
 
 DATASET_DIR = Path(__file__).resolve().parent.parent / "datasets"
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")

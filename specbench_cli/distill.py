@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from specbench_cli.datasets import DATASET_DIR
-from specbench_cli.errors import UsageError
+from specbench_cli.core.errors import UsageError
 
 # file -> (sha256, how a row becomes a prompt)
 TRAIN_FILES = {

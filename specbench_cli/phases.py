@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from specbench_cli.timing import PHASES
+from specbench_cli.core.timing import PHASES
 
 PARTS = ("route", "catchup", "draft_body", "draft_head", "verify", "accept", "commit", "host")
 

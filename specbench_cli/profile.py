@@ -20,8 +20,8 @@ import pandas as pd
 import torch
 from rich.console import Console
 
-from methods.base import DecodeState
-from specbench_cli.errors import UsageError
+from specbench_cli.core.method import DecodeState
+from specbench_cli.core.errors import UsageError
 from specbench_cli.phases import flashhead_view, phase_table
 from specbench_cli.records import read_table
 from specbench_cli.tables import Table
@@ -83,7 +83,7 @@ def stats(component: str, variant: str, ms: list[float]) -> dict:
 def head_benchmark(method, target, prompt_ids: list[int], reps: int, warmup: int) -> tuple[pd.DataFrame, str]:
     """Dense head vs FlashHead of a `flashhead` method's draft model: the head alone on one hidden state,
     and a whole draft step (one token through the draft body, then the head), each `reps` times."""
-    from methods.base import DecodeState
+    from specbench_cli.core.method import DecodeState
     from methods.sps import SpS
 
     device = method.model.device

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.base import DecodeState, Method
-from specbench_cli.target import Target
+from specbench_cli.core.method import DecodeState, Method
+from specbench_cli.core.target import Target
 
 
 @dataclass

@@ -20,18 +20,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from methods import method_class
-from methods.base import Method, drafter_ref, parse_options
+from specbench_cli.core.method import Method, drafter_ref, parse_options
 from specbench_cli import hardware
 from specbench_cli.telemetry import GpuTelemetry
 from specbench_cli.datasets import Prompt, load_dataset, parse_shard, select
-from specbench_cli.engine import DecodeSettings, TurnResult, decode_turn
-from specbench_cli.errors import UsageError
+from specbench_cli.core.engine import decode_turn
+from specbench_cli.core.turn import DecodeSettings, TurnResult
+from specbench_cli.core.errors import UsageError
 from specbench_cli.models import (LoadedModel, ModelSpec, checkpoint_ref, get_model_spec, load_model, resolve_device,
                                   resolve_dtype)
 from specbench_cli.records import NAN, PromptRecord, RoundRecord, RunWriter, output_hash, read_table
 from specbench_cli.summary import print_summary
-from specbench_cli.target import Target
-from specbench_cli.timing import PHASES, SUB_PHASES, PhaseClock
+from specbench_cli.core.target import Target
+from specbench_cli.core.timing import PHASES, SUB_PHASES, PhaseClock
 
 # Settings that must match for --resume to continue a run.
 RESUME_KEYS = ("method", "model", "dataset", "categories", "limit", "shard", "max_new_tokens", "temperature",

@@ -27,7 +27,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbench_cli.errors import UsageError, unknown
+from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.runner import RunConfig
 
 # `[run]` keys a sweep may set: RunConfig fields that are not chosen per job.

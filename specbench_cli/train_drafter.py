@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specbench_cli.distill import Corpus
-from specbench_cli.errors import UsageError
+from specbench_cli.core.errors import UsageError
 from specbench_cli.recipes import Recipe, Sample, recipe_class
 
 

@@ -16,16 +16,22 @@ from methods.checkpoints import save
 from methods.dflash import DFlashConfig, DFlashDraft
 from methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
 from methods.layers import causal_mask
-from specbench_cli.models import ModelSpec
+from specbench_cli.models import ModelSpec, cache_root
 from tests.helpers import random_prompt, run_method
 
 VOCAB = 96
 
 
+class _Loaded(SimpleNamespace):
+    @property
+    def cache_dir(self):  # read when used, so a test's SPECBENCH_CACHE applies
+        return cache_root()
+
+
 def loaded(model: torch.nn.Module, name: str = "tiny"):
     """What a method receives as `model` (a LoadedModel's fields that methods read)."""
-    return SimpleNamespace(model=model, device=torch.device("cpu"), dtype=torch.float32,
-                           spec=ModelSpec(name, name, "tiny test target"), tokenizer=None)
+    return _Loaded(model=model, device=torch.device("cpu"), dtype=torch.float32,
+                   spec=ModelSpec(name, name, "tiny test target"), tokenizer=None)
 
 
 def greedy_corpus(target: torch.nn.Module, n: int = 12, new: int = 120) -> list[list[int]]:

@@ -6,10 +6,11 @@ import random
 
 import torch
 
-from methods.base import DecodeState, Method
-from specbench_cli.engine import DecodeSettings, TurnResult, decode_turn
-from specbench_cli.target import Target
-from specbench_cli.tree import DraftTree
+from specbench_cli.core.method import DecodeState, Method
+from specbench_cli.core.engine import decode_turn
+from specbench_cli.core.turn import DecodeSettings, TurnResult
+from specbench_cli.core.target import Target
+from specbench_cli.core.tree import DraftTree
 
 
 class OracleTree(Method):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from methods.checkpoints import CheckpointError
-from specbench_cli.target import Target
-from specbench_cli.tree import DraftTree, SideTokens
+from specbench_cli.core.target import Target
+from specbench_cli.core.tree import DraftTree, SideTokens
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import edit_checkpoint, make_method, write_confu
 from tests.helpers import random_prompt

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from specbench_cli.datasets import DATASET_DIR, DATASETS, load_dataset, parse_shard, select
-from specbench_cli.errors import UsageError
+from specbench_cli.core.errors import UsageError
 
 
 def test_vendored_sets_have_their_sizes_and_shapes():

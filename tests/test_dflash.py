@@ -57,7 +57,7 @@ def test_block_draft_is_the_argmax_at_each_mask_position(distilled):
     draft token j = argmax of the target head at block position j (no shift)."""
     from types import SimpleNamespace
 
-    from specbench_cli.target import Target
+    from specbench_cli.core.target import Target
     from tests.drafter_fixtures import target_pass
 
     target, corpus, folder = distilled("dflash", "qwen3")

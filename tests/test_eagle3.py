@@ -93,7 +93,7 @@ def test_bad_checkpoints_fail_with_one_line(tmp_path, edit_tensors, edit_config,
 
 def test_unreachable_hub_checkpoint_is_one_line(monkeypatch):
     """Offline (as in CI), a hub id that is not in the local cache fails with one line naming it."""
-    from specbench_cli.errors import UsageError
+    from specbench_cli.core.errors import UsageError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UsageError) as err:

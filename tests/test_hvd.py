@@ -102,7 +102,7 @@ def test_replayed_features_are_the_live_ones(setup, median_score):
     from methods.eagle3 import Eagle3
     from methods.suffix import Suffix
     from specbench_cli.replay import Trace, replay_turn
-    from specbench_cli.target import Target
+    from specbench_cli.core.target import Target
 
     target, corpus, drafters = setup
     prompt = corpus[0][:24]

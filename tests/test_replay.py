@@ -13,8 +13,8 @@ from methods.pld import PromptLookup
 from methods.suffix import Suffix
 from specbench_cli.oracle import best_rounds, static_rounds
 from specbench_cli.replay import Trace, replay_turn
-from specbench_cli.target import Target
-from specbench_cli.tree import DraftTree
+from specbench_cli.core.target import Target
+from specbench_cli.core.tree import DraftTree
 from tests.drafter_fixtures import make_method
 from tests.helpers import run_method
 

@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
-from specbench_cli.acceptance import accept
-from specbench_cli.tree import DraftTree
+from specbench_cli.core.acceptance import accept
+from specbench_cli.core.tree import DraftTree
 from tests.helpers import chi_square_p
 
 V = 4

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from specbench_cli import sweep
 from specbench_cli.cli import app
-from specbench_cli.errors import UsageError
+from specbench_cli.core.errors import UsageError
 
 GRID = """
 out = "{out}"

@@ -12,7 +12,7 @@ import torch
 
 from methods.layers import causal_mask
 from specbench_cli.distill import Corpus, cache_features, cache_topk, training_prompts
-from specbench_cli.errors import UsageError
+from specbench_cli.core.errors import UsageError
 from specbench_cli.recipes import Sample, kl_to_topk, recipe_class
 from specbench_cli.train_drafter import TrainSettings, train
 from tests.conftest import tiny_model
@@ -79,8 +79,8 @@ def test_dart_slot_blocks_share_the_prefix_exactly(corpus):
 
 def test_confu_future_in_training_is_the_one_a_verify_forward_computes(corpus):
     """f from the trainer's contemplate pass = the side token's hidden state in Target.verify."""
-    from specbench_cli.target import Target
-    from specbench_cli.tree import DraftTree, SideTokens
+    from specbench_cli.core.target import Target
+    from specbench_cli.core.tree import DraftTree, SideTokens
 
     target, data = corpus
     recipe = recipe_class("confu")(target, data, TrainSettings(method="confu", intermediate=64, draft_vocab=64))

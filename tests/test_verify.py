@@ -6,8 +6,8 @@ import random
 
 import torch
 
-from specbench_cli.target import Target
-from specbench_cli.tree import DraftTree
+from specbench_cli.core.target import Target
+from specbench_cli.core.tree import DraftTree
 from tests.helpers import random_prompt
 
 

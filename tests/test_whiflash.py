@@ -50,8 +50,9 @@ def test_switching_is_lossless_and_catches_up(setup, median_entropy, variant):
     backlogs = [r.backlog for r in result.rounds if r.proposer == "eagle3"]
     if variant.get("lazy_catchup", True):
         assert max(backlogs) > 1  # an idle stretch was caught up in one batch
-    else:
-        assert max(backlogs) <= 1 + SMALL["depth"]  # always in sync: at most the last round's tokens
+    else:  # always in sync: the previous round's tokens and the newest position, which catch-up leaves pending
+        rounds = result.rounds  # (a DFlash round can commit a whole block, so EAGLE-3's depth is no bound)
+        assert all(r.backlog <= prev.emitted + 1 for prev, r in zip(rounds, rounds[1:]) if r.proposer == "eagle3")
 
 
 def test_kv_only_catch_up_drafts_what_the_full_layer_drafts(setup, median_entropy):
@@ -104,7 +105,7 @@ def test_neural_router_switches_losslessly_and_needs_its_artifact(setup, tmp_pat
 
 def test_switching_sweep_measures_catch_up_against_a_round(setup):
     from specbench_cli.profile import switching_sweep
-    from specbench_cli.target import Target
+    from specbench_cli.core.target import Target
 
     target, _, _ = setup
     method = entropy_method(setup, threshold=0.0)

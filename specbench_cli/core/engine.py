@@ -10,62 +10,14 @@ max-new-tokens budget (never overshooting; tokens past a stop are neither emitte
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
-from methods.base import DecodeState, Method, Route
-from specbench_cli.acceptance import accept
-from specbench_cli.target import Target
-from specbench_cli.timing import PhaseClock, sync
-
-
-@dataclass
-class RoundInfo:
-    proposer: str
-    tree_size: int
-    draft_depth: int
-    accepted: int  # draft tokens accepted (bonus excluded)
-    emitted: int  # tokens this round added to the output (after any stop cut)
-    kv_len: int  # target cache length before the round's verify
-    target_forwards: int  # target forward passes in the round (1 unless a method needs extra ones)
-    backlog: int = 0  # routed methods: positions the chosen proposer caught up on
-    entropy: float = float("nan")  # routed methods: the policy's inputs and score
-    router_score: float = float("nan")
-    features: tuple[float, ...] = ()  # routed methods with a feature vector (HVD)
-    phases: dict[str, float] = field(default_factory=dict)  # ms per phase and "wall"
-
-
-@dataclass
-class TurnResult:
-    output_ids: list[int]
-    stop_reason: str  # "stop_token" | "max_new_tokens"
-    ttft_ms: float
-    decode_ms: float
-    rounds: list[RoundInfo]
-
-
-@dataclass
-class DecodeSettings:
-    max_new_tokens: int
-    temperature: float
-    stop_ids: frozenset[int]
-
-
-def pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
-    """Sample (or take the argmax of) one token from next-token logits [V]."""
-    if temperature <= 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def cut(tokens: list[int], stop_ids: frozenset[int], budget: int) -> tuple[list[int], bool]:
-    """Keep tokens up to and including the first stop token, and at most `budget`; say if a stop was hit."""
-    for i, t in enumerate(tokens[:budget]):
-        if t in stop_ids:
-            return tokens[: i + 1], True
-    return tokens[:budget], False
+from specbench_cli.core.acceptance import accept
+from specbench_cli.core.method import DecodeState, Method, Route
+from specbench_cli.core.target import Target
+from specbench_cli.core.timing import PhaseClock, sync
+from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut, pick
 
 
 def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings: DecodeSettings,

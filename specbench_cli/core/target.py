@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specbench_cli.errors import UsageError
-from specbench_cli.tree import DraftTree, SideTokens
+from specbench_cli.core.errors import UsageError
+from specbench_cli.core.tree import DraftTree, SideTokens
 
 
 class Target:

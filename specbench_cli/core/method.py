@@ -10,17 +10,29 @@ from __future__ import annotations
 import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 
-from specbench_cli.errors import UsageError, unknown
-from specbench_cli.tree import DraftTree
+from specbench_cli.core.errors import UsageError, unknown
+from specbench_cli.core.tree import DraftTree
 
 if TYPE_CHECKING:
-    from specbench_cli.models import LoadedModel
-    from specbench_cli.target import Target
-    from specbench_cli.timing import PhaseClock
+    from specbench_cli.core.target import Target
+    from specbench_cli.core.timing import PhaseClock
+
+
+class LoadedModel(Protocol):
+    """What a method may read about the loaded target (the commands' loader fills it; core never loads)."""
+
+    spec: object  # the model registry entry: .name, .drafters (name -> checkpoint), .missing_drafters
+    model: torch.nn.Module
+    tokenizer: object
+    stop_ids: frozenset[int]
+    device: torch.device
+    dtype: torch.dtype
+    cache_dir: Path  # where a method may cache what it builds once per checkpoint (FlashHead's clusters)
 
 
 @dataclass

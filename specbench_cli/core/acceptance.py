@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench_cli.tree import DraftTree
+from specbench_cli.core.tree import DraftTree
 
 
 @dataclass

@@ -1,0 +1,50 @@
+"""The layers point one way: core imports nothing above it, methods import only core (and each other)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def imports(path: Path) -> set[str]:
+    """Every module a file imports (relative imports resolved against its package), at any depth."""
+    tree = ast.parse(path.read_text())
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            found.add(base)
+    return found
+
+
+def ours(module: str) -> bool:
+    return module.split(".")[0] in ("specbench_cli", "methods")
+
+
+def test_core_imports_nothing_above_it() -> None:
+    for path in sorted((ROOT / "specbench_cli" / "core").glob("*.py")):
+        above = [m for m in imports(path) if ours(m) and not m.startswith("specbench_cli.core")]
+        assert not above, f"{path.name} (core) imports {above}"
+
+
+def test_methods_import_only_core() -> None:
+    for path in sorted((ROOT / "methods").glob("*.py")):
+        above = [m for m in imports(path) if ours(m) and not m.startswith(("specbench_cli.core", "methods"))]
+        assert not above, f"methods/{path.name} imports {above}"
+
+
+def test_outside_references_do_not_import_the_loop() -> None:
+    assert "specbench_cli.core.engine" not in imports(ROOT / "methods" / "hf_generate.py")
+
+
+def test_the_walker_sees_imports() -> None:  # the checks above would pass vacuously on a blind walker
+    assert "specbench_cli.core.tree" in imports(ROOT / "methods" / "eagle3.py")
+    assert "specbench_cli.core.method" in imports(ROOT / "specbench_cli" / "core" / "engine.py")

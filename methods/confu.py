@@ -34,8 +34,8 @@ from torch import nn
 from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, CheckpointError
 from methods.eagle3 import Eagle3, Eagle3Draft
-from specbench_cli.core.target import Target
-from specbench_cli.core.tree import DraftTree, SideTokens
+from specbench_cli.core.target import SideTokens, Target, VerifyExtras
+from specbench_cli.core.tree import DraftTree
 
 
 class MoE(nn.Module):
@@ -106,6 +106,7 @@ class ConFu(Eagle3):
         self.parts = ConFuParts.load(self.checkpoint, model.model, self.draft.config.hidden)
         self.checkpoint.reject_unused(ignore=("t2d",))
         self.future: torch.Tensor | None = None  # f from the last round's accepted contemplate token
+        self.side: SideTokens | None = None  # this round's contemplate tokens
 
     def attach(self, target: Target) -> None:
         super().attach(target)
@@ -123,8 +124,12 @@ class ConFu(Eagle3):
     def propose(self, state: DecodeState) -> DraftTree:
         self.extra_kv = self._future_kv(state) if self.future is not None else None
         tree = super().propose(state)
-        tree.side = self._contemplate(tree)
+        self.side = self._contemplate(tree)
         return tree
+
+    def verify_extras(self, state: DecodeState, tree: DraftTree) -> VerifyExtras:
+        """The contemplate tokens ride in the target's verify; their outputs give the next round's future token."""
+        return VerifyExtras(side=self.side)
 
     def _future_kv(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
         e_f = self.parts.future(self.future)[None]

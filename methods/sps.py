@@ -18,6 +18,7 @@ from transformers import DynamicCache
 
 from specbench_cli.core.method import DecodeState, Method
 from methods.checkpoints import CheckpointError, locate
+from specbench_cli.core.target import VerifyExtras
 from specbench_cli.core.tree import DraftTree
 
 
@@ -80,6 +81,8 @@ class SpS(Method):
         self.vocab = model.model.config.vocab_size
         self.cache: DynamicCache | None = None
         self.cached: list[int] = []  # tokens whose KV is in the draft cache
+        self.extra_forwards = not options.deferred
+        self.root_logits: torch.Tensor | None = None  # deferred=false: the root's logits from its own forward
 
     def start(self, state: DecodeState) -> None:
         self.cache = DynamicCache(config=self.draft.config)
@@ -117,9 +120,14 @@ class SpS(Method):
         probs = None if rows[0] is None else torch.stack(rows)
         return DraftTree.chain(tokens, draft_probs=probs)
 
-    def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
-        if not self.options.deferred:
-            state.target.extend(new_tokens[-1])
+    def extra_forward(self, state: DecodeState) -> None:
+        """deferred=false: put the round's root (the last committed token) into the target's cache with a
+        one-token forward of its own, as the naive scheme does, instead of feeding it first in the verify."""
+        self.root_logits = state.target.forward(state.tokens[-1:])[-1]
+
+    def verify_extras(self, state: DecodeState, tree: DraftTree) -> VerifyExtras | None:
+        root_logits, self.root_logits = self.root_logits, None
+        return None if root_logits is None else VerifyExtras(root_logits=root_logits)
 
     def _rewind(self, tokens: list[int]) -> None:
         """Drop cached drafts the target rejected: keep the longest prefix shared with the committed tokens."""

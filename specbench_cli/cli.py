@@ -37,6 +37,8 @@ Warmup = Annotated[int, typer.Option(help="Prompts decoded first and not recorde
 Opts = Annotated[Optional[list[str]], typer.Option(help="Method hyper-parameter key=value (repeatable); see run --list for each method's options and defaults.")]
 TargetRef = Annotated[Optional[str], typer.Option(help="Target checkpoint (local folder or Hugging Face id) replacing the model's registered one.")]
 Drafters = Annotated[Optional[list[str]], typer.Option(help="Drafter checkpoint NAME=PATH_OR_HUB_ID (repeatable), replacing the model's registered one; names per method in run --list.")]
+Compile = Annotated[bool, typer.Option(help="Compile the target's decode and verify forwards with static shapes (torch.compile: CUDA graphs via mode reduce-overhead on GPU, inductor on CPU). Compilation happens before the first timed prompt and is reported in run.json. Default: off (eager), the engine SD papers measure; on CPU compiling rarely pays, on GPU it removes the launch overhead that dominates small models.")]
+CompileBuckets = Annotated[str, typer.Option(help="--compile: verify sizes compiled once each; a forward is padded to the smallest that fits (masked padding).")]
 Threads = Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")]
 
 
@@ -60,6 +62,8 @@ def run(
     target: TargetRef = None,
     drafter: Drafters = None,
     threads: Threads = None,
+    compile: Compile = False,
+    compile_buckets: CompileBuckets = "1,4,16,64",
     list_: Annotated[bool, typer.Option("--list", help="List methods, models and datasets, then exit.")] = False,
 ) -> None:
     """Decode a dataset with one method and write rounds.parquet, prompts.parquet and run.json."""
@@ -71,7 +75,7 @@ def run(
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        shard=shard, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
                        device=device, warmup=warmup, out=out, resume=resume, opts=opt or [], target=target,
-                       drafters=drafter or [])
+                       drafters=drafter or [], compile=compile, compile_buckets=compile_buckets)
     _execute(config, threads)
 
 
@@ -117,6 +121,8 @@ def profile(
     target: TargetRef = None,
     drafter: Drafters = None,
     threads: Threads = None,
+    compile: Compile = False,
+    compile_buckets: CompileBuckets = "1,4,16,64",
 ) -> None:
     """Where the time goes: per-phase round breakdown (--phases) or component microbenchmarks (--component head).
     Every profile writes Parquet, a Markdown/CSV/LaTeX table and a PNG/PDF plot, and names its clock."""
@@ -135,8 +141,8 @@ def profile(
     suffix = "_head" if component else "_switching" if switching else ""
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,
-                       warmup=warmup, opts=opt or [], target=target, drafters=drafter or [],
-                       out=out or Path("results") / "profile" / f"{model}_{Path(dataset).stem}_{method}{suffix}")
+                       warmup=warmup, opts=opt or [], target=target, drafters=drafter or [], compile=compile,
+                       compile_buckets=compile_buckets, out=out or Path("results") / "profile" / f"{model}_{Path(dataset).stem}_{method}{suffix}")
     try:
         if phases:
             written = prof.phases(_execute(config, threads), console)
@@ -281,6 +287,8 @@ def oracle(
     target: TargetRef = None,
     drafter: Drafters = None,
     threads: Threads = None,
+    compile: Compile = False,
+    compile_buckets: CompileBuckets = "1,4,16,64",
 ) -> None:
     """Trace replay: one greedy trace per prompt, and for every position and drafter the tokens that drafter
     would have accepted there; static, Oracle-Task, Oracle-Prompt and Oracle-Token τ (WhiFlash §4)."""
@@ -291,7 +299,8 @@ def oracle(
 
     run_config = RunConfig(model=model, dataset=dataset, categories=category or [], limit=limit,
                            max_new_tokens=max_new_tokens, dtype=dtype, device=device, warmup=warmup, out=out,
-                           resume=resume, target=target, drafters=drafter or [])
+                           resume=resume, target=target, drafters=drafter or [], compile=compile,
+                           compile_buckets=compile_buckets)
     config = oracle_run.OracleConfig([d.strip() for d in drafters.split(",") if d.strip()], run_config, opt or [])
     if threads:
         import torch
@@ -370,6 +379,7 @@ def report(
     max_regression: Annotated[float, typer.Option(help="Tolerated drop, in percent, for --compare.")] = 5.0,
     along: Annotated[Optional[list[str]], typer.Option(help="Methods (labels as in the tables) for the τ-along-the-response plot (repeatable). Default: the first two drafting methods.")] = None,
     plots: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
+    classify: Annotated[bool, typer.Option(help="Classify each temperature-0 divergence from the baseline as a numeric tie of the run's dtype or a mismatch, by recomputing the target's logits there in float32 on the CPU (loads each target once; a mismatch fails --compare).")] = True,
 ) -> None:
     """Tables and plots from results directories: τ, per-position acceptance, tokens/s, TTFT, speedup per
     subtask and category, lossless check, oracle rows, phases, environment; optional regression gate."""
@@ -384,7 +394,9 @@ def report(
             raise UsageError(f"report folder {folder} exists; pass --overwrite to replace it or --out for another")
     except UsageError as err:
         fail(str(err))
-    tables = rep.all_tables(results)
+    from specbench_cli.divergence import run_classifier
+
+    tables = rep.all_tables(results, run_classifier() if classify else None)
     for table in tables:
         if table.terminal:
             console.print(table.rich())
@@ -392,7 +404,7 @@ def report(
     written = rep.figures(results, folder, along) if plots else []
     console.print(f"wrote {len(tables)} tables (.md .csv .tex) and {len(written) // 2} figures (.png .pdf) to {folder}")
     if reference is not None:
-        problems = rep.regressions(results, reference, max_regression)
+        problems = rep.regressions(results, reference, max_regression, next((t for t in tables if t.name == "lossless"), None))
         for line in problems:
             err_console.print(f"regression: {line}", highlight=False, soft_wrap=True)
         if problems:

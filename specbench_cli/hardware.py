@@ -63,3 +63,38 @@ def peak_memory(device: torch.device) -> dict:
         peaks["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         peaks["cuda_max_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
     return peaks
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """gpt-fast's model size (`_get_model_size`: every parameter outside the input embedding table), with the
+    output head counted even when tied to the embedding, since every decoded token reads it."""
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    seen, total = {embed.data_ptr()}, 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    if head.data_ptr() == embed.data_ptr():
+        total += head.numel() * head.element_size()
+    return total
+
+
+def copy_bandwidth(device: torch.device, mib: int = 256, reps: int = 10) -> float:
+    """Measured bytes/s of a device-to-device copy, counting bytes read and written (median of reps)."""
+    import statistics
+    import time
+
+    x = torch.empty(mib * 2**20, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    times = []
+    for i in range(reps + 2):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        y.copy_(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return 2 * x.numel() / statistics.median(times)

@@ -95,6 +95,10 @@ def execute(config: OracleConfig, console: Console) -> Path:
     runner = Runner(checked, model)  # baseline decoding gives the traces
     drafters: dict[str, Method] = {n: method_class(n)(o, model, checked.drafters) for n, o in options.items()}
     done = _start(out, checked, config, drafters)
+    if checked.compile_mode is not None:
+        compiled = runner.compile(tuple(drafters.values()))
+        info = json.loads((out / "run.json").read_text())
+        (out / "run.json").write_text(json.dumps({**info, "compile": compiled}, indent=2))
     for prompt in checked.warmup:  # cross-prompt state (suffix cache) sees them, as in a live run
         _replay_prompt(runner, drafters, prompt)
     with progress_bar(console) as bar:

@@ -12,12 +12,13 @@ import pandas as pd
 
 from specbench_cli.core.timing import PHASES
 
-PARTS = ("route", "catchup", "draft_body", "draft_head", "verify", "accept", "commit", "host")
+PARTS = ("route", "catchup", "extra_forward", "draft_body", "draft_head", "verify", "accept", "commit", "host")
 
 
 def split(rounds: pd.DataFrame) -> pd.DataFrame:
     """Milliseconds per part for every round (columns PARTS plus `round`, the host wall time)."""
-    ms = pd.DataFrame({p: rounds[f"{p}_ms"].fillna(0.0) for p in PHASES})
+    missing = pd.Series(0.0, index=rounds.index)  # a phase added after the run was recorded
+    ms = pd.DataFrame({p: rounds.get(f"{p}_ms", missing).fillna(0.0) for p in PHASES})
     head = rounds["draft_head_ms"].fillna(0.0)
     out = ms.drop(columns="draft").assign(draft_body=ms.draft - head, draft_head=head)
     out["host"] = (rounds.wall_ms - ms.sum(axis=1)).clip(lower=0.0)

@@ -43,10 +43,30 @@ def phases(run_dir: Path, console: Console) -> list[Path]:
                  pd.DataFrame(list(flashhead_view(table.frame).items()), columns=["quantity", "value"]))
     for t in (table, view):
         console.print(t.rich())
+    if method == "baseline":
+        console.print(roofline(run_dir, info))
     written = [*table.write(folder), *view.write(folder)]
     table.frame.to_parquet(folder / "phases.parquet")
     written += plots.save(plots.phase_bars({method: rounds}, clock), folder, "phases")
     return [*written, folder / "phases.parquet"]
+
+
+def roofline(run_dir: Path, info: dict) -> str:
+    """The baseline's achieved bandwidth as gpt-fast reports it (weight bytes × decode tokens/s) and its share
+    of this machine's measured copy bandwidth (the device the run used)."""
+    from specbench_cli.hardware import copy_bandwidth
+
+    prompts = read_table(run_dir, "prompts")
+    rate = prompts.decode_tokens.sum() / (prompts.decode_ms.sum() / 1e3)
+    size = info.get("weight_bytes")
+    if not size:
+        return "roofline: run.json has no weight_bytes (a run recorded before it was kept)"
+    device = torch.device(info["environment"].get("device", "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return f"roofline: {size * rate / 1e9:.1f} GB/s achieved; the run's GPU is not here to measure its peak"
+    peak = copy_bandwidth(device)
+    return (f"roofline: {rate:.1f} tok/s × {size / 1e6:.0f} MB of weights = {size * rate / 1e9:.1f} GB/s, "
+            f"{size * rate / peak:.1%} of the measured copy bandwidth {peak / 1e9:.0f} GB/s ({device})")
 
 
 # ---------------------------------------------------------------------------------------------- microbenchmarks
@@ -150,8 +170,7 @@ def switching_sweep(method, target, kv_lens, backlogs, reps: int, warmup: int, p
 
         def one_round() -> None:
             draft_round()
-            target.verify(state.tokens[-1], tree)
-            _crop(target, L)
+            target.verify(state.tokens[-1], tree)  # verify writes past the committed length: nothing to undo
 
         round_ms, clock = repeat(one_round, device, reps, warmup)
         mean_round = float(pd.Series(round_ms).mean())
@@ -171,9 +190,3 @@ def switching_sweep(method, target, kv_lens, backlogs, reps: int, warmup: int, p
             if progress:
                 progress()
     return pd.DataFrame(rows), clock
-
-
-def _crop(target, length: int) -> None:
-    """Drop what a timing repetition's verify appended to the target cache."""
-    for layer in target.cache.layers:
-        layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -58,6 +58,7 @@ class RoundRecord(Identity):
     accept_ms: float
     commit_ms: float
     wall_ms: float
+    extra_forward_ms: float = NAN  # target forwards a method runs outside verify (SpS deferred=false)
 
 
 @dataclass
@@ -76,6 +77,9 @@ class PromptRecord(Identity):
     output_hash: str
     output_text: str
     output_ids: list[int]
+    # the turn's prompt as the target saw it (chat template applied): report recomputes logits over it to tell a
+    # numeric tie from a mismatch
+    prompt_ids: list[int] = field(default_factory=list)
 
 
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "list[int]": pa.list_(pa.int64())}

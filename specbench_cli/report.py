@@ -7,6 +7,8 @@ the same model, dataset, settings and hardware; the table names which baseline d
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pandas as pd
 
 from specbench_cli import oracle
@@ -108,28 +110,51 @@ def positions(results: Results, depth: int = 8) -> Table:
                  "accepted, draft reached k)", pd.DataFrame(rows))
 
 
-def lossless(results: Results) -> Table:
-    """For every method group: the share of prompt turns whose output ids equal the baseline's, and where
-    the first differing ones diverge (Spec-Bench #6: a boolean hides late numeric drift)."""
+Classifier = Callable[[dict, list[int], int, int], str]  # (run info, prefix, baseline token, method token) -> kind
+MARKS = {"numeric tie": " tie", "mismatch": " MISMATCH", "inherited": " after"}
+
+
+def _ids(value) -> list[int]:
+    """Token ids from a record cell; [] where the run predates the column."""
+    return [] if value is None or isinstance(value, float) else [int(t) for t in value]
+
+
+def lossless(results: Results, classify: Classifier | None = None) -> Table:
+    """For every method group: the share of prompt turns whose output ids equal the baseline's, where the first
+    differing ones diverge (Spec-Bench #6: a boolean hides late numeric drift) and, at temperature 0, whether
+    each divergence is a numeric tie of the run's dtype or a mismatch (`classify`; see divergence.py)."""
     rows = []
     for g in results.groups:
         base = results.baseline_for(g)
         if g.method == "baseline" or base is None:
             continue
-        theirs = base.prompts.set_index(["prompt_id", "turn"]).output_ids
-        diverged = []
-        shared = 0
-        for r in g.prompts.itertuples(index=False):
-            if (r.prompt_id, r.turn) in theirs.index:
-                shared += 1
-                at = first_divergence(list(r.output_ids), list(theirs[(r.prompt_id, r.turn)]))
-                if at is not None:
-                    diverged.append(f"{r.prompt_id}/{r.turn}@{at}")
+        theirs = base.prompts.set_index(["prompt_id", "turn"])
         temperature = g.info["settings"]["temperature"]
+        diverged, kinds, shared = [], [], 0
+        for r in g.prompts.itertuples(index=False):
+            if (r.prompt_id, r.turn) not in theirs.index:
+                continue
+            shared += 1
+            reference = theirs.loc[(r.prompt_id, r.turn)]
+            ours, expected = list(r.output_ids), list(reference.output_ids)
+            at = first_divergence(ours, expected)
+            if at is None:
+                continue
+            kind = "unclassified"
+            prompt, mine = _ids(reference.get("prompt_ids")), _ids(getattr(r, "prompt_ids", None))
+            if prompt and mine and prompt != mine:
+                kind = "inherited"  # a later turn whose prompt holds an earlier turn's different answer
+            elif classify is not None and temperature == 0 and prompt and at < min(len(ours), len(expected)):
+                kind = classify(g.info, prompt + expected[:at], expected[at], ours[at])
+            kinds.append(kind)
+            diverged.append(f"{r.prompt_id}/{r.turn}@{at}" + MARKS.get(kind, ""))
         rows.append({"dataset": g.info["settings"]["dataset"], "method": g.label, "temperature": temperature,
                      "turns compared": shared, "identical": (shared - len(diverged)) / shared if shared else NAN,
+                     "numeric ties": kinds.count("numeric tie"), "mismatches": kinds.count("mismatch"),
+                     "inherited": kinds.count("inherited"), "unclassified": kinds.count("unclassified"),
                      "first divergences (prompt/turn@token)": " ".join(diverged[:6]) + (" …" if len(diverged) > 6 else "")})
-    return Table("lossless", "Lossless check against the baseline run (at temperature 0 every method must be 1.00)",
+    return Table("lossless", "Lossless check against the baseline run (at temperature 0 every method must be 1.00; "
+                 "a divergence is a numeric tie when the float32 top-2 margin there is below the dtype's threshold)",
                  pd.DataFrame(rows), "at temperature > 0 outputs differ by design; compare distributions instead")
 
 
@@ -190,7 +215,7 @@ def _options(info: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in info["settings"].get("options", {}).items()) or "—"
 
 
-def all_tables(results: Results) -> list[Table]:
+def all_tables(results: Results, classify: Classifier | None = None) -> list[Table]:
     tables = [overview(results)]
     for ds in datasets(results):
         groups = in_dataset(results, ds)
@@ -203,14 +228,16 @@ def all_tables(results: Results) -> list[Table]:
     wide = [positions(results), phases(results), environment(results)]  # files only: too wide for a terminal
     for table in wide:
         table.terminal = False
-    tables += [routing(results), lossless(results), *oracle_tables(results), *calibration_tables(results), *wide]
+    tables += [routing(results), lossless(results, classify), *oracle_tables(results), *calibration_tables(results), *wide]
     return [t for t in tables if len(t.frame)]
 
 
 # ---------------------------------------------------------------------------------------------- gate
-def regressions(current: Results, reference: Results, max_regression_pct: float) -> list[str]:
+def regressions(current: Results, reference: Results, max_regression_pct: float,
+                lossless_table: Table | None = None) -> list[str]:
     """What got worse than the reference by more than the tolerance: τ and speedup per (model, dataset,
-    method); a reference row missing from the current results counts too."""
+    method); a reference row missing from the current results counts too; and every temperature-0 divergence
+    from the baseline that is a mismatch rather than a numeric tie."""
     now = overview(current).frame.set_index(["model", "dataset", "method"])
     ref = overview(reference).frame.set_index(["model", "dataset", "method"])
     problems = []
@@ -226,6 +253,12 @@ def regressions(current: Results, reference: Results, max_regression_pct: float)
                 if drop > max_regression_pct:
                     problems.append(f"{name}: {metric} {old:.3f} -> {new:.3f} ({drop:.1f}% worse; tolerance "
                                     f"{max_regression_pct:g}%)")
+    rows = lossless_table.frame.to_dict("records") if lossless_table is not None else []
+    for row in rows:
+        if row.get("mismatches"):
+            problems.append(f"{row['dataset']}/{row['method']}: {row['mismatches']} output(s) diverge from the baseline "
+                            f"where the target had no near-tie (a lossless bug): "
+                            f"{row['first divergences (prompt/turn@token)']}")
     return problems
 
 

@@ -31,12 +31,13 @@ from specbench_cli.models import (LoadedModel, ModelSpec, checkpoint_ref, get_mo
                                   resolve_dtype)
 from specbench_cli.records import NAN, PromptRecord, RoundRecord, RunWriter, output_hash, read_table
 from specbench_cli.summary import print_summary
-from specbench_cli.core.target import Target
+from specbench_cli.core.target import DEFAULT_BUCKETS, Target
 from specbench_cli.core.timing import PHASES, SUB_PHASES, PhaseClock
 
 # Settings that must match for --resume to continue a run.
 RESUME_KEYS = ("method", "model", "dataset", "categories", "limit", "shard", "max_new_tokens", "temperature",
-               "seed", "dtype", "options", "target", "drafters", "warmup")
+               "seed", "dtype", "options", "target", "drafters", "warmup", "compile")
+LEGACY = {"compile": None}  # what a setting meant in runs written before it existed
 
 
 @dataclass
@@ -59,6 +60,8 @@ class RunConfig:
     target: str | None = None
     drafters: list[str] = field(default_factory=list)
     results_root: Path = Path("results")
+    compile: bool = False
+    compile_buckets: str = ",".join(map(str, DEFAULT_BUCKETS))
 
 
 @dataclass
@@ -76,6 +79,8 @@ class Plan:
     dtype: torch.dtype
     out: Path
     drafters: dict[str, str]
+    compile_mode: str | None = None  # None = eager; "reduce-overhead" (CUDA graphs) on GPU, "inductor" on CPU
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
 
     def settings(self) -> dict:
         c = self.config
@@ -83,7 +88,8 @@ class Plan:
                 "limit": c.limit, "shard": f"{self.shard[0]}/{self.shard[1]}", "max_new_tokens": c.max_new_tokens,
                 "temperature": c.temperature, "seed": c.seed, "dtype": str(self.dtype).removeprefix("torch."),
                 "options": dataclasses.asdict(self.options), "target": self.spec.target, "drafters": self.drafters,
-                "warmup": [p.id for p in self.warmup]}
+                "warmup": [p.id for p in self.warmup],
+                "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)}}
 
 
 def plan(config: RunConfig, env: dict[str, str]) -> Plan:
@@ -110,8 +116,19 @@ def plan(config: RunConfig, env: dict[str, str]) -> Plan:
         raise UsageError(f"results directory {out} exists; pass --resume to continue it or --out for a new one")
     if config.resume and not (out / "run.json").exists():
         raise UsageError(f"--resume: no run to continue at {out}")
+    mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if config.compile else None
     return Plan(config, cls, options, spec, prompts, _warmup_prompts(everything, prompts, config.warmup),
-                shard, device, dtype, out, drafters)
+                shard, device, dtype, out, drafters, mode, parse_buckets(config.compile_buckets))
+
+
+def parse_buckets(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        sizes = ()
+    if not sizes or sizes[0] < 1:
+        raise UsageError(f"--compile-buckets '{text}': expected comma-separated positive sizes such as 1,8,32,128")
+    return sizes
 
 
 def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
@@ -144,10 +161,25 @@ class Runner:
     def __init__(self, plan: Plan, model: LoadedModel) -> None:
         self.plan = plan
         self.model = model
-        self.target = Target(model.model, model.device)
+        self.target = Target(model.model, model.device, plan.compile_mode, plan.buckets)
         self.method: Method = plan.method_cls(plan.options, model, plan.drafters)
         self.settings = DecodeSettings(plan.config.max_new_tokens, plan.config.temperature, model.stop_ids)
         self.run_name = plan.out.name
+
+    def compile(self, also: tuple[Method, ...] = ()) -> dict:
+        """Size the cache for the longest selected prompt and compile every bucket, before anything is timed
+        (`also`: further methods whose captured layers the graphs must return, e.g. the oracle's replayers)."""
+        if self.plan.compile_mode is None:
+            return {}
+        n = self.plan.config.max_new_tokens
+        longest = max(len(self.model.encode_chat([{"role": "user", "content": "\n".join(p.turns)}]))
+                      + len(p.turns) * (n + 64) for p in (*self.plan.prompts, *self.plan.warmup))
+        self.target.plan(longest)
+        for method in (self.method, *also):  # captured layers and reserved entries are part of the graph
+            method.attach(self.target)
+        seconds = self.target.warm_up()
+        return {"mode": self.plan.compile_mode, "buckets": list(self.plan.buckets), "capacity": self.target.kv.capacity,
+                "seconds": {str(k): round(v, 2) for k, v in seconds.items()}}
 
     def decode_prompt(self, prompt: Prompt) -> list[tuple[list[int], TurnResult]]:
         """All turns of a prompt, each turn seeing the model's own earlier answers."""
@@ -179,7 +211,7 @@ class Runner:
                                      tau=decode_tokens / len(r.rounds) if r.rounds else NAN, stop_reason=r.stop_reason,
                                      clock=clock if not self.method.owns_loop else "perf_counter_ns (streamer)",
                                      output_hash=output_hash(r.output_ids), output_text=self.model.decode(r.output_ids),
-                                     output_ids=r.output_ids))
+                                     output_ids=r.output_ids, prompt_ids=ids))
             for k, info in enumerate(r.rounds):
                 ms = {f"{p}_ms": info.phases.get(p, NAN) for p in (*PHASES, *SUB_PHASES, "wall")}
                 rounds.append(RoundRecord(**common, turn=t, round=k, proposer=info.proposer, tree_size=info.tree_size,
@@ -195,7 +227,8 @@ def execute(plan: Plan, console: Console) -> Path:
     settings = plan.settings()
     if plan.config.resume:
         previous = json.loads((plan.out / "run.json").read_text())
-        changed = [k for k in RESUME_KEYS if previous.get("settings", {}).get(k) != json.loads(json.dumps(settings[k]))]
+        changed = [k for k in RESUME_KEYS
+                   if previous.get("settings", {}).get(k, LEGACY.get(k)) != json.loads(json.dumps(settings[k]))]
         if changed:
             raise UsageError(f"--resume: {plan.out} was run with different settings ({', '.join(changed)})")
         done = writer.finished()
@@ -208,12 +241,16 @@ def execute(plan: Plan, console: Console) -> Path:
     info = {"settings": settings, "method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
             "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
             "environment": {**hardware.environment(plan.device), **gpu.info()}, "prompts_selected": len(plan.prompts),
-            "started": dt.datetime.now().isoformat(timespec="seconds"), "status": "running"}
+            "started": dt.datetime.now().isoformat(timespec="seconds"), "status": "running",
+            "weight_bytes": hardware.weight_bytes(model.model)}
     if split:
         info["device_map"] = getattr(model.model, "hf_device_map", "auto")  # for acceptance studies only
     if plan.config.resume:
         info["resumed"] = True
     writer.create(info)
+    if plan.compile_mode is not None:
+        info["compile"] = runner.compile()  # compile time is reported here and never enters a timed round
+        writer.write_json("run.json", info)
 
     for prompt in plan.warmup:  # run, not recorded; cross-prompt state (suffix cache) keeps their outputs
         runner.decode_prompt(prompt)
@@ -233,6 +270,8 @@ def execute(plan: Plan, console: Console) -> Path:
             secs += sum(r.decode_ms for _, r in turns) / 1e3
             bar.update(task, advance=1, stats=f"τ {toks / max(rounds, 1):.2f}  {toks / max(secs, 1e-9):.1f} tok/s")
 
+    if runner.target.late_compiles:
+        info["compile"]["late"] = runner.target.late_compiles  # sizes past every bucket: compiled inside a round
     info.update(status="complete", finished=dt.datetime.now().isoformat(timespec="seconds"),
                 **hardware.peak_memory(plan.device), **gpu.stop(int(toks)))  # energy: this session's prompts
     writer.write_json("run.json", info)

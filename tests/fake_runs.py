@@ -21,6 +21,7 @@ class Turn:
     category: str = ""
     turn: int = 0
     proposers: list[str] | None = None  # per round: who drafted (default: the method)
+    prompt_ids: list[int] | None = None  # the turn's prompt ids (default: [1, 2, 3])
 
     @property
     def tokens(self) -> int:
@@ -48,7 +49,7 @@ def write_run(folder: Path, method: str, turns: list[Turn], env: dict | None = N
                                      rounds=len(t.accepted), ttft_ms=5.0, decode_ms=t.decode_ms,
                                      tokens_per_s=t.tokens / t.decode_ms * 1e3, tau=t.tokens / len(t.accepted),
                                      stop_reason="max_new_tokens", clock="perf_counter_ns", output_hash=output_hash(ids),
-                                     output_text="", output_ids=ids))
+                                     output_text="", output_ids=ids, prompt_ids=t.prompt_ids or [1, 2, 3]))
             for k, a in enumerate(t.accepted):
                 ms = {f"{p}_ms": 0.0 for p in ("route", "catchup", "draft", "draft_head", "verify", "accept", "commit", "wall")}
                 ms.update(phases)

@@ -47,8 +47,9 @@ class OracleTree(Method):
 
 
 def run_method(model: torch.nn.Module, method: Method, prompt: list[int], max_new: int = 120,
-               stops: frozenset[int] = frozenset(), temperature: float = 0.0) -> TurnResult:
-    target = Target(model, torch.device("cpu"))
+               stops: frozenset[int] = frozenset(), temperature: float = 0.0, target: Target | None = None) -> TurnResult:
+    """Decode one turn; `target` (e.g. a compiled one) replaces a fresh eager Target over `model`."""
+    target = target or Target(model, torch.device("cpu"))
     return decode_turn(target, method, prompt, DecodeSettings(max_new, temperature, stops))
 
 
@@ -110,9 +111,9 @@ def baseline_output(model: torch.nn.Module, prompt: list[int], max_new: int = 15
 
 
 def assert_lossless(model: torch.nn.Module, method: Method, prompt: list[int], max_new: int = 150,
-                    min_accepted: int = 1) -> TurnResult:
-    """The method's greedy output equals the baseline's, and it accepted at least `min_accepted` drafts."""
-    result = run_method(model, method, prompt, max_new=max_new)
+                    min_accepted: int = 1, target: Target | None = None) -> TurnResult:
+    """The method's greedy output equals the (eager) baseline's, and it accepted at least `min_accepted` drafts."""
+    result = run_method(model, method, prompt, max_new=max_new, target=target)
     assert result.output_ids == baseline_output(model, prompt, max_new)
     accepted = sum(r.accepted for r in result.rounds)
     assert accepted >= min_accepted, f"only {accepted} draft tokens accepted: the acceptance path barely ran"

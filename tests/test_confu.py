@@ -9,7 +9,8 @@ import torch
 
 from methods.checkpoints import CheckpointError
 from specbench_cli.core.target import Target
-from specbench_cli.core.tree import DraftTree, SideTokens
+from specbench_cli.core.target import SideTokens, VerifyExtras
+from specbench_cli.core.tree import DraftTree
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import edit_checkpoint, make_method, write_confu
 from tests.helpers import random_prompt
@@ -27,16 +28,16 @@ def test_side_tokens_and_soft_prompt_leave_target_logits_unchanged(tiny):
     assert torch.allclose(plain.prefill(prompt), confu.prefill(prompt), atol=1e-5)
     tree = DraftTree([5, 6, 7, 8, 9], [0, 0, 1, 1, 3])
     side = SideTokens(torch.randn(6, cfg.hidden_size), torch.tensor(tree.depths()) + 1, tree.ancestor_mask())
-    with_side = DraftTree(tree.tokens, tree.parents, side=side)
+    with_side = VerifyExtras(side=side)
     for path in ([0, 1, 3, 5], [0, 2]):
-        a, b = plain.verify(11, tree), confu.verify(11, with_side)
+        a, b = plain.verify(11, tree), confu.verify(11, tree, with_side)
         assert torch.allclose(a, b, atol=1e-5)
         assert confu.side_hidden.shape == (6, cfg.hidden_size)
         plain.commit(path)
         confu.commit(path)
         assert plain.length == confu.length
     first = confu.side_hidden.clone()
-    confu.verify(11, with_side)  # the same side tokens over a longer prefix give other hidden states
+    confu.verify(11, tree, with_side)  # the same side tokens over a longer prefix give other hidden states
     assert not torch.allclose(first, confu.side_hidden)
 
 

@@ -123,12 +123,13 @@ def test_balanced_clusters_and_released_asset_names(tmp_path):
 
 @pytest.mark.parametrize("cls", [SpS, FlashHead])
 def test_deferred_final_token_saves_one_target_forward_per_round(setup, cache, cls):
-    """deferred=false runs the round's last token through the target separately: same output, 2 forwards."""
+    """deferred=false runs each round's root through the target separately: same output, 2 forwards a round."""
     target, root = setup
     prompt = random_prompt(30, seed=8)
     extra = {"cluster_size": 8} if cls is FlashHead else {}
     naive = assert_lossless(target, make(cls, target, root / "noisy", deferred=False, **extra), prompt, min_accepted=10)
-    assert all(r.target_forwards == 2 for r in naive.rounds[:-1])
+    assert all(r.target_forwards == 2 for r in naive.rounds)
+    assert all(r.phases["extra_forward"] > 0 for r in naive.rounds)  # timed as its own phase, not as commit
     deferred = run_method(target, make(cls, target, root / "noisy", **extra), prompt, max_new=150)
     assert all(r.target_forwards == 1 for r in deferred.rounds)
     assert [r.accepted for r in deferred.rounds] == [r.accepted for r in naive.rounds]

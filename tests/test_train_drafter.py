@@ -79,8 +79,8 @@ def test_dart_slot_blocks_share_the_prefix_exactly(corpus):
 
 def test_confu_future_in_training_is_the_one_a_verify_forward_computes(corpus):
     """f from the trainer's contemplate pass = the side token's hidden state in Target.verify."""
-    from specbench_cli.core.target import Target
-    from specbench_cli.core.tree import DraftTree, SideTokens
+    from specbench_cli.core.target import SideTokens, Target, VerifyExtras
+    from specbench_cli.core.tree import DraftTree
 
     target, data = corpus
     recipe = recipe_class("confu")(target, data, TrainSettings(method="confu", intermediate=64, draft_vocab=64))
@@ -91,8 +91,8 @@ def test_confu_future_in_training_is_the_one_a_verify_forward_computes(corpus):
     live.prefill(s.ids[:a].tolist())  # position a is the root of the next verify; its contemplate sits at a + 1
     tree = DraftTree([], [])
     embed = recipe.parts.contemplate(s.feats[a]).detach()[None]
-    tree.side = SideTokens(embed, torch.tensor([1]), torch.ones(1, 1, dtype=torch.bool))
-    live.verify(int(s.ids[a]), tree)
+    side = SideTokens(embed, torch.tensor([1]), torch.ones(1, 1, dtype=torch.bool))
+    live.verify(int(s.ids[a]), tree, VerifyExtras(side=side))
     torch.testing.assert_close(live.side_hidden[0], trained.detach(), atol=1e-4, rtol=1e-4)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from specbench_cli.core.target import Target
@@ -61,16 +62,28 @@ def test_commit_keeps_exactly_the_accepted_path(tiny):
     torch.testing.assert_close(logits[0], plain_logits(tiny, seq), atol=1e-4, rtol=1e-4)
 
 
-def test_chain_and_tree_masks_agree(tiny):
-    """A chain verified through the tree-mask path gives the causal path's logits."""
+def test_compiled_path_gives_the_eager_logits(tiny):
+    """Padded to a bucket and attending over the whole buffer, a verify gives the eager verify's logits."""
+    rng = random.Random(2)
     prompt = random_prompt(20)
-    chain = DraftTree.chain([5, 9, 11, 4])
-    a = Target(tiny, torch.device("cpu"))
-    a.prefill(prompt[:-1])
-    causal = a.verify(prompt[-1], chain)
-    b = Target(tiny, torch.device("cpu"))
-    b.prefill(prompt[:-1])
-    masked = b.model(input_ids=torch.tensor([[prompt[-1], *chain.tokens]]),
-                     position_ids=(b.length + torch.arange(5))[None], attention_mask=b._mask(chain.ancestor_mask()),
-                     past_key_values=b.cache, use_cache=True).logits[0]
-    torch.testing.assert_close(causal, masked.detach(), atol=1e-4, rtol=1e-4)
+    eager, padded = Target(tiny, torch.device("cpu")), Target(tiny, torch.device("cpu"), compile="aot_eager")
+    for target in (eager, padded):
+        target.prefill(prompt[:-1])
+    for _ in range(3):
+        tree = random_tree(rng, rng.randint(0, 12), 96)
+        a, b = eager.verify(prompt[-1], tree), padded.verify(prompt[-1], tree)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        path = [0, *([1] if len(tree) and tree.parents[0] == 0 else [])]
+        eager.commit(path)
+        padded.commit(path)
+        prompt.append(rng.randrange(96))
+    assert set(padded.compile_seconds) <= set(padded.buckets)
+
+
+def test_unsupported_families_are_refused_in_one_line():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from specbench_cli.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="model type 'gpt2'"):
+        Target(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)), torch.device("cpu"))

@@ -1,7 +1,7 @@
 """The one decode loop every method runs in.
 
     prefill -> first token
-    while not done: route -> catch-up -> draft -> verify -> accept -> commit
+    while not done: route -> catch-up -> [extra target forward] -> draft -> verify -> accept -> commit
 
 Each round emits the accepted draft tokens plus one bonus token, cut at the first stop token and at the
 max-new-tokens budget (never overshooting; tokens past a stop are neither emitted nor counted).
@@ -29,7 +29,7 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
 
     method.attach(target)
     t0 = time.perf_counter_ns()
-    prefill_logits = target.prefill(prompt_ids)
+    prefill_logits = target.prefill(prompt_ids, room=settings.max_new_tokens)
     first = pick(prefill_logits, settings.temperature, generator)
     ttft_ms = (time.perf_counter_ns() - t0) / 1e6  # pick() read the token on the host: the device is done
 
@@ -50,10 +50,14 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
                 for p in (route.proposer, *route.also):
                     p.catch_up(state)
         proposer = route.proposer
+        if proposer.extra_forwards:
+            with clock.phase("extra_forward"):
+                proposer.extra_forward(state)
         with clock.phase("draft"):
             tree = proposer.propose(state)
+            extras = proposer.verify_extras(state, tree)
         with clock.phase("verify"):
-            logits = target.verify(tokens[-1], tree)
+            logits = target.verify(tokens[-1], tree, extras)
         with clock.phase("accept"):
             result = accept(tree, logits, settings.temperature, generator)
         new, stopped = cut(result.tokens, settings.stop_ids, settings.max_new_tokens - len(out))

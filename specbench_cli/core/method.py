@@ -19,7 +19,7 @@ from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.core.tree import DraftTree
 
 if TYPE_CHECKING:
-    from specbench_cli.core.target import Target
+    from specbench_cli.core.target import Target, VerifyExtras
     from specbench_cli.core.timing import PhaseClock
 
 
@@ -69,8 +69,19 @@ class Proposer:
     def catch_up(self, state: DecodeState) -> None:
         """Absorb tokens accepted while this proposer was idle (routed methods' lazy catch-up)."""
 
+    # A proposer that runs target forwards of its own before drafting sets this; the loop then calls
+    # `extra_forward` each round and times it as its own phase (SpS's deferred=false ablation).
+    extra_forwards: ClassVar[bool] = False
+
+    def extra_forward(self, state: DecodeState) -> None:
+        """Target forwards this proposer needs outside verify, before it drafts."""
+
     def propose(self, state: DecodeState) -> DraftTree:
         raise NotImplementedError
+
+    def verify_extras(self, state: DecodeState, tree: DraftTree) -> VerifyExtras | None:
+        """What to add to the target's verify of `tree` (side rows, an already cached root); None: nothing."""
+        return None
 
     def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
         """Tokens committed this round (accepted drafts + bonus, cut at a stop)."""

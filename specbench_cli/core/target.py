@@ -1,171 +1,389 @@
-"""Target: the verifying model behind one KV cache.
+"""Target: the verifying model behind one preallocated KV cache.
 
-prefill -> logits of the next token; verify(root, tree) -> logits of every tree node in one forward with a
-tree attention mask and depth-based positions; commit(path) -> keep only the accepted path in the cache.
-Drafters that read target features ask for layers with `capture`; forward hooks keep those layers'
-outputs of the last forward (no `output_hidden_states` on every call).
+prefill(ids) -> logits of the next token; verify(root, tree) -> logits of every tree node in one forward
+with an ancestor mask and depth-based positions; commit(path) -> the accepted path's cache entries moved into
+place; forward(tokens) -> a plain append, for methods that need an extra target forward.
+
+The forward is ours, run over the model's own modules (embeddings, norms, projections, rotary, MLPs, head),
+so that the cache can be static, as in gpt-fast: one buffer per device, [layers, 2, kv heads, capacity, head
+dim], allocated once and grown only when a prompt needs more. A forward writes its rows in place at the slots
+after the committed length and attends through a boolean mask:
+
+- eager: to the valid prefix and its own rows only (a slice of the buffer, no padding);
+- compiled (`compile=...`): to the whole buffer, with its rows padded to a bucket size, so that every
+  forward of a bucket has the same shapes and one compiled graph (a CUDA graph under "reduce-overhead")
+  serves it. Padding rows see only themselves and land past the committed length, where nothing reads them.
+
+A proposer may add `VerifyExtras` to a verify: side rows (inputs given as embeddings that see the prefix,
+the tree nodes they are allowed and themselves, and that nothing attends to; ConFu's contemplate tokens) and
+the root's logits when an earlier `forward` already cached the root (SpS's deferred=false ablation).
+Entries `reserve`d at the front of the cache are seen by side rows only (ConFu's soft prompt).
+Drafters that read target features ask for layers with `capture`.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
-from transformers import DynamicCache
+import torch.nn.functional as F
 
 from specbench_cli.core.errors import UsageError
-from specbench_cli.core.tree import DraftTree, SideTokens
+from specbench_cli.core.tree import DraftTree
+
+# Families whose decoder layers this forward reproduces: pre-norm residual blocks, rotary attention with
+# optional per-head q/k RMSNorm (Qwen3) and biases (Qwen2), full attention in every layer.
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+ROOM = 256  # cache slots kept free past prompt + max-new-tokens for the largest verify (grown if a tree needs more)
+DEFAULT_BUCKETS = (1, 4, 16, 64)  # compiled verify sizes (EAGLE-3's 60-node tree + root fits 64, DFlash's 16-block 16)
+
+
+@dataclass
+class SideTokens:
+    """Rows that ride along in a verify forward without changing the tree's logits."""
+
+    embeds: torch.Tensor  # [M, H] input embeddings
+    positions: torch.Tensor  # [M] position offsets from the committed length
+    attend: torch.Tensor  # bool [M, N+1]: which of root + nodes each side row sees
+
+    def __len__(self) -> int:
+        return self.embeds.shape[0]
+
+
+@dataclass
+class VerifyExtras:
+    """What a proposer may add to the target's verify forward."""
+
+    side: SideTokens | None = None
+    root_logits: torch.Tensor | None = None  # the root is already cached (by `forward`); these are its logits
+
+
+def check_supported(model: torch.nn.Module) -> None:
+    kind = getattr(model.config, "model_type", "?")
+    layers = model.model.layers if kind in SUPPORTED else []
+    windowed = [i for i, block in enumerate(layers) if getattr(block.self_attn, "sliding_window", None)]
+    if kind not in SUPPORTED or windowed:
+        why = f"sliding-window layers {windowed[:3]}" if windowed else f"model type '{kind}'"
+        raise UsageError(f"the target's {why} is not supported by specbench's engine (it runs {', '.join(SUPPORTED)} "
+                         "models with full attention)")
+
+
+class StaticKV:
+    """Preallocated keys and values: one [layers, 2, kv heads, capacity, head dim] buffer per device."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.capacity = 0
+        self.views: list[torch.Tensor] = []  # per layer: [2, kv heads, capacity, head dim]
+        self.buffers: list[torch.Tensor] = []
+        self.where: list[tuple[int, int]] = []  # per layer: (buffer, index in it)
+
+    def ensure(self, needed: int, keep: int = 0) -> bool:
+        """Make room for `needed` slots (rounded up to 256), keeping the first `keep`; True if it reallocated."""
+        if needed <= self.capacity:
+            return False
+        old = self.views
+        self.capacity = -(-needed // 256) * 256
+        self.views, self.buffers = [], []
+        layers = self.model.model.layers
+        groups: dict[torch.device, list[int]] = {}
+        for i, block in enumerate(layers):
+            groups.setdefault(block.self_attn.k_proj.weight.device, []).append(i)
+        views: dict[int, torch.Tensor] = {}
+        where: dict[int, tuple[int, int]] = {}
+        for device, members in groups.items():
+            attn = layers[members[0]].self_attn
+            heads = attn.k_proj.out_features // attn.head_dim
+            buf = torch.zeros(len(members), 2, heads, self.capacity, attn.head_dim, dtype=attn.k_proj.weight.dtype,
+                              device=device)
+            torch._dynamo.mark_static_address(buf)  # CUDA graphs update it in place instead of copying it
+            self.buffers.append(buf)
+            views.update({i: buf[j] for j, i in enumerate(members)})
+            where.update({i: (len(self.buffers) - 1, j) for j, i in enumerate(members)})
+        self.views = [views[i] for i in range(len(layers))]
+        self.where = [where[i] for i in range(len(layers))]
+        for new, previous in zip(self.views, old):
+            new[:, :, :keep] = previous[:, :, :keep]
+        return True
+
+    @torch.no_grad()
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the entries at slots `src` to slots `dst` (one indexing op per device)."""
+        for buf in self.buffers:
+            s, d = src.to(buf.device), dst.to(buf.device)
+            buf[:, :, :, d] = buf[:, :, :, s]
 
 
 class Target:
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, device: torch.device, compile: str | None = None,
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
+        check_supported(model)
         self.model = model
         self.device = device
-        self.cache: DynamicCache | None = None
-        self.length = 0  # tokens whose KV is in the cache
+        self.kv = StaticKV(model)
+        self.length = 0  # tokens whose KV is committed
         self.forwards = 0  # forward passes so far (rounds record how many they used)
         self.captured: dict[int, torch.Tensor] = {}  # layer index -> [T, H] output of the last forward
-        self._hooks: list = []
-        self._hooked: set[int] = set()
+        self._capture: tuple[int, ...] = ()
         self.reserved: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.side_hidden: torch.Tensor | None = None  # final hidden states of the last verify's side tokens
+        self.side_hidden: torch.Tensor | None = None  # final hidden states of the last verify's side rows
         self.last_path: list[int] = []  # the accepted path of the last commit (node indices, root first)
-        self.root_logits: torch.Tensor | None = None  # set by extend(): the root is cached, these are its logits
-        self.root_cached = False  # the verify being committed had its root in the cache already
+        self._root_cached = False  # the verify being committed had its root in the cache already
+        self._dtype = model.get_input_embeddings().weight.dtype
+        self._layer_devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
+        self.compile_mode = compile
+        self.buckets = tuple(sorted(buckets))
+        self.compile_seconds: dict[int, float] = {}  # bucket -> seconds its warm-up (compile, record) took
+        self.late_compiles: list[int] = []  # sizes first compiled outside warm-up (inside a timed round)
+        self._warming = False
+        self._compiled: Callable | None = None
 
     # ------------------------------------------------------------------------------------ features
     def capture(self, layers: list[int]) -> None:
         """Keep the outputs of these decoder layers (0-based) after every forward (idempotent)."""
-        blocks = self.model.model.layers
         for i in layers:
-            if i in self._hooked:
-                continue
-            if not 0 <= i < len(blocks):
-                raise UsageError(f"a drafter reads target layer {i}, but the target has {len(blocks)} layers (0-{len(blocks) - 1})")
-            self._hooked.add(i)
-            def hook(_module, _args, output, i=i):
-                self.captured[i] = (output[0] if isinstance(output, tuple) else output)[0]
-            self._hooks.append(blocks[i].register_forward_hook(hook))
+            if not 0 <= i < self.num_layers:
+                raise UsageError(f"a drafter reads target layer {i}, but the target has {self.num_layers} layers "
+                                 f"(0-{self.num_layers - 1})")
+        self._capture = tuple(sorted({*self._capture, *layers}))
 
     @property
     def num_layers(self) -> int:
-        return self.model.config.num_hidden_layers
+        return len(self.model.model.layers)
 
-    # ------------------------------------------------------------------------------------ ConFu hooks
     def reserve(self, kv: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
         """Key/value entries ([kv heads, S, d] per layer) kept at the front of the cache from the next prefill
-        on and visible only to side tokens (ConFu's soft prompt); the target's own tokens never see them."""
+        on and seen only by side rows; the target's own tokens never see them."""
         self.reserved = kv
 
     @property
     def offset(self) -> int:
         return self.reserved[0][0].shape[1] if self.reserved else 0
 
+    def plan(self, tokens: int) -> None:
+        """Size the cache for prompts and outputs of up to `tokens` tokens (a compiled run does this before
+        warming up, so no timed forward meets a reallocation and its recompile)."""
+        self.kv.ensure(self.offset + tokens + max(ROOM, self.buckets[-1]), keep=self.offset + self.length)
+
     # ------------------------------------------------------------------------------------ forwards
     @torch.inference_mode()
-    def prefill(self, ids: list[int]) -> torch.Tensor:
-        """Run the prompt through a fresh cache; returns the logits [V] of the next token."""
-        self.cache = DynamicCache(config=self.model.config)
-        self.root_logits, self.root_cached = None, False
-        dtype = self.model.dtype
-        for i, (k, v) in enumerate(self.reserved or []):
-            self.cache.update(k[None].to(self.device, dtype), v[None].to(self.device, dtype), i)
+    def prefill(self, ids: list[int], room: int = 2048) -> torch.Tensor:
+        """Run the prompt through an emptied cache (sized for `room` more tokens); returns the next token's logits [V]."""
+        self._root_cached = False
+        r, n = self.offset, len(ids)
+        self.kv.ensure(r + n + room + max(ROOM, self.buckets[-1]))
+        for layer, (k, v) in zip(self.kv.views, self.reserved or []):
+            layer[0, :, :r] = k.to(layer)
+            layer[1, :, :r] = v.to(layer)
         self.length = 0
-        n = len(ids)
-        mask = self._mask(torch.ones(n, n, dtype=torch.bool).tril()) if self.offset else None
-        out = self.model(input_ids=torch.tensor([ids], device=self.device), attention_mask=mask,
-                         position_ids=torch.arange(n, device=self.device)[None], past_key_values=self.cache,
-                         use_cache=True, logits_to_keep=1)
+        hidden = self._eager(torch.tensor(ids, device=self.device), torch.arange(n, device=self.device),
+                             torch.ones(n, n, dtype=torch.bool).tril(), torch.zeros(n, dtype=torch.bool))
         self.length = n
         self.forwards += 1
-        return out.logits[0, -1]
+        return self._head(hidden[-1:])[0]
 
     @torch.inference_mode()
-    def verify(self, root: int, tree: DraftTree) -> torch.Tensor:
-        """Logits [N+1, V] for the root (last committed token, not yet cached) and every draft node.
+    def verify(self, root: int, tree: DraftTree, extras: VerifyExtras | None = None) -> torch.Tensor:
+        """Logits [N+1, V] for the root (the last committed token) and every draft node.
 
-        A chain needs no mask (plain causal attention does it); a tree gets a 4D additive mask in which
-        each node sees the cached prefix, itself and its ancestors, at position prefix + depth. Side tokens
-        (`tree.side`) ride along in the same forward; their final hidden states land in `side_hidden`."""
-        if self.root_logits is not None:
-            return self._verify_after_extend(tree)
-        ids = torch.tensor([[root, *tree.tokens]], device=self.device)
-        n, side = ids.shape[1], tree.side
+        Each node sees the cached prefix, itself and its ancestors, at position prefix + depth. The root is
+        fed first unless `extras.root_logits` says it is cached already."""
+        extras = extras or VerifyExtras()
+        if extras.root_logits is not None:
+            return self._verify_cached_root(tree, extras.root_logits)
+        ids = [root, *tree.tokens]
+        n, side = len(ids), extras.side
+        m = 0 if side is None else len(side)
+        block = torch.zeros(n + m, n + m, dtype=torch.bool)
+        block[:n, :n] = tree.ancestor_mask()
+        positions = torch.tensor(tree.depths())
+        sees_reserved = torch.zeros(n + m, dtype=torch.bool)
+        embeds = self.model.get_input_embeddings()(torch.tensor(ids, device=self.device))
+        if side is not None:
+            block[n:, :n] = side.attend
+            block[n:, n:] = torch.eye(m, dtype=torch.bool)
+            positions = torch.cat((positions, side.positions.cpu()))
+            sees_reserved[n:] = True
+            embeds = torch.cat((embeds, side.embeds.to(embeds)))
         self.forwards += 1
-        if tree.is_chain and side is None and not self.offset:
-            positions = torch.arange(self.length, self.length + n, device=self.device)[None]
-            return self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache,
-                              use_cache=True).logits[0]
-        positions = self.length + torch.tensor(tree.depths(), device=self.device)
-        mask = self._mask(tree.ancestor_mask(), side)
-        if side is None:
-            return self.model(input_ids=ids, position_ids=positions[None], attention_mask=mask,
-                              past_key_values=self.cache, use_cache=True).logits[0]
-        embeds = torch.cat((self.model.get_input_embeddings()(ids[0]), side.embeds.to(self.model.dtype)))
-        positions = torch.cat((positions, self.length + side.positions.to(self.device)))
-        hidden = self.model.base_model(inputs_embeds=embeds[None], position_ids=positions[None], attention_mask=mask,
-                                       past_key_values=self.cache, use_cache=True).last_hidden_state[0]
-        self.side_hidden = hidden[n:]
-        return self.model.get_output_embeddings()(hidden[:n])
+        logits, hidden = self._forward(embeds, positions.to(self.device) + self.length, block, sees_reserved, n)
+        self.side_hidden = hidden[n:] if side is not None else None
+        return logits
 
     @torch.inference_mode()
-    def extend(self, token: int) -> None:
-        """A separate one-token forward that puts the round's last token into the cache now (the naive
-        alternative to carrying it as the root of the next verify; FlashHead thesis §3.6.2's ablation)."""
-        positions = torch.tensor([[self.length]], device=self.device)
-        out = self.model(input_ids=torch.tensor([[token]], device=self.device), position_ids=positions,
-                         past_key_values=self.cache, use_cache=True)
+    def forward(self, tokens: list[int]) -> torch.Tensor:
+        """Append `tokens` to the cache in one causal forward; returns their logits [n, V]."""
+        n = len(tokens)
         self.forwards += 1
-        self.length += 1
-        self.root_logits = out.logits[0, -1]
+        logits, _ = self._forward(self.model.get_input_embeddings()(torch.tensor(tokens, device=self.device)),
+                                  torch.arange(self.length, self.length + n, device=self.device),
+                                  torch.ones(n, n, dtype=torch.bool).tril(), torch.zeros(n, dtype=torch.bool), n)
+        self.length += n
+        return logits
 
-    def _verify_after_extend(self, tree: DraftTree) -> torch.Tensor:
+    def _verify_cached_root(self, tree: DraftTree, root_logits: torch.Tensor) -> torch.Tensor:
         """Verify a chain whose root is already cached: only the drafts go through the model."""
-        if not tree.is_chain or tree.side is not None:
-            raise ValueError("a root cached by extend() can only be followed by a chain")
-        root_logits, self.root_logits = self.root_logits, None
-        self.root_cached = True
+        if not tree.is_chain:
+            raise ValueError("a root cached by forward() can only be followed by a chain")
+        self._root_cached = True
         if not len(tree):
             return root_logits[None]
-        positions = torch.arange(self.length, self.length + len(tree), device=self.device)[None]
-        out = self.model(input_ids=torch.tensor([tree.tokens], device=self.device), position_ids=positions,
-                         past_key_values=self.cache, use_cache=True)
-        self.forwards += 1
-        return torch.cat((root_logits[None], out.logits[0]))
-
-    def _mask(self, new: torch.Tensor, side: SideTokens | None = None) -> torch.Tensor:
-        """Additive 4D mask over [reserved | cached prefix | new tokens | side tokens].
-
-        New tokens see the prefix and `new` [n, n] among themselves; side tokens see the reserved entries,
-        the prefix, the new tokens their `attend` rows allow, and themselves."""
-        n, m, r, length = new.shape[0], 0 if side is None else len(side), self.offset, self.length
-        allowed = torch.zeros(n + m, r + length + n + m, dtype=torch.bool)
-        allowed[:n, r:r + length] = True
-        allowed[:n, r + length:r + length + n] = new
-        if side is not None:
-            allowed[n:, :r + length] = True
-            allowed[n:, r + length:r + length + n] = side.attend
-            allowed[n:, r + length + n:] = torch.eye(m, dtype=torch.bool)
-        dtype = self.model.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[None, None].to(self.device)
+        logits = self.forward(tree.tokens)
+        self.length -= len(tree)  # verified, not committed: commit() decides what stays
+        return torch.cat((root_logits[None], logits))
 
     @torch.inference_mode()
     def commit(self, path: list[int]) -> None:
-        """Keep the KV of the accepted path (node indices, root first) and drop the rest of the last verify.
+        """Keep the cache entries of the accepted path (node indices, root first) and drop the rest.
 
-        For a prefix of a chain this is a crop; otherwise the accepted entries are moved down in place."""
-        assert self.cache is not None
-        start = self.offset + self.length - (1 if self.root_cached else 0)  # cache index of the root
-        self.root_cached = False
+        A prefix of the node order is already in place; otherwise the accepted entries move down."""
+        start = self.offset + self.length - (1 if self._root_cached else 0)  # cache slot of the root
+        self._root_cached = False
         if path != list(range(len(path))):
-            src = torch.tensor(path, device=self.device) + start
-            dst = torch.arange(start, start + len(path), device=self.device)
-            for layer in self.cache.layers:
-                layer.keys[:, :, dst] = layer.keys[:, :, src]
-                layer.values[:, :, dst] = layer.values[:, :, src]
-        keep = start + len(path)
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[:, :, :keep]
-            layer.values = layer.values[:, :, :keep]
+            self.kv.move(torch.tensor(path, device=self.device) + start,
+                         torch.arange(start, start + len(path), device=self.device))
         self.captured = {i: h[path] for i, h in self.captured.items()}
         self.last_path = path
-        self.length = keep - self.offset
+        self.length = start + len(path) - self.offset
+
+    # ------------------------------------------------------------------------------------ the forward
+    def _forward(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor, sees_reserved: torch.Tensor,
+                 n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run rows through the model at slots after the committed length: (logits of the first n rows, hidden)."""
+        rows = embeds.shape[0]
+        self.kv.ensure(self.offset + self.length + max(rows, self.buckets[-1]) + ROOM, keep=self.offset + self.length)
+        if self.compile_mode is None:
+            hidden = self._eager(embeds, positions, block, sees_reserved)
+            return self._head(hidden[:n]), hidden
+        return self._run_compiled(embeds, positions, block, sees_reserved, n)
+
+    def _eager(self, embeds_or_ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
+               sees_reserved: torch.Tensor) -> torch.Tensor:
+        embeds = embeds_or_ids
+        if embeds.dtype in (torch.int64, torch.int32):
+            embeds = self.model.get_input_embeddings()(embeds)
+        base = self.offset + self.length
+        hidden, captured = self._layers(embeds, positions, block.to(self.device), sees_reserved.to(self.device),
+                                        torch.tensor(base, device=self.device), base + embeds.shape[0])
+        self.captured = dict(zip(self._capture, captured))
+        return hidden
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.model.get_output_embeddings()
+        return head(hidden.to(head.weight.device))
+
+    def _layers(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor, sees_reserved: torch.Tensor,
+                base: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The decoder over rows written at slots base.. ; attention spans cache slots [0, kv_len).
+
+        Row i may see slot c if c is a committed prefix slot, or a reserved slot and row i sees reserved
+        entries, or c = base + j with block[i, j]."""
+        base_model, r = self.model.model, self.offset
+        rows, device = embeds.shape[0], embeds.device
+        cols = torch.arange(kv_len, device=device)
+        rel = cols - base
+        prefix = (cols < base) & ((cols >= r) | sees_reserved[:, None])
+        own = ((rel >= 0) & (rel < rows)) & block.gather(1, rel.clamp(0, rows - 1).expand(rows, kv_len))
+        mask = (prefix | own)[None, None]
+        slots = base + torch.arange(rows, device=device)
+        h = embeds[None].to(self._dtype)
+        cos, sin = base_model.rotary_emb(h, positions[None])
+        captured = []
+        for i, block_module in enumerate(base_model.layers):
+            if self._layer_devices[i] != h.device:  # --device split: the layer's inputs follow it
+                dev = self._layer_devices[i]
+                h, cos, sin, mask, slots = (t.to(dev) for t in (h, cos, sin, mask, slots))
+            g, j = self.kv.where[i]  # index the buffer here: a compiled graph then mutates its static input in place
+            h = h + self._attention(block_module.self_attn, block_module.input_layernorm(h), cos, sin, mask, slots,
+                                    self.kv.buffers[g][j][:, :, :kv_len])
+            h = h + block_module.mlp(block_module.post_attention_layernorm(h))
+            if i in self._capture:
+                captured.append(h[0])
+        return base_model.norm(h)[0], captured
+
+    @staticmethod
+    def _attention(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                   slots: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """One attention block reading and writing the static cache `kv` [2, kv heads, kv_len, d]."""
+        rows, d = x.shape[1], attn.head_dim
+        q = attn.q_proj(x).view(1, rows, -1, d)
+        k = attn.k_proj(x).view(1, rows, -1, d)
+        v = attn.v_proj(x).view(1, rows, -1, d)
+        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rotary
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        kv[0].index_copy_(1, slots, k[0])
+        kv[1].index_copy_(1, slots, v[0])
+        out = F.scaled_dot_product_attention(q, kv[0][None], kv[1][None], attn_mask=mask, scale=attn.scaling,
+                                             enable_gqa=True)
+        return attn.o_proj(out.transpose(1, 2).reshape(1, rows, -1))
+
+    # ------------------------------------------------------------------------------------ compiled path
+    def bucket(self, rows: int) -> int:
+        fits = [b for b in self.buckets if b >= rows]
+        return fits[0] if fits else rows  # larger than every bucket: its own size (compiled once, on first use)
+
+    def _run_compiled(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
+                      sees_reserved: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = embeds.shape[0]
+        size = self.bucket(rows)
+        pad = size - rows
+        if pad:
+            embeds = torch.cat((embeds, embeds[-1:].expand(pad, -1)))
+            positions = torch.cat((positions, positions[-1:].expand(pad)))
+            grown = torch.eye(size, dtype=torch.bool)  # padding rows see only themselves
+            grown[:rows, :rows] = block
+            block, sees_reserved = grown, torch.cat((sees_reserved, torch.zeros(pad, dtype=torch.bool)))
+        if self._compiled is None:
+            limit = 4 * len(self.buckets) + 16  # one graph per bucket (and per capture set): never hit dynamo's limit
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(torch._dynamo.config, name):
+                    setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+            self._compiled = torch.compile(self._step, mode=self._mode(), backend=self._backend(), fullgraph=True,
+                                           dynamic=False)
+        args = (embeds.to(self._dtype), positions, block.to(self.device), sees_reserved.to(self.device),
+                torch.tensor(self.offset + self.length, device=self.device))
+        if size not in self.compile_seconds and not self._warming:  # this call compiles inside a round: say so
+            self.late_compiles.append(size)
+            self.compile_seconds[size] = float("nan")
+        logits, hidden, captured = self._compiled(*args)
+        # CUDA-graph outputs are overwritten by the next replay: keep copies of what outlives the call
+        self.captured = {i: h[:rows].clone() for i, h in zip(self._capture, captured)}
+        return logits[:n].clone(), hidden[:rows].clone()
+
+    def _step(self, embeds, positions, block, sees_reserved, base):
+        hidden, captured = self._layers(embeds, positions, block, sees_reserved, base, self.kv.capacity)
+        return self._head(hidden), hidden, captured
+
+    def _mode(self) -> str | None:
+        return "reduce-overhead" if self.compile_mode == "reduce-overhead" else None
+
+    def _backend(self) -> str:
+        return "inductor" if self.compile_mode in ("reduce-overhead", "inductor", "default") else self.compile_mode
+
+    def warm_up(self, sizes: tuple[int, ...] | None = None) -> dict[int, float]:
+        """Compile every bucket now (on a throwaway prompt), so no timed forward pays for it; seconds per bucket."""
+        if self.compile_mode is None:
+            return {}
+        self._warming = True
+        for size in sizes or self.buckets:
+            t0 = time.perf_counter()
+            self.prefill([0])
+            for _ in range(3):  # CUDA graph trees run eagerly once, record on the second call, replay after
+                self.verify(0, DraftTree.chain([0] * (size - 1)))
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.compile_seconds[size] = time.perf_counter() - t0
+        self._warming = False
+        self.length = 0
+        return dict(self.compile_seconds)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (the rotate-half convention of Llama/Qwen checkpoints); cos/sin are [1, T, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]

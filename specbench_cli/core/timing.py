@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
-PHASES = ("route", "catchup", "draft", "verify", "accept", "commit")
+PHASES = ("route", "catchup", "extra_forward", "draft", "verify", "accept", "commit")
 # Parts of a phase that a proposer times itself (inside `draft`; never added to the phase sums).
 SUB_PHASES = ("draft_head",)
 

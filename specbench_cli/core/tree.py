@@ -13,27 +13,12 @@ import torch
 
 
 @dataclass
-class SideTokens:
-    """Tokens given as embeddings that ride along in a verify forward without changing the tree's logits:
-    they attend to the target's reserved entries, the prefix and the tree nodes `attend` allows, and
-    nothing attends to them (ConFu's contemplate tokens)."""
-
-    embeds: torch.Tensor  # [M, H] input embeddings
-    positions: torch.Tensor  # [M] position offsets from the committed length
-    attend: torch.Tensor  # bool [M, N+1]: which of root + nodes each side token sees
-
-    def __len__(self) -> int:
-        return self.embeds.shape[0]
-
-
-@dataclass
 class DraftTree:
     tokens: list[int] = field(default_factory=list)  # node i+1's token
     parents: list[int] = field(default_factory=list)  # node i+1's parent index (0 = root)
     # Optional draft distributions, one row per node over the target vocabulary ([N, V]); None means each
     # node is a point mass on its token (model-free drafters, greedy top-k heads).
     draft_probs: torch.Tensor | None = None
-    side: SideTokens | None = None  # extra inputs the target evaluates in the same forward (ConFu)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):

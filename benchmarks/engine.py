@@ -1,0 +1,223 @@
+"""Benchmark the engine under every number specbench prints, on one model and one prompt, in one run.
+
+1. Verify cost curve c(n) = time of one target forward over n new tokens / time over one token, at a fixed
+   context, for a plain Hugging Face forward over a DynamicCache, our eager Target (chain and tree masks) and
+   our compiled Target (buckets = the n measured, so no padding).
+2. Baseline decode tokens/s: ours eager, ours compiled, transformers `generate()` (dynamic cache) and
+   `generate()` with a static cache and a compiled forward; host overhead per round of our eager loop.
+3. Achieved bandwidth as gpt-fast defines it (bytes of every parameter but the input embedding table, the
+   output head counted even when tied, times tokens/s) and its share of the measured copy bandwidth of the
+   device (a device-to-device copy, bytes read + written).
+
+Clocks: CUDA events on GPU (synchronised once per measurement), perf_counter on CPU. Medians over reps.
+
+    python benchmarks/engine.py --device cpu --threads 2                 # eager only, fp32
+    python benchmarks/engine.py --device cuda --dtype bfloat16 --compile # the GPU table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from methods.baseline import Baseline
+from specbench_cli.core.engine import decode_turn
+from specbench_cli.core.target import Target
+from specbench_cli.core.tree import DraftTree
+from specbench_cli.core.turn import DecodeSettings
+from specbench_cli.hardware import copy_bandwidth, weight_bytes
+from specbench_cli.models import MODELS, load_model, resolve_dtype
+
+NS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def timed(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 3,
+          after: Callable[[], object] | None = None) -> float:
+    """Median ms of fn over reps (after warm-up); `after` runs untimed after every call (cache clean-up)."""
+    times = []
+    for i in range(warmup + reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            ms = (time.perf_counter() - t0) * 1e3
+        if after:
+            after()
+        if i >= warmup:
+            times.append(ms)
+    return statistics.median(times)
+
+
+def random_tree(n: int, vocab: int, rng: random.Random) -> DraftTree:
+    """A bushy tree of n nodes (each node's parent among the earlier ones, biased to shallow levels)."""
+    return DraftTree([rng.randrange(vocab) for _ in range(n)], [rng.randint(0, i // 2) for i in range(n)])
+
+
+@torch.inference_mode()
+def verify_curve(model, device, context: int, reps: int, compile_mode: str | None) -> dict[str, dict[int, float]]:
+    from transformers import DynamicCache
+
+    vocab = model.config.vocab_size
+    rng = random.Random(0)
+    ids = [rng.randrange(vocab) for _ in range(context + max(NS))]
+    curves: dict[str, dict[int, float]] = {}
+
+    cache = DynamicCache(config=model.config)
+    model(input_ids=torch.tensor([ids[:context]], device=device), past_key_values=cache, use_cache=True)
+    curves["hf forward"] = {
+        n: timed(lambda n=n: model(input_ids=torch.tensor([ids[context:context + n]], device=device),
+                                   position_ids=torch.arange(context, context + n, device=device)[None],
+                                   past_key_values=cache, use_cache=True),
+                 device, reps, after=lambda: cache.crop(context - cache.get_seq_length()))  # negative: drop that many
+        for n in NS}
+
+    eager = Target(model, device)
+    eager.prefill(ids[:context - 1])
+    curves["ours eager chain"] = {n: timed(lambda n=n: eager.verify(ids[context - 1], DraftTree.chain(ids[context:context + n - 1])),
+                                           device, reps) for n in NS}
+    trees = {n: random_tree(n - 1, vocab, rng) for n in NS}
+    curves["ours eager tree"] = {n: timed(lambda n=n: eager.verify(ids[context - 1], trees[n]), device, reps) for n in NS}
+    if compile_mode:
+        compiled = Target(model, device, compile=compile_mode, buckets=NS)
+        compiled.plan(context + 2 * max(NS))
+        compiled.warm_up()
+        compiled.prefill(ids[:context - 1])
+        curves["ours compiled tree"] = {n: timed(lambda n=n: compiled.verify(ids[context - 1], trees[n]), device, reps)
+                                        for n in NS}
+    return curves
+
+
+@torch.inference_mode()
+def decode_rates(loaded, device, prompt: list[int], new: int, compile_mode: str | None) -> dict[str, dict]:
+    """Baseline tokens/s (decode only, first token excluded) for our loop and for generate()."""
+    model = loaded.model
+    settings = DecodeSettings(new, 0.0, frozenset())  # no stop: every engine decodes exactly `new` tokens
+    rows: dict[str, dict] = {}
+    outputs = {}
+    for name, mode in (("ours eager", None), ("ours compiled", compile_mode)):
+        if name == "ours compiled" and not mode:
+            continue
+        target = Target(model, device, compile=mode)
+        if mode:
+            target.plan(len(prompt) + new)
+            target.warm_up((1,))
+        method = Baseline(Baseline.Options(), loaded)
+        decode_turn(target, method, prompt, settings)  # warm-up
+        result = decode_turn(target, method, prompt, settings)
+        wall = sum(r.phases["wall"] for r in result.rounds)
+        verify = sum(r.phases["verify"] for r in result.rounds)
+        rows[name] = {"tok/s": (len(result.output_ids) - 1) / (result.decode_ms / 1e3),
+                      "host overhead / round": 1 - verify / wall if wall else float("nan")}
+        outputs[name] = result.output_ids
+    for name, static in (("hf generate", False), ("hf generate static+compile", True)):
+        if static and not compile_mode:
+            continue
+        rows[name] = {"tok/s": generate_rate(model, device, prompt, new, static), "host overhead / round": float("nan")}
+    if len(outputs) == 2:
+        rows["ours compiled"]["same tokens as eager"] = outputs["ours compiled"] == outputs["ours eager"]
+    return rows
+
+
+def generate_rate(model, device, prompt: list[int], new: int, static: bool) -> float:
+    """Decode tokens/s of generate(): (new - 1) tokens over the time after the first one (a streamer stamps it)."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Stamps(BaseStreamer):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def put(self, value) -> None:
+            self.times.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    if static:
+        kwargs.update(cache_implementation="static")
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    ids = torch.tensor([prompt], device=device)
+    try:
+        for _ in range(2):  # the first call compiles (static) or warms the allocator
+            model.generate(ids, **kwargs)
+        stamps = Stamps()
+        model.generate(ids, streamer=stamps, **kwargs)
+    finally:
+        if static:
+            del model.forward  # back to the class's forward
+    times = stamps.times[1:]  # the first put() is the prompt
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--compile", action="store_true", help="also the compiled Target and generate() with a static cache")
+    ap.add_argument("--json", type=Path, default=None, help="write the numbers here too")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    loaded = load_model(MODELS[args.model], device, dtype)
+    mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if args.compile else None
+    console = Console(width=120)
+    clock = "CUDA events" if device.type == "cuda" else "perf_counter"
+    where = f"{args.model} {str(dtype).removeprefix('torch.')} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}"
+
+    curves = verify_curve(loaded.model, device, args.context, args.reps, mode)
+    table = Table(title=f"verify cost c(n) = t(n) / t(1), context {args.context}; t(1) ms in the last column ({where}, {clock})")
+    table.add_column("forward")
+    for n in NS:
+        table.add_column(f"n={n}", justify="right")
+    table.add_column("t(1) ms", justify="right")
+    for name, curve in curves.items():
+        table.add_row(name, *(f"{curve[n] / curve[1]:.2f}" for n in NS), f"{curve[1]:.3f}")
+    hf = curves["hf forward"]
+    table.add_row("eager chain / hf", *(f"{curves['ours eager chain'][n] / hf[n]:.2f}" for n in NS), "")
+    console.print(table)
+
+    prompt = loaded.encode_chat([{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}])
+    rates = decode_rates(loaded, device, prompt, args.new, mode)
+    size = weight_bytes(loaded.model)
+    peak = copy_bandwidth(device)
+    table = Table(title=f"baseline decode, {args.new} new tokens, prompt {len(prompt)} tokens ({where}, {clock}); "
+                        f"weights {size / 1e6:.0f} MB, measured copy bandwidth {peak / 1e9:.0f} GB/s")
+    for col in ("engine", "tok/s", "× hf generate", "bandwidth GB/s", "share of copy peak", "host overhead / round"):
+        table.add_column(col, justify="right")
+    base = rates["hf generate"]["tok/s"]
+    for name, row in rates.items():
+        overhead = row["host overhead / round"]
+        table.add_row(name, f"{row['tok/s']:.1f}", f"{row['tok/s'] / base:.2f}", f"{size * row['tok/s'] / 1e9:.1f}",
+                      f"{size * row['tok/s'] / peak:.1%}", "—" if overhead != overhead else f"{overhead:.1%}")
+    console.print(table)
+    if "same tokens as eager" in rates.get("ours compiled", {}):
+        console.print(f"compiled output identical to eager: {rates['ours compiled']['same tokens as eager']}")
+    if args.json:
+        args.json.write_text(json.dumps({"where": where, "clock": clock, "curves": curves, "rates": rates,
+                                         "weight_bytes": size, "copy_bandwidth": peak}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,7 @@ the run's dtype: bf16 keeps 8 significant bits (ulp 0.0625-0.125 there), fp16 11
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -46,9 +47,10 @@ def classify(model: torch.nn.Module, prefix: list[int], baseline_token: int, met
 
 def run_classifier(device: str = "cpu"):
     """A report classifier: loads each run's target once, in float32, and classifies divergences with it."""
+    from specbench_cli.core.errors import UsageError
     from specbench_cli.models import MODELS, get_model_spec, load_model
 
-    loaded: dict[tuple[str, str], torch.nn.Module] = {}
+    loaded: dict[tuple[str, str], torch.nn.Module | None] = {}
 
     def classify_run(info: dict, prefix: list[int], baseline_token: int, method_token: int) -> str:
         settings = info["settings"]
@@ -56,8 +58,14 @@ def run_classifier(device: str = "cpu"):
         key = (name, target or "")
         if key not in loaded:
             registered = MODELS.get(name)
-            spec = registered if registered is not None and registered.target == target else get_model_spec(name, target)
-            loaded[key] = load_model(spec, torch.device(device), torch.float32).model
+            try:
+                spec = registered if registered is not None and registered.target == target else get_model_spec(name, target)
+                loaded[key] = load_model(spec, torch.device(device), torch.float32).model
+            except (UsageError, OSError, ValueError) as err:  # the target is not here: say so, classify nothing
+                print(f"warning: divergences of {name} stay unclassified: {err}", file=sys.stderr)
+                loaded[key] = None
+        if loaded[key] is None:
+            return "unclassified"
         return classify(loaded[key], prefix, baseline_token, method_token, settings.get("dtype", "float32")).kind
 
     return classify_run

@@ -92,3 +92,11 @@ def test_report_counts_ties_and_gates_on_mismatches(tmp_path):
     problems = report.regressions(results, results, 5.0, table)
     assert len(problems) == 1 and "B/0@2 MISMATCH" in problems[0]
     assert report.lossless(results).frame.set_index("method").loc["pld", "unclassified"] == 2  # no classifier
+
+
+def test_a_target_that_is_not_here_leaves_divergences_unclassified(capsys):
+    from specbench_cli.divergence import run_classifier
+
+    info = {"settings": {"model": "nowhere", "target": "/no/such/folder", "dtype": "bfloat16"}}
+    assert run_classifier()(info, [1, 2], 3, 4) == "unclassified"
+    assert "stay unclassified" in capsys.readouterr().err

@@ -136,7 +136,7 @@ class Target:
         self.compile_mode = compile
         self.buckets = tuple(sorted(buckets))
         self.compile_seconds: dict[int, float] = {}  # bucket -> seconds its warm-up (compile, record) took
-        self.late_compiles: list[int] = []  # sizes first compiled outside warm-up (inside a timed round)
+        self.late_compiles: list[int | str] = []  # what compiled outside warm-up (inside a timed round)
         self._warming = False
         self._compiled: Callable | None = None
 
@@ -165,7 +165,14 @@ class Target:
     def plan(self, tokens: int) -> None:
         """Size the cache for prompts and outputs of up to `tokens` tokens (a compiled run does this before
         warming up, so no timed forward meets a reallocation and its recompile)."""
-        self.kv.ensure(self.offset + tokens + max(ROOM, self.buckets[-1]), keep=self.offset + self.length)
+        self._grow(self.offset + tokens)
+
+    def _grow(self, tokens: int) -> None:
+        """Room for `tokens` cache entries plus a full verify's rows; a compiled target that has to grow
+        recompiles, which is recorded (`late_compiles`) when it happens outside warm-up."""
+        grew = self.kv.ensure(tokens + max(self.buckets[-1], ROOM) + ROOM, keep=self.offset + self.length)
+        if grew and self.compile_mode is not None and self.compile_seconds and not self._warming:
+            self.late_compiles.append(f"cache grown to {self.kv.capacity}")
 
     # ------------------------------------------------------------------------------------ forwards
     @torch.inference_mode()
@@ -173,7 +180,7 @@ class Target:
         """Run the prompt through an emptied cache (sized for `room` more tokens); returns the next token's logits [V]."""
         self._root_cached = False
         r, n = self.offset, len(ids)
-        self.kv.ensure(r + n + room + max(ROOM, self.buckets[-1]))
+        self._grow(r + n + room)
         for layer, (k, v) in zip(self.kv.views, self.reserved or []):
             layer[0, :, :r] = k.to(layer)
             layer[1, :, :r] = v.to(layer)
@@ -253,7 +260,7 @@ class Target:
                  n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Run rows through the model at slots after the committed length: (logits of the first n rows, hidden)."""
         rows = embeds.shape[0]
-        self.kv.ensure(self.offset + self.length + max(rows, self.buckets[-1]) + ROOM, keep=self.offset + self.length)
+        self._grow(self.offset + self.length + rows)
         if self.compile_mode is None:
             hidden = self._eager(embeds, positions, block, sees_reserved)
             return self._head(hidden[:n]), hidden

@@ -185,8 +185,10 @@ class Target:
             layer[0, :, :r] = k.to(layer)
             layer[1, :, :r] = v.to(layer)
         self.length = 0
-        hidden = self._eager(torch.tensor(ids, device=self.device), torch.arange(n, device=self.device),
-                             torch.ones(n, n, dtype=torch.bool).tril(), torch.zeros(n, dtype=torch.bool))
+        causal = not r  # with reserved entries the prompt must not see them: a mask, not plain causality
+        block = torch.ones(1, 1, dtype=torch.bool) if causal else torch.ones(n, n, dtype=torch.bool).tril()
+        hidden = self._eager(torch.tensor(ids, device=self.device), torch.arange(n, device=self.device), block,
+                             torch.zeros(n, dtype=torch.bool), causal=causal)
         self.length = n
         self.forwards += 1
         return self._head(hidden[-1:])[0]
@@ -267,13 +269,15 @@ class Target:
         return self._run_compiled(embeds, positions, block, sees_reserved, n)
 
     def _eager(self, embeds_or_ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
-               sees_reserved: torch.Tensor) -> torch.Tensor:
+               sees_reserved: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        """`causal`: the rows are the whole cache (a prefill without reserved entries), so plain causal
+        attention replaces the mask and no [n, n] mask or score matrix is built for a long prompt."""
         embeds = embeds_or_ids
         if embeds.dtype in (torch.int64, torch.int32):
             embeds = self.model.get_input_embeddings()(embeds)
         base = self.offset + self.length
         hidden, captured = self._layers(embeds, positions, block.to(self.device), sees_reserved.to(self.device),
-                                        torch.tensor(base, device=self.device), base + embeds.shape[0])
+                                        torch.tensor(base, device=self.device), base + embeds.shape[0], causal)
         self.captured = dict(zip(self._capture, captured))
         return hidden
 
@@ -282,18 +286,14 @@ class Target:
         return head(hidden.to(head.weight.device))
 
     def _layers(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor, sees_reserved: torch.Tensor,
-                base: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                base: torch.Tensor, kv_len: int, causal: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The decoder over rows written at slots base.. ; attention spans cache slots [0, kv_len).
 
         Row i may see slot c if c is a committed prefix slot, or a reserved slot and row i sees reserved
         entries, or c = base + j with block[i, j]."""
-        base_model, r = self.model.model, self.offset
+        base_model = self.model.model
         rows, device = embeds.shape[0], embeds.device
-        cols = torch.arange(kv_len, device=device)
-        rel = cols - base
-        prefix = (cols < base) & ((cols >= r) | sees_reserved[:, None])
-        own = ((rel >= 0) & (rel < rows)) & block.gather(1, rel.clamp(0, rows - 1).expand(rows, kv_len))
-        mask = (prefix | own)[None, None]
+        mask = None if causal else self._visibility(block, sees_reserved, base, kv_len)
         slots = base + torch.arange(rows, device=device)
         h = embeds[None].to(self._dtype)
         cos, sin = base_model.rotary_emb(h, positions[None])
@@ -301,7 +301,8 @@ class Target:
         for i, block_module in enumerate(base_model.layers):
             if self._layer_devices[i] != h.device:  # --device split: the layer's inputs follow it
                 dev = self._layer_devices[i]
-                h, cos, sin, mask, slots = (t.to(dev) for t in (h, cos, sin, mask, slots))
+                h, cos, sin, slots = (t.to(dev) for t in (h, cos, sin, slots))
+                mask = None if mask is None else mask.to(dev)
             g, j = self.kv.where[i]  # index the buffer here: a compiled graph then mutates its static input in place
             h = h + self._attention(block_module.self_attn, block_module.input_layernorm(h), cos, sin, mask, slots,
                                     self.kv.buffers[g][j][:, :, :kv_len])
@@ -309,6 +310,16 @@ class Target:
             if i in self._capture:
                 captured.append(h[0])
         return base_model.norm(h)[0], captured
+
+    def _visibility(self, block: torch.Tensor, sees_reserved: torch.Tensor, base: torch.Tensor,
+                    kv_len: int) -> torch.Tensor:
+        """Boolean [1, 1, rows, kv_len] mask of which cache slots each row attends to."""
+        rows, r = block.shape[0], self.offset
+        cols = torch.arange(kv_len, device=block.device)
+        rel = cols - base
+        prefix = (cols < base) & ((cols >= r) | sees_reserved[:, None])
+        own = ((rel >= 0) & (rel < rows)) & block.gather(1, rel.clamp(0, rows - 1).expand(rows, kv_len))
+        return (prefix | own)[None, None]
 
     @staticmethod
     def _attention(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
@@ -324,8 +335,8 @@ class Target:
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         kv[0].index_copy_(1, slots, k[0])
         kv[1].index_copy_(1, slots, v[0])
-        out = F.scaled_dot_product_attention(q, kv[0][None], kv[1][None], attn_mask=mask, scale=attn.scaling,
-                                             enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, kv[0][None], kv[1][None], attn_mask=mask, is_causal=mask is None,
+                                             scale=attn.scaling, enable_gqa=True)
         return attn.o_proj(out.transpose(1, 2).reshape(1, rows, -1))
 
     # ------------------------------------------------------------------------------------ compiled path

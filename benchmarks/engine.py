@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from methods.baseline import Baseline
+from methods.hf_generate import Stamps
 from specbench_cli.core.engine import decode_turn
 from specbench_cli.core.target import Target
 from specbench_cli.core.tree import DraftTree
@@ -135,18 +136,6 @@ def decode_rates(loaded, device, prompt: list[int], new: int, compile_mode: str 
 
 def generate_rate(model, device, prompt: list[int], new: int, static: bool) -> float:
     """Decode tokens/s of generate(): (new - 1) tokens over the time after the first one (a streamer stamps it)."""
-    from transformers.generation.streamers import BaseStreamer
-
-    class Stamps(BaseStreamer):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-
-        def put(self, value) -> None:
-            self.times.append(time.perf_counter())
-
-        def end(self) -> None:
-            pass
-
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False)
     if static:
         kwargs.update(cache_implementation="static")
@@ -160,8 +149,8 @@ def generate_rate(model, device, prompt: list[int], new: int, static: bool) -> f
     finally:
         if static:
             del model.forward  # back to the class's forward
-    times = stamps.times[1:]  # the first put() is the prompt
-    return (len(times) - 1) / (times[-1] - times[0])
+    times = stamps.times  # ns, one per generated token (the prompt push is skipped)
+    return (len(times) - 1) / ((times[-1] - times[0]) / 1e9)
 
 
 def main() -> None:

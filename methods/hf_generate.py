@@ -15,7 +15,9 @@ from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut
 from specbench_cli.core.timing import sync
 
 
-class _Stamps(BaseStreamer):
+class Stamps(BaseStreamer):
+    """Host timestamps of every generated token (the prompt push is skipped)."""
+
     def __init__(self) -> None:
         self.times: list[int] = []
         self._prompt_seen = False
@@ -40,7 +42,7 @@ class HFGenerate(Method):
         sample = settings.temperature > 0
         if sample and generator is not None:
             torch.manual_seed(generator.initial_seed())  # generate() draws from the global RNG
-        stamps = _Stamps()
+        stamps = Stamps()
         stops = sorted(settings.stop_ids)
         t0 = time.perf_counter_ns()
         with torch.inference_mode():

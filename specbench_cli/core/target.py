@@ -76,22 +76,26 @@ class StaticKV:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.capacity = 0
-        self.views: list[torch.Tensor] = []  # per layer: [2, kv heads, capacity, head dim]
         self.buffers: list[torch.Tensor] = []
         self.where: list[tuple[int, int]] = []  # per layer: (buffer, index in it)
+
+    def layer(self, i: int) -> torch.Tensor:
+        """Layer i's [2, kv heads, capacity, head dim] view (indexed on every call, so a compiled graph
+        reading it mutates its static input, the buffer, in place)."""
+        g, j = self.where[i]
+        return self.buffers[g][j]
 
     def ensure(self, needed: int, keep: int = 0) -> bool:
         """Make room for `needed` slots (rounded up to 256), keeping the first `keep`; True if it reallocated."""
         if needed <= self.capacity:
             return False
-        old = self.views
+        old = [self.layer(i) for i in range(len(self.where))]
         self.capacity = -(-needed // 256) * 256
-        self.views, self.buffers = [], []
+        self.buffers = []
         layers = self.model.model.layers
         groups: dict[torch.device, list[int]] = {}
         for i, block in enumerate(layers):
             groups.setdefault(block.self_attn.k_proj.weight.device, []).append(i)
-        views: dict[int, torch.Tensor] = {}
         where: dict[int, tuple[int, int]] = {}
         for device, members in groups.items():
             attn = layers[members[0]].self_attn
@@ -100,12 +104,10 @@ class StaticKV:
                               device=device)
             torch._dynamo.mark_static_address(buf)  # CUDA graphs update it in place instead of copying it
             self.buffers.append(buf)
-            views.update({i: buf[j] for j, i in enumerate(members)})
             where.update({i: (len(self.buffers) - 1, j) for j, i in enumerate(members)})
-        self.views = [views[i] for i in range(len(layers))]
         self.where = [where[i] for i in range(len(layers))]
-        for new, previous in zip(self.views, old):
-            new[:, :, :keep] = previous[:, :, :keep]
+        for i, previous in enumerate(old):
+            self.layer(i)[:, :, :keep] = previous[:, :, :keep]
         return True
 
     @torch.no_grad()
@@ -181,14 +183,15 @@ class Target:
         self._root_cached = False
         r, n = self.offset, len(ids)
         self._grow(r + n + room)
-        for layer, (k, v) in zip(self.kv.views, self.reserved or []):
+        for i, (k, v) in enumerate(self.reserved or []):
+            layer = self.kv.layer(i)
             layer[0, :, :r] = k.to(layer)
             layer[1, :, :r] = v.to(layer)
         self.length = 0
-        causal = not r  # with reserved entries the prompt must not see them: a mask, not plain causality
-        block = torch.ones(1, 1, dtype=torch.bool) if causal else torch.ones(n, n, dtype=torch.bool).tril()
-        hidden = self._eager(torch.tensor(ids, device=self.device), torch.arange(n, device=self.device), block,
-                             torch.zeros(n, dtype=torch.bool), causal=causal)
+        # with reserved entries the prompt must not see them: a mask; without, plain causality (block None)
+        block = torch.ones(n, n, dtype=torch.bool).tril() if r else None
+        embeds = self.model.get_input_embeddings()(torch.tensor(ids, device=self.device))
+        hidden = self._eager(embeds, torch.arange(n, device=self.device), block, torch.zeros(n, dtype=torch.bool))
         self.length = n
         self.forwards += 1
         return self._head(hidden[-1:])[0]
@@ -268,16 +271,14 @@ class Target:
             return self._head(hidden[:n]), hidden
         return self._run_compiled(embeds, positions, block, sees_reserved, n)
 
-    def _eager(self, embeds_or_ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
-               sees_reserved: torch.Tensor, causal: bool = False) -> torch.Tensor:
-        """`causal`: the rows are the whole cache (a prefill without reserved entries), so plain causal
+    def _eager(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor | None,
+               sees_reserved: torch.Tensor) -> torch.Tensor:
+        """`block` None: the rows are the whole cache (a prefill without reserved entries), so plain causal
         attention replaces the mask and no [n, n] mask or score matrix is built for a long prompt."""
-        embeds = embeds_or_ids
-        if embeds.dtype in (torch.int64, torch.int32):
-            embeds = self.model.get_input_embeddings()(embeds)
         base = self.offset + self.length
-        hidden, captured = self._layers(embeds, positions, block.to(self.device), sees_reserved.to(self.device),
-                                        torch.tensor(base, device=self.device), base + embeds.shape[0], causal)
+        block = None if block is None else block.to(self.device)
+        hidden, captured = self._layers(embeds, positions, block, sees_reserved.to(self.device),
+                                        torch.tensor(base, device=self.device), base + embeds.shape[0])
         self.captured = dict(zip(self._capture, captured))
         return hidden
 
@@ -285,15 +286,15 @@ class Target:
         head = self.model.get_output_embeddings()
         return head(hidden.to(head.weight.device))
 
-    def _layers(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor, sees_reserved: torch.Tensor,
-                base: torch.Tensor, kv_len: int, causal: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _layers(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor | None,
+                sees_reserved: torch.Tensor, base: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The decoder over rows written at slots base.. ; attention spans cache slots [0, kv_len).
 
         Row i may see slot c if c is a committed prefix slot, or a reserved slot and row i sees reserved
-        entries, or c = base + j with block[i, j]."""
+        entries, or c = base + j with block[i, j]; no block: plain causal attention over the rows."""
         base_model = self.model.model
         rows, device = embeds.shape[0], embeds.device
-        mask = None if causal else self._visibility(block, sees_reserved, base, kv_len)
+        mask = None if block is None else self._visibility(block, sees_reserved, base, kv_len)
         slots = base + torch.arange(rows, device=device)
         h = embeds[None].to(self._dtype)
         cos, sin = base_model.rotary_emb(h, positions[None])
@@ -303,9 +304,8 @@ class Target:
                 dev = self._layer_devices[i]
                 h, cos, sin, slots = (t.to(dev) for t in (h, cos, sin, slots))
                 mask = None if mask is None else mask.to(dev)
-            g, j = self.kv.where[i]  # index the buffer here: a compiled graph then mutates its static input in place
             h = h + self._attention(block_module.self_attn, block_module.input_layernorm(h), cos, sin, mask, slots,
-                                    self.kv.buffers[g][j][:, :, :kv_len])
+                                    self.kv.layer(i)[:, :, :kv_len])
             h = h + block_module.mlp(block_module.post_attention_layernorm(h))
             if i in self._capture:
                 captured.append(h[0])

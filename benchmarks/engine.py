@@ -36,7 +36,8 @@ from specbench_cli.core.target import Target
 from specbench_cli.core.tree import DraftTree
 from specbench_cli.core.turn import DecodeSettings
 from specbench_cli.hardware import copy_bandwidth, weight_bytes
-from specbench_cli.models import MODELS, load_model, resolve_dtype
+from specbench_cli.loading import load_model, resolve_dtype
+from specbench_cli.models import MODELS
 
 NS = (1, 2, 4, 8, 16, 32, 64)
 

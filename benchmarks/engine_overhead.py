@@ -19,7 +19,8 @@ from rich.table import Table
 
 from specbench_cli.metrics import summarise
 from specbench_cli.records import read_table
-from specbench_cli.runner import RunConfig, execute, plan
+from specbench_cli.inputs import RunConfig
+from specbench_cli.runner import execute, plan
 
 METHODS = ("baseline", "hf-generate", "suffix", "pld")
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from specbench_cli.core.method import DecodeState
-from methods.checkpoints import Checkpoint, CheckpointError, locate_file
+from methods.checkpoints import Checkpoint, locate_file
 from methods.eagle3 import Eagle3Draft, append_kv
 from methods.features import FeatureDrafter
 from methods.layers import causal_mask
@@ -40,6 +40,9 @@ class SearchParams:
     ngram_weight: float = 0.5
     level_decay: float = 0.7  # level_weight(l) = (l+1)^-0.7
     logit_decay: float = 0.9  # logit_weight(l) = 0.9^l
+    # --opt ranges, checked before any model loads: (low, high), None = unbounded.
+    RANGES = {"top_k": (1, 1024), "beam_width": (1, 1024), "total": (1, 1024), "ngram_weight": (0, None),
+              "level_decay": (0, None), "logit_decay": (0, 1)}
 
 
 def search(tokens: np.ndarray, probs: np.ndarray, trie: Trie | None, preceding: list[int], eos: frozenset[int],
@@ -101,8 +104,6 @@ class Dart(FeatureDrafter):
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
-        if options.top_k < 1 or options.beam_width < 1 or options.total < 1:
-            raise CheckpointError("dart needs top_k, beam_width and total >= 1")
         self.draft = Eagle3Draft.load(Checkpoint.read(self.drafter_ref("dart"), "dart"), model.model, dart=True)
         self.capture = self.draft.config.capture
         self.trie = None if options.trie == "none" else load_trie(self.drafter_ref("dart_ngram"), options.trie)

@@ -10,8 +10,12 @@ Reference: z-lab/dflash `dflash/model.py` (`DFlashDraftModel`, `dflash_generate`
   block:   [last verified token, mask × (block_size − 1)], embedded with the TARGET's embedding; attention
            is non-causal over context + block; logits come from the TARGET's lm_head. Position j of the block
            predicts its own token (no shift), so one forward drafts block_size − 1 tokens as a chain.
-At temperature 0 the drafts are the argmax; above it they are sampled and verified with their
-probabilities (standard speculative sampling), as the reference does.
+At temperature 0 the drafts are the argmax. Above it the default (`sampling=argmax`) is the reference's
+scheme (z-lab/dflash main, `dflash_generate` at 44947fb: the block is the draft's argmax, and a draft token
+is accepted while it equals the token the target samples there): the engine's rejection sampling with a
+point-mass draft accepts token x with probability p(x) and otherwise draws from p without x, which is the
+same distribution of accepted lengths and outputs. `sampling=sample` instead samples the block from the
+draft's tempered distribution and verifies it with standard speculative sampling (Leviathan et al.).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specbench_cli.core.errors import UsageError
 from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, CheckpointError
 from methods.eagle3 import append_kv
@@ -199,6 +204,15 @@ class DFlash(FeatureDrafter):
     @dataclass
     class Options:
         block_size: int = 0  # 0 = the checkpoint's block_size (16 for the z-lab Qwen3 drafters)
+        sampling: str = "argmax"  # at T > 0: "argmax" drafts (the reference's scheme) or "sample" (SpS drafts)
+        RANGES = {"block_size": (0, 256)}  # --opt ranges, checked before any model loads (1 drafts nothing)
+        DEFAULT_TEXT = {"block_size": "from the checkpoint"}  # how run --list shows a default that is a stand-in
+
+        def __post_init__(self) -> None:
+            if self.block_size == 1:
+                raise UsageError("dflash block_size=1 drafts nothing: use 0 (the checkpoint's) or >= 2")
+            if self.sampling not in ("argmax", "sample"):
+                raise UsageError(f"dflash sampling='{self.sampling}': choose argmax (the reference's) or sample")
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
@@ -233,8 +247,8 @@ class DFlash(FeatureDrafter):
         hidden = self.draft.block(block, state.target.length, self.ctx_kv)
         with state.timed("draft_head"):
             logits = self.draft.logits(hidden[1:])
-        if state.temperature <= 0:
-            return DraftTree.chain(logits.argmax(-1).tolist())
+        if state.temperature <= 0 or self.options.sampling == "argmax":
+            return DraftTree.chain(logits.argmax(-1).tolist())  # a point mass each: see the module docstring
         probs = torch.softmax(logits / state.temperature, dim=-1)
         tokens = torch.multinomial(probs, 1, generator=state.generator)[:, 0]
         return DraftTree.chain(tokens.tolist(), draft_probs=probs)

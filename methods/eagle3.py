@@ -326,11 +326,11 @@ class Eagle3(FeatureDrafter):
         depth: int = 8
         top_k: int = 10
         total_token: int = 60
+        # --opt ranges, checked before any model loads: (low, high), None = unbounded.
+        RANGES = {"depth": (0, 64), "top_k": (1, 256), "total_token": (2, 1024)}
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
-        if options.top_k < 1 or options.depth < 0 or options.total_token < 2:
-            raise CheckpointError(f"{self.name} needs top_k >= 1, depth >= 0 and total_token >= 2")
         self.checkpoint = Checkpoint.read(self.drafter_ref(self.name), self.name)
         self.draft = Eagle3Draft.load(self.checkpoint, model.model, extra_tensors=self.extra_tensors)
         self.capture = self.draft.config.capture

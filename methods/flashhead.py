@@ -173,6 +173,8 @@ class FlashHead(SpS):
     class Options(SpS.Options):
         n_probes: int = 0  # 0 = the assets' n_probes (the released default is clusters / 16)
         cluster_size: int = 16  # tokens per cluster when assets are built (the paper's README example)
+        RANGES = {**SpS.Options.RANGES, "n_probes": (0, None), "cluster_size": (1, None)}
+        DEFAULT_TEXT = {"n_probes": "from the assets"}
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)

@@ -124,6 +124,8 @@ class HybridVerified(Method):
         total_token: int = 32
         threshold: float = math.nan  # τ; NaN = the method's default (hvd: the calibration card's, 6)
         lazy_catchup: bool = True
+        RANGES = {**SpecParams.RANGES, **Eagle3.Options.RANGES, "threshold": (0, None)}  # checked before loading
+        DEFAULT_TEXT = {"threshold": "calibrated (hvd) / depth (hvd-freq)"}
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specbench_cli.core.errors import UsageError
 from specbench_cli.core.method import DecodeState, Method
 from specbench_cli.core.tree import DraftTree
 
@@ -22,6 +23,11 @@ class PromptLookup(Method):
         max_ngram: int = 3
         min_ngram: int = 1
         num_pred_tokens: int = 10
+        RANGES = {"max_ngram": (1, 64), "min_ngram": (1, 64), "num_pred_tokens": (1, 256)}  # checked before loading
+
+        def __post_init__(self) -> None:
+            if self.min_ngram > self.max_ngram:
+                raise UsageError(f"pld min_ngram={self.min_ngram} is above max_ngram={self.max_ngram}")
 
     def propose(self, state: DecodeState) -> DraftTree:
         return DraftTree.chain(lookup(state.tokens, self.options.max_ngram, self.options.min_ngram,

@@ -72,11 +72,10 @@ class SpS(Method):
         # Deferred final-token verification (FlashHead thesis §3.6.2): the round's last token is the root of
         # the next verify batch. false = the naive variant, a separate one-token target forward per round.
         deferred: bool = True
+        RANGES = {"k": (1, 64)}  # --opt ranges, checked before any model loads
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
-        if options.k < 1:
-            raise CheckpointError("sps needs k >= 1")
         self.draft = load_draft_model(self.drafter_ref("sps"), model.model, "sps")
         self.vocab = model.model.config.vocab_size
         self.cache: DynamicCache | None = None

@@ -79,6 +79,10 @@ class SpecParams:
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.1
     tree: bool = True
+    # --opt ranges, checked before any model loads: (low, high), None = unbounded. Offsets may be negative
+    # (ArcticInference's max_spec_offset); a factor past 64 or a depth past 1024 no longer limits anything.
+    RANGES = {"max_depth": (1, 1024), "max_spec_tokens": (1, 1024), "max_spec_factor": (0, 64),
+              "max_spec_offset": (-1024, 1024), "min_token_prob": (0, 1)}
 
     def cap(self, match_len: int) -> int:
         """Draft tokens allowed for a match of this length; a tree path cannot go below max_depth."""

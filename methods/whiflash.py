@@ -51,6 +51,12 @@ class WhiFlash(Method):
         threshold: float = math.nan  # τ; NaN = the calibrated value (per category for the entropy policy)
         lazy_catchup: bool = True
         kv_only: bool = True
+        # The neural policy's threshold is a predicted ΔAL, which may be negative.
+        RANGES = {**Eagle3.Options.RANGES, **DFlash.Options.RANGES, "threshold": (None, None)}
+        DEFAULT_TEXT = {**DFlash.Options.DEFAULT_TEXT, "threshold": "calibrated"}
+
+        def __post_init__(self) -> None:
+            DFlash.Options(self.block_size)  # DFlash's own rule for its block
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)

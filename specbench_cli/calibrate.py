@@ -38,6 +38,7 @@ import torch
 from rich.console import Console
 
 from specbench_cli.core.errors import UsageError
+from specbench_cli.metrics import tau
 
 TABLE2_THRESHOLDS = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # WhiFlash Table 2's τ_neural sweep
 # x-axis labels of the sensitivity plots
@@ -101,7 +102,7 @@ def throughput(turns: list[tuple[np.ndarray, np.ndarray, np.ndarray]], lat: Late
     for al_e, al_d, use in turns:
         a, b, c = simulate(al_e, al_d, use, lat)
         tokens, rounds, ms = tokens + a, rounds + b, ms + c
-    return tokens / (ms / 1e3) if ms else 0.0, tokens / max(rounds, 1)
+    return tokens / (ms / 1e3) if ms else 0.0, tau(tokens, rounds)
 
 
 def accepted_wide(oracle_dir: Path) -> pd.DataFrame:
@@ -291,8 +292,9 @@ def measure(config: CalibrateConfig, prompts_file: Path, console: Console, other
     drafters' rounds and EAGLE-3's catch-up on this machine (cached in <work>/latency.json)."""
     from methods.eagle3 import Eagle3
     from specbench_cli import oracle_run
-    from specbench_cli.models import get_model_spec, load_model, resolve_device, resolve_dtype
-    from specbench_cli.runner import RunConfig
+    from specbench_cli.loading import load_model, resolve_device, resolve_dtype
+    from specbench_cli.models import get_model_spec
+    from specbench_cli.inputs import RunConfig
 
     oracle_dir = config.work / "oracle"
     oracle_run.execute(oracle_run.OracleConfig(["eagle3", other], RunConfig(
@@ -312,7 +314,8 @@ def measure(config: CalibrateConfig, prompts_file: Path, console: Console, other
 def live_run(config: CalibrateConfig, prompts_file: Path, method: str, out: Path, opts: list[str], console: Console,
              categories: list[str] | None = None, warmup: int = 1) -> Path:
     """A short real decode (2 prompts, ≤ 96 tokens) of the calibration prompts; resumed if it exists."""
-    from specbench_cli.runner import RunConfig, execute, plan
+    from specbench_cli.inputs import RunConfig
+    from specbench_cli.runner import execute, plan
 
     execute(plan(RunConfig(method=method, model=config.model, dataset=str(prompts_file), categories=categories or [],
                            limit=2, max_new_tokens=min(config.max_new_tokens, 96), warmup=warmup, opts=opts, out=out,

@@ -33,6 +33,7 @@ from rich.console import Console
 
 from specbench_cli.calibrate import (CalibrateConfig, Latency, accepted_wide, calibration_prompts, card, fit,
                                      held_out, measure, round_starts, simulate, write_artifact, write_prompts)
+from specbench_cli.metrics import tau
 
 PAYOFF = 6.0  # HVD's τ: verify the cache draft when ŷ ≥ 6; also Table 2's "high payoff" line y ≥ 6
 THRESHOLDS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0)  # the sensitivity sweep of τ
@@ -130,7 +131,7 @@ def simulated(turns: list[CacheTurn], classes: np.ndarray, decide: Decide, lat: 
         tokens, rounds, ms = tokens + n, rounds + r, ms + t_ms
         cache_rounds += sum(not eagle3 for _, eagle3 in round_starts(turn.al_e, turn.al_s, ~chose))
     return {"tokens_per_s": tokens / (ms / 1e3) if ms else 0.0, "cycles_per_1k": 1e3 * rounds / max(tokens, 1),
-            "tau": tokens / max(rounds, 1), "cache_share": cache_rounds / max(rounds, 1),
+            "tau": tau(tokens, rounds), "cache_share": cache_rounds / max(rounds, 1),
             "eagle3_share": 1 - cache_rounds / max(rounds, 1)}
 
 
@@ -139,7 +140,8 @@ def token_table(model_name: str) -> np.ndarray:
     from transformers import AutoConfig, AutoTokenizer
 
     from methods.hvd import token_classes
-    from specbench_cli.models import checkpoint_location, get_model_spec
+    from specbench_cli.loading import checkpoint_location
+    from specbench_cli.models import get_model_spec
 
     where = checkpoint_location(get_model_spec(model_name))
     return token_classes(AutoTokenizer.from_pretrained(where), int(AutoConfig.from_pretrained(where).vocab_size))

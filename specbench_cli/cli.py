@@ -20,14 +20,14 @@ err_console = Console(stderr=True)
 
 
 def fail(message: str) -> None:
-    err_console.print(f"error: {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"error: {message}", highlight=False, soft_wrap=True, markup=False)
     raise typer.Exit(2)
 
 
 # Options `run` and `profile` share (one declaration, one help text).
 Method = Annotated[str, typer.Option(help="Decoding method (see run --list).")]
 Model = Annotated[str, typer.Option(help="Registered model name (see run --list); with --target, any new name.")]
-Dataset = Annotated[str, typer.Option(help="Registered dataset name (see run --list) or a path to a .jsonl file.")]
+Dataset = Annotated[str, typer.Option(help="Registered dataset name (see run --list), a path to a .jsonl file, or speed-bench:PATH (a SPEED-Bench folder prepared by its prepare_data.py).")]
 Categories = Annotated[Optional[list[str]], typer.Option("--category", "--subtask", help="Keep only these categories or subtasks (repeatable).")]
 Temperature = Annotated[float, typer.Option(help="0 = greedy; > 0 samples, with lossless rejection sampling.")]
 Seed = Annotated[int, typer.Option(help="Base seed; each prompt and turn derives its own.")]
@@ -70,7 +70,7 @@ def run(
     if list_:
         show_lists()
         return
-    from specbench_cli.runner import RunConfig
+    from specbench_cli.inputs import RunConfig
 
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        shard=shard, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
@@ -81,19 +81,28 @@ def run(
 
 def _execute(config, threads: int | None) -> Path:
     """Plan and execute a run; bad input and Ctrl-C end the way every command ends them."""
-    from specbench_cli.runner import execute, plan
+    from specbench_cli.inputs import at_least, check_run
 
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
     try:
+        at_least("--threads", threads, 1)
+        check_run(config, dict(os.environ))  # answers bad input before torch is imported
+        from specbench_cli.runner import execute, plan
+
+        use_threads(threads)
         return execute(plan(config, dict(os.environ)), console)
     except UsageError as err:
         fail(str(err))
     except KeyboardInterrupt:
         err_console.print("interrupted: finished prompts are kept; continue with --resume")
         raise typer.Exit(130)
+
+
+def use_threads(threads: int | None) -> None:
+    """--threads (checked >= 1 by each command before anything heavy): torch's intra-op CPU threads."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 @app.command()
@@ -126,8 +135,8 @@ def profile(
 ) -> None:
     """Where the time goes: per-phase round breakdown (--phases) or component microbenchmarks (--component head).
     Every profile writes Parquet, a Markdown/CSV/LaTeX table and a PNG/PDF plot, and names its clock."""
-    from specbench_cli import profile as prof
-    from specbench_cli.runner import RunConfig
+    from specbench_cli.datasets import dataset_slug
+    from specbench_cli.inputs import RunConfig, at_least
 
     chosen = [name for name, on in (("--phases", phases), ("--component", component), ("--switching", switching)) if on]
     if len(chosen) != 1:
@@ -138,15 +147,28 @@ def profile(
         fail(f"unknown --component '{component}' (choose: head)")
     if component == "head" and method != "flashhead":
         fail("--component head compares the dense head with FlashHead: use --method flashhead")
+    try:
+        at_least("--threads", threads, 1)
+        at_least("--reps", reps, 1)
+        at_least("--warmup-reps", warmup_reps, 0)
+        for length in (*(kv_lens or ()), *(backlogs or ())):
+            at_least("--kv-len and --backlog", length, 1)
+    except UsageError as err:
+        fail(str(err))
     suffix = "_head" if component else "_switching" if switching else ""
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,
                        warmup=warmup, opts=opt or [], target=target, drafters=drafter or [], compile=compile,
-                       compile_buckets=compile_buckets, out=out or Path("results") / "profile" / f"{model}_{Path(dataset).stem}_{method}{suffix}")
+                       compile_buckets=compile_buckets, out=out or Path("results") / "profile" / f"{model}_{dataset_slug(dataset)}_{method}{suffix}")
     try:
         if phases:
-            written = prof.phases(_execute(config, threads), console)
+            run_dir = _execute(config, threads)
+            from specbench_cli import profile as prof
+
+            written = prof.phases(run_dir, console)
         else:
+            from specbench_cli import profile as prof
+
             written = _component_profile(config, threads, reps, warmup_reps, "switching" if switching else "head",
                                          kv_lens or list(prof.SWITCH_KV), backlogs or list(prof.SWITCH_BACKLOG))
     except UsageError as err:
@@ -159,36 +181,34 @@ def _component_profile(config, threads: int | None, reps: int, warmup_reps: int,
     """--component head (dense vs FlashHead) or --switching (WhiFlash catch-up cost) on the loaded method."""
     from specbench_cli import plots
     from specbench_cli import profile as prof
-    from specbench_cli.models import load_model
+    from specbench_cli.folders import claim
+    from specbench_cli.loading import load_model
     from specbench_cli.runner import Runner, plan, progress_bar
     from specbench_cli.tables import Table
 
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
+    use_threads(threads)
     checked = plan(config, dict(os.environ))
-    loaded = load_model(checked.spec, checked.device, checked.dtype, config.device == "split")
-    runner = Runner(checked, loaded)
-    header = f"({{clock}} clock, {reps} reps after {warmup_reps} warm-up"
-    if what == "head":
-        ids = loaded.encode_chat([{"role": "user", "content": checked.prompts[0].turns[0]}])
-        frame, clock = prof.head_benchmark(runner.method, runner.target, ids, reps, warmup_reps)
-        title = f"flashhead · {config.model}: dense head vs FlashHead {header}; FlashHead thesis Tables 4.1-4.4)"
-        figure = plots.head_bars
-    else:
-        with progress_bar(console) as bar:
-            task = bar.add_task("switching sweep", total=len(kv_lens) * len(backlogs), stats="")
-            frame, clock = prof.switching_sweep(runner.method, runner.target, kv_lens, backlogs, reps, warmup_reps,
-                                                lambda: bar.update(task, advance=1))
-        title = f"{config.method} · {config.model}: catch-up cost of a switch {header}; WhiFlash Table 4/12)"
-        figure = plots.switching
-    table = Table(what, title.format(clock=clock), frame)
-    console.print(table.rich())
-    checked.out.mkdir(parents=True)
-    frame.to_parquet(checked.out / f"{what}.parquet")
-    return [*table.write(checked.out), checked.out / f"{what}.parquet",
-            *plots.save(figure(frame, clock), checked.out, what)]
+    with claim(checked.out, resume=False, note=console.print):
+        loaded = load_model(checked.spec, checked.device, checked.dtype, config.device == "split")
+        runner = Runner(checked, loaded)
+        header = f"({{clock}} clock, {reps} reps after {warmup_reps} warm-up"
+        if what == "head":
+            ids = loaded.encode_chat([{"role": "user", "content": checked.prompts[0].turns[0]}])
+            frame, clock = prof.head_benchmark(runner.method, runner.target, ids, reps, warmup_reps)
+            title = f"flashhead · {config.model}: dense head vs FlashHead {header}; FlashHead thesis Tables 4.1-4.4)"
+            figure = plots.head_bars
+        else:
+            with progress_bar(console) as bar:
+                task = bar.add_task("switching sweep", total=len(kv_lens) * len(backlogs), stats="")
+                frame, clock = prof.switching_sweep(runner.method, runner.target, kv_lens, backlogs, reps, warmup_reps,
+                                                    lambda: bar.update(task, advance=1))
+            title = f"{config.method} · {config.model}: catch-up cost of a switch {header}; WhiFlash Table 4/12)"
+            figure = plots.switching
+        table = Table(what, title.format(clock=clock), frame)
+        console.print(table.rich())
+        frame.to_parquet(checked.out / f"{what}.parquet")
+        return [*table.write(checked.out), checked.out / f"{what}.parquet",
+                *plots.save(figure(frame, clock), checked.out, what)]
 
 
 @app.command("train-drafter")
@@ -216,24 +236,35 @@ def train_drafter(
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")] = None,
 ) -> None:
     """Train a drafter for a target on its own answers to datasets/train prompts (self-distillation)."""
-    import torch
-
-    from methods.dflash import default_capture as dflash_layers
-    from methods.eagle3 import default_capture as eagle3_layers
-    from specbench_cli import distill
-    from specbench_cli.models import cache_root, get_model_spec, load_model, resolve_device, resolve_dtype
-    from specbench_cli.runner import progress_bar
+    from specbench_cli.inputs import at_least
+    from specbench_cli.models import get_model_spec
     from specbench_cli.recipes import recipe_class
-    from specbench_cli.train_drafter import TrainSettings, command_line, train
 
     try:
         recipe = recipe_class(method)  # an unknown method fails here, before anything loads
         spec = get_model_spec(model)
-        out = out or Path("drafters") / model / method
-        if out.exists() and not resume:
-            raise UsageError(f"{out} exists; pass --resume to continue its training or --out for a new folder")
-        if threads:
-            torch.set_num_threads(threads)
+        for option, value, low in (("--threads", threads, 1), ("--prompts", prompts, 1), ("--steps", steps, 1),
+                                   ("--max-new-tokens", max_new_tokens, 1), ("--batch-size", batch_size, 1),
+                                   ("--ttt", ttt, 1), ("--draft-vocab", draft_vocab, 1), ("--anchors", anchors, 1),
+                                   ("--intermediate", intermediate, 1), ("--draft-layers", draft_layers, 0),
+                                   ("--block-size", block_size, 2), ("--slots", slots, 1)):
+            at_least(option, value, low)
+        if not (lr > 0 and gamma > 0):
+            raise UsageError(f"--lr and --gamma must be > 0 (got {lr:g}, {gamma:g})")
+        out = _training_folder(out or Path("drafters") / model / method, resume)
+    except UsageError as err:
+        fail(str(err))
+    import torch
+
+    from methods.dflash import default_capture as dflash_layers
+    from methods.eagle3 import default_capture as eagle3_layers
+    from specbench_cli.loading import load_model, resolve_device, resolve_dtype
+    from specbench_cli.models import cache_root
+    from specbench_cli.runner import progress_bar
+    from specbench_cli.train_drafter import TrainSettings, command_line, train
+
+    try:
+        use_threads(threads)
         # Gradients that travel back through a frozen target (ConFu) become denormal floats, which x86 CPUs
         # handle ~10x slower; flushing them to zero changes nothing a drafter learns.
         torch.set_flush_denormal(True)
@@ -243,16 +274,7 @@ def train_drafter(
         L = loaded.model.config.num_hidden_layers
         layers = sorted(set(eagle3_layers(L)) | set(dflash_layers(L)))  # one corpus serves both
         with progress_bar(console) as bar:
-            if (folder / "corpus.json").exists():
-                data = distill.Corpus.load(folder)
-            else:
-                task = bar.add_task("answering training prompts", total=prompts, stats="")
-                texts = distill.training_prompts(prompts, seed)
-                data = distill.build(loaded, texts, folder, layers, max_new_tokens, batch_size,
-                                     lambda n: bar.update(task, advance=n))
-            if recipe.needs_topk and not data.has_topk:
-                task = bar.add_task("target top-k distributions", total=len(data.sequences), stats="")
-                distill.cache_topk(loaded.model, data, progress=lambda n: bar.update(task, advance=n))
+            data = _corpus(loaded, folder, layers, prompts, max_new_tokens, batch_size, seed, recipe.needs_topk, bar)
             settings = TrainSettings(method=method, steps=steps, lr=lr, ttt=ttt, draft_vocab=draft_vocab,
                                      intermediate=intermediate, draft_layers=draft_layers, block_size=block_size,
                                      anchors=anchors, slots=slots, gamma=gamma, seed=seed,
@@ -268,6 +290,33 @@ def train_drafter(
                       f"held-out top-1 per position: {card['heldout_top1_per_position']}")
     except UsageError as err:
         fail(str(err))
+
+
+def _training_folder(out: Path, resume: bool) -> Path:
+    if out.exists() and not resume:
+        raise UsageError(f"{out} exists; pass --resume to continue its training or --out for a new folder")
+    if resume and not out.is_dir():
+        raise UsageError(f"--resume: no training to continue at {out}")
+    return out
+
+
+def _corpus(loaded, folder: Path, layers: list[int], prompts: int, max_new_tokens: int, batch_size: int, seed: int,
+            needs_topk: bool, bar):
+    """The self-distillation corpus in `folder`: loaded if built before, else the target answers the training
+    prompts; with the target's top-k distributions added when the recipe needs them."""
+    from specbench_cli import distill
+
+    if (folder / "corpus.json").exists():
+        data = distill.Corpus.load(folder)
+    else:
+        task = bar.add_task("answering training prompts", total=prompts, stats="")
+        texts = distill.training_prompts(prompts, seed)
+        data = distill.build(loaded, texts, folder, layers, max_new_tokens, batch_size,
+                             lambda n: bar.update(task, advance=n))
+    if needs_topk and not data.has_topk:
+        task = bar.add_task("target top-k distributions", total=len(data.sequences), stats="")
+        distill.cache_topk(loaded.model, data, progress=lambda n: bar.update(task, advance=n))
+    return data
 
 
 @app.command()
@@ -292,24 +341,24 @@ def oracle(
 ) -> None:
     """Trace replay: one greedy trace per prompt, and for every position and drafter the tokens that drafter
     would have accepted there; static, Oracle-Task, Oracle-Prompt and Oracle-Token τ (WhiFlash §4)."""
-    from specbench_cli import oracle_run
-    from specbench_cli import report as rep
-    from specbench_cli.results import load
-    from specbench_cli.runner import RunConfig
+    from specbench_cli.inputs import RunConfig, at_least
 
     run_config = RunConfig(model=model, dataset=dataset, categories=category or [], limit=limit,
                            max_new_tokens=max_new_tokens, dtype=dtype, device=device, warmup=warmup, out=out,
                            resume=resume, target=target, drafters=drafter or [], compile=compile,
                            compile_buckets=compile_buckets)
-    config = oracle_run.OracleConfig([d.strip() for d in drafters.split(",") if d.strip()], run_config, opt or [])
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
     try:
+        at_least("--threads", threads, 1)
+        from specbench_cli import oracle_run
+
+        config = oracle_run.OracleConfig([d.strip() for d in drafters.split(",") if d.strip()], run_config, opt or [])
+        use_threads(threads)
         folder = oracle_run.execute(config, console)
     except UsageError as err:
         fail(str(err))
+    from specbench_cli import report as rep
+    from specbench_cli.results import load
+
     for table in rep.oracle_tables(load([folder])):
         console.print(table.rich())
         table.write(folder)
@@ -333,22 +382,23 @@ def calibrate(
     """Calibrate a router from trace replay and latencies measured on this machine; writes an artifact that
     `run` loads automatically (config.json card, router.safetensors or predictor.safetensors, sweep.csv)."""
     from specbench_cli import calibrate as cal
+    from specbench_cli.inputs import at_least
 
     try:
         cal.check_method(method)
         from specbench_cli.models import get_model_spec
 
         get_model_spec(model)
+        for option, value, low in (("--prompts", prompts, 1), ("--max-new-tokens", max_new_tokens, 1),
+                                   ("--steps", steps, 1), ("--confirm", confirm, 0), ("--threads", threads, 1)):
+            at_least(option, value, low)
         folder = out or Path("drafters") / model / method
         if folder.exists() and not overwrite:
             raise UsageError(f"{folder} exists; pass --overwrite to replace the calibration or --out for another folder")
         config = cal.CalibrateConfig(method, model, dataset, prompts or (4 if method == "whiflash-entropy" else 96),
                                      max_new_tokens, steps, confirm,
                                      work or Path("results") / f"calibrate_{model}_{method}", folder)
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
+        use_threads(threads)
         if method == "whiflash-entropy":
             result = cal.calibrate_entropy(config, console)
             console.print(f"τ_entropy overall {result['threshold']:.3f}; per category "
@@ -380,18 +430,34 @@ def report(
     along: Annotated[Optional[list[str]], typer.Option(help="Methods (labels as in the tables) for the τ-along-the-response plot (repeatable). Default: the first two drafting methods.")] = None,
     plots: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
     classify: Annotated[bool, typer.Option(help="Classify each temperature-0 divergence from the baseline as a numeric tie of the run's dtype or a mismatch, by recomputing the target's logits there in float32 on the CPU (loads each target once; a mismatch fails --compare).")] = True,
+    expect: Annotated[Optional[Path], typer.Option(help="Published values to reproduce (TOML [[expect]] entries, e.g. benchmarks/parity/*.toml): exit 1 naming every τ or per-position rate outside its stated tolerance, or with no matching run.")] = None,
 ) -> None:
     """Tables and plots from results directories: τ, per-position acceptance, tokens/s, TTFT, speedup per
-    subtask and category, lossless check, oracle rows, phases, environment; optional regression gate."""
+    subtask and category, lossless check, oracle rows, phases, environment; optional regression and parity gates."""
     from specbench_cli import report as rep
+    from specbench_cli.core.errors import unknown
+    from specbench_cli.inputs import at_least
+    from specbench_cli.parity import load_expectations
     from specbench_cli.results import load
 
     try:
-        results = load(results_dirs)
-        reference = load([compare]) if compare else None
+        at_least("--max-regression", max_regression, 0)
         folder = out or results_dirs[0] / "report"
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(f"--out {folder} is a file; name a folder for the report")
         if folder.exists() and any(folder.iterdir()) and not overwrite:
             raise UsageError(f"report folder {folder} exists; pass --overwrite to replace it or --out for another")
+        expectations = load_expectations(expect) if expect else []
+        results = load(results_dirs)
+        reference = load([compare]) if compare else None
+        labels = [g.label for g in results.groups]
+        for label in along or []:
+            if label not in labels:
+                raise unknown("method label for --along", label, labels)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UsageError(f"cannot create report folder {folder}: {err.strerror}") from None
     except UsageError as err:
         fail(str(err))
     from specbench_cli.divergence import run_classifier
@@ -403,13 +469,30 @@ def report(
         table.write(folder)
     written = rep.figures(results, folder, along) if plots else []
     console.print(f"wrote {len(tables)} tables (.md .csv .tex) and {len(written) // 2} figures (.png .pdf) to {folder}")
+    problems = []
     if reference is not None:
-        problems = rep.regressions(results, reference, max_regression, next((t for t in tables if t.name == "lossless"), None))
-        for line in problems:
-            err_console.print(f"regression: {line}", highlight=False, soft_wrap=True)
-        if problems:
-            raise typer.Exit(1)
-        console.print(f"no regression beyond {max_regression:g}% against {compare}")
+        lossless_table = next((t for t in tables if t.name == "lossless"), None)
+        problems += [f"regression: {line}" for line in rep.regressions(results, reference, max_regression, lossless_table)]
+        if not problems:
+            console.print(f"no regression beyond {max_regression:g}% against {compare}")
+    if expectations:
+        problems += _parity(results, expectations, folder)
+    for line in problems:
+        err_console.print(line, highlight=False, soft_wrap=True, markup=False)
+    if problems:
+        raise typer.Exit(1)
+
+
+def _parity(results, expectations, folder: Path) -> list[str]:
+    """--expect: the parity table (terminal and files) and a line per expectation missed or missing."""
+    from specbench_cli.parity import check
+
+    table, problems = check(results, expectations)
+    console.print(table.rich())
+    table.write(folder)
+    if not problems:
+        console.print(f"all {len(expectations)} published values reproduced within their tolerances")
+    return [f"parity: {line}" for line in problems]
 
 
 @app.command()
@@ -428,8 +511,11 @@ def sweep(
     """Expand a (model x dataset x method x option) grid into jobs with stable hashes and run them here, one
     shard of them, or as a Slurm array. Finished jobs are skipped; `specbench report <out>` merges them."""
     from specbench_cli import sweep as sw
+    from specbench_cli.inputs import at_least
 
     try:
+        at_least("--threads", threads, 1)
+        at_least("--shards", shards, 1)
         grid = sw.load(config)
         if list_:
             show_jobs(grid, shards)
@@ -444,10 +530,7 @@ def sweep(
             script.write_text(sw.slurm_script(config, grid, n, concurrency, hours, cpus))
             console.print(f"wrote {script} ({len(grid.jobs)} jobs in {n} array tasks); submit with: sbatch {script}")
             return
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
+        use_threads(threads)
         ran, skipped = sw.run_shard(str(config), shard, console, dict(os.environ))
         console.print(f"sweep {config}: ran {ran} jobs, skipped {skipped} finished ones; results in {grid.out}")
     except UsageError as err:
@@ -460,7 +543,7 @@ def show_jobs(grid, shards: int | None) -> None:
     n = shards or len(grid.jobs)
     t = Table(title=f"{len(grid.jobs)} jobs under {grid.out}")
     for column in ("shard", "hash", "directory", "options", "status"):
-        t.add_column(column)
+        t.add_column(column, overflow="fold")
     for i, job in enumerate(grid.jobs):
         t.add_row(f"{i % n}/{n}", job.hash, job.name(), " ".join(f"{k}={v}" for k, v in job.options) or "—",
                   status(job, grid.out))
@@ -468,34 +551,44 @@ def show_jobs(grid, shards: int | None) -> None:
 
 
 def show_lists() -> None:
+    """Methods, models and datasets: tables on a wide terminal, a plain list where a table would cut ids."""
     import dataclasses
 
     from methods import METHODS, method_class
     from specbench_cli.datasets import DATASETS
     from specbench_cli.models import MODELS
 
-    t = Table(title="methods")
-    for column in ("name", "what", "--drafter names", "--opt defaults"):
-        t.add_column(column)
+    methods = []
     for name, (_, _, about) in METHODS.items():
         cls = method_class(name)
-        opts = dataclasses.fields(cls.Options)
-        drafters = [*cls.drafter_names, *(f"({d}, optional)" for d in cls.optional_drafters)]
-        t.add_row(name, about, " ".join(drafters) or "—", " ".join(f"{f.name}={f.default}" for f in opts) or "—")
-    console.print(t)
-    t = Table(title="models")
-    for column in ("name", "target", "registered drafters", "about"):
-        t.add_column(column)
-    for spec in MODELS.values():
-        drafters = "\n".join(f"{k}: {v}" for k, v in spec.drafters.items()) or "—"
-        t.add_row(spec.name, spec.target, drafters, spec.about)
-    console.print(t)
-    t = Table(title="datasets")
-    t.add_column("name")
-    t.add_column("file")
-    for name, entry in DATASETS.items():
-        t.add_row(name, f"datasets/{entry.path}")
-    console.print(t)
+        shown = getattr(cls.Options, "DEFAULT_TEXT", {})
+        opts = " ".join(f"{f.name}={f.default}" + (f" ({shown[f.name]})" if f.name in shown else "")
+                        for f in dataclasses.fields(cls.Options)) or "—"
+        drafters = " ".join([*cls.drafter_names, *(f"({d}, optional)" for d in cls.optional_drafters)]) or "—"
+        methods.append((name, about, drafters, opts))
+    models = [(m.name, m.target, "\n".join(f"{k}: {v}" for k, v in m.drafters.items()) or "—", m.about)
+              for m in MODELS.values()]
+    datasets = [(name, f"datasets/{entry.path}" + (" (first turns)" if entry.first_turn_only else ""))
+                for name, entry in DATASETS.items()]
+    datasets += [("speed-bench:PATH", "SPEED-Bench as prepared by its prepare_data.py (see README)"),
+                 ("FILE.jsonl", "your own prompts: turns or prompt per line")]
+    sections = (("methods", ("name", "what", "--drafter names", "--opt defaults"), methods),
+                ("models", ("name", "target", "registered drafters", "about"), models),
+                ("datasets", ("name", "file"), datasets))
+    for title, columns, rows in sections:
+        if console.width >= 120:
+            t = Table(title=title)
+            for column in columns:
+                t.add_column(column, overflow="fold")
+            for row in rows:
+                t.add_row(*row)
+            console.print(t)
+            continue
+        console.print(f"{title}:", style="bold")
+        for row in rows:
+            console.print(f"  {row[0]}", style="bold", highlight=False)
+            for column, value in zip(columns[1:], row[1:]):
+                console.print(f"    {column}: " + value.replace("\n", "; "), highlight=False, soft_wrap=True)
 
 
 def main() -> None:

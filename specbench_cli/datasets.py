@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +25,14 @@ AIME_SUFFIX = "\nPlease reason step by step, and put your final answer within \\
 class DatasetFile:
     path: str  # relative to datasets/
     sha256: str  # of the vendored file, as its SOURCE.md gives it
+    first_turn_only: bool = False  # a single-turn view of a multi-turn file (vLLM's MT-Bench regression test)
 
 
 DATASETS: dict[str, DatasetFile] = {
     "spec-bench": DatasetFile("spec_bench/question.jsonl", "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"),
     "mt-bench": DatasetFile("mt_bench/question.jsonl", "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7"),
+    "mt-bench-1turn": DatasetFile("mt_bench/question.jsonl", "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
+                                  first_turn_only=True),
     "aime24": DatasetFile("aime24/test.jsonl", "af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac"),
     "aime25": DatasetFile("aime25/test.jsonl", "b4e273c02d3e7fe1b74b59eae768fc8230bfb0f79539890cb56f4361caac0331"),
 }
@@ -52,45 +56,124 @@ def load_dataset(name: str, base: Path = DATASET_DIR) -> list[Prompt]:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest != entry.sha256:
             raise UsageError(f"dataset '{name}' failed its checksum ({path}: sha256 {digest[:12]}…, expected {entry.sha256[:12]}…)")
-        dataset = name
+    elif name.startswith(SPEED_BENCH):
+        return load_speed_bench(name)
     elif name.endswith(".jsonl"):
         path = Path(name).expanduser()
-        if not path.exists():
-            raise UsageError(f"dataset file not found: {name}")
-        dataset = path.stem
+        if not path.is_file():
+            raise UsageError(f"dataset file not found: {name}" + (" (it is a directory)" if path.is_dir() else ""))
     else:
         raise unknown("dataset", name, DATASETS)
+    dataset = dataset_slug(name)
     rows = _read_jsonl(path)
-    return [_normalise(dataset, row, i) for i, row in enumerate(rows)]
+    if name in DATASETS and DATASETS[name].first_turn_only:
+        rows = [(n, {**row, "turns": row["turns"][:1]}) for n, row in rows]
+    prompts = [_normalise(dataset, row, f"{path}:{n}", i) for i, (n, row) in enumerate(rows)]
+    _check_unique(prompts, path)
+    return prompts
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def dataset_slug(name: str) -> str:
+    """A dataset's name wherever it becomes part of a path or a label: the registered name, or a user file's
+    stem with anything but letters, digits, '.', '_' and '-' replaced (`data/my set.jsonl` -> `my-set`)."""
+    if name in DATASETS:
+        return name
+    if name.startswith(SPEED_BENCH):
+        return f"speed-bench-{_speed_bench_file(name).parent.name}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(name).stem).strip("-.") or "dataset"
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    """(line number, row) for every non-blank line; each row must be a JSON object."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{path}: not UTF-8 text (byte {err.start}); save the file as UTF-8") from None
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as err:
             raise UsageError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise UsageError(f"{path}:{n}: each line must be a JSON object such as {{\"turns\": [\"...\"]}} (got {type(row).__name__})")
+        rows.append((n, row))
     return rows
 
 
-def _normalise(dataset: str, row: dict, index: int) -> Prompt:
+def _normalise(dataset: str, row: dict, where: str, index: int) -> Prompt:
     """Map the four vendored formats (and user files with the same fields) to a `Prompt`."""
-    if dataset.startswith("aime"):
+    if dataset.startswith("aime") and dataset in DATASETS:
         answer = row.get("answer")
         return Prompt(str(row["id"]), dataset, "math", dataset, (row["problem"] + AIME_SUFFIX,),
                       None if answer is None else str(int(str(answer))))
-    turns = row.get("turns") or [row.get(k) for k in ("prompt", "question", "problem") if row.get(k)][:1]
-    if not turns or not all(isinstance(t, str) for t in turns):
-        raise UsageError(f"{dataset} row {index + 1}: needs 'turns' (a list of strings) or a 'prompt' string")
+    turns = row["turns"] if "turns" in row else [row[k] for k in ("prompt", "question", "problem") if k in row][:1]
+    if isinstance(turns, str):
+        raise UsageError(f"{where}: 'turns' must be a list of strings; wrap a single turn in brackets: [\"...\"]")
+    if not turns or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+        raise UsageError(f"{where}: needs 'turns' (a list of strings) or a 'prompt' string")
+    if not all(t.strip() for t in turns):
+        raise UsageError(f"{where}: turn {next(i for i, t in enumerate(turns) if not t.strip()) + 1} is empty")
     category = str(row.get("category", "custom"))
     subtask = "mt_bench" if category in MT_BENCH_CATEGORIES and len(turns) > 1 else category
     ref = row.get("reference")
     reference = json.dumps(ref) if isinstance(ref, list) else ref
     pid = row.get("question_id", row.get("id", index))
     return Prompt(str(pid), dataset, category, subtask, tuple(turns), reference)
+
+
+SPEED_BENCH = "speed-bench:"  # --dataset speed-bench:PATH, a folder prepared by SPEED-Bench's own prepare_data.py
+# The text SPEED-Bench's public rows hold instead of each prompt (NVIDIA/Model-Optimizer specdec_bench
+# datasets/speed.py, TURNS_PLACEHOLDER): the real prompts are assembled from their sources by prepare_data.py.
+SPEED_PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
+SPEED_PREPARE = ("prepare it with NVIDIA/Model-Optimizer's examples/specdec_bench/prepare_data.py --config qualitative "
+                 "(it writes data/speed/<config>/test.parquet) and pass speed-bench:data/speed/qualitative")
+
+
+def load_speed_bench(name: str) -> list[Prompt]:
+    """SPEED-Bench (NVIDIA 2026) as prepared by its own tool: test.parquet with question_id, category,
+    sub_category, turns, source, src_id, difficulty, multiturn. Each category (the qualitative split's 11
+    domains, the throughput splits' entropy tiers) is both category and subtask; multi-turn prompts are
+    decoded turn by turn like MT-Bench, each turn seeing the model's own earlier answers."""
+    import pyarrow.parquet as pq
+
+    path = _speed_bench_file(name)
+    try:
+        rows = pq.read_table(path, columns=["question_id", "category", "turns"]).to_pylist()
+    except Exception as err:  # pyarrow's errors share no base class worth naming
+        raise UsageError(f"{path}: not a prepared SPEED-Bench parquet file ({str(err).splitlines()[0]})") from None
+    dataset = dataset_slug(name)
+    prompts = []
+    for i, row in enumerate(rows):
+        turns = row["turns"] or []
+        if any(isinstance(t, str) and t.startswith(SPEED_PLACEHOLDER) for t in turns):
+            raise UsageError(f"{path} holds SPEED-Bench's placeholders, not its prompts: {SPEED_PREPARE}")
+        prompts.append(_normalise(dataset, {"id": row["question_id"], "category": row["category"], "turns": turns},
+                                  f"{path} row {i + 1}", i))
+    _check_unique(prompts, path)
+    return [p if p.subtask == p.category else Prompt(p.id, p.dataset, p.category, p.category, p.turns) for p in prompts]
+
+
+def _speed_bench_file(name: str) -> Path:
+    """speed-bench:PATH names a config folder (holding test.parquet), a test.parquet file, or the prepared root
+    (holding <config>/test.parquet), whose `qualitative` config is then taken."""
+    path = Path(name[len(SPEED_BENCH):]).expanduser()
+    for candidate in (path, path / "test.parquet", path / "qualitative" / "test.parquet"):
+        if candidate.is_file():
+            return candidate
+    raise UsageError(f"SPEED-Bench data not found at {path}: {SPEED_PREPARE}")
+
+
+def _check_unique(prompts: list[Prompt], path: Path) -> None:
+    """Records are keyed by prompt id: two rows with one id would overwrite each other in a report."""
+    seen: dict[str, int] = {}
+    for i, p in enumerate(prompts):
+        if p.id in seen:
+            raise UsageError(f"{path}: id '{p.id}' appears twice (prompts {seen[p.id] + 1} and {i + 1}; a row without "
+                             f"'id' or 'question_id' is named by its position from 0); ids must be unique")
+        seen[p.id] = i
 
 
 def select(prompts: list[Prompt], categories: list[str] | None, limit: int | None) -> list[Prompt]:
@@ -130,3 +213,17 @@ def parse_shard(shard: str | None, env: dict[str, str]) -> tuple[int, int]:
     if not 0 <= i < n:
         raise UsageError(f"bad --shard '{shard}': need 0 <= i < n")
     return i, n
+
+
+# Warm-up decodes a prompt outside the scored selection (compilation, allocator and cache warm-up never enter a
+# score). When the selection is the whole dataset there is none, and this neutral prompt is used instead,
+# rather than scoring a prompt whose answer the method (a suffix cache) has already seen.
+BUILTIN_WARMUP = Prompt("builtin-warmup", "builtin", "warmup", "warmup",
+                        ("Write a short paragraph about the history of the bicycle.",))
+
+
+def warmup_prompts(everything: list[Prompt], scored: list[Prompt], n: int) -> list[Prompt]:
+    """The first `n` prompts of the dataset that are not scored; the built-in prompt where none is left."""
+    scored_ids = {p.id for p in scored}
+    spare = [p for p in everything if p.id not in scored_ids]
+    return (spare or [BUILTIN_WARMUP])[:n]

@@ -48,7 +48,8 @@ def classify(model: torch.nn.Module, prefix: list[int], baseline_token: int, met
 def run_classifier(device: str = "cpu"):
     """A report classifier: loads each run's target once, in float32, and classifies divergences with it."""
     from specbench_cli.core.errors import UsageError
-    from specbench_cli.models import MODELS, get_model_spec, load_model
+    from specbench_cli.loading import load_model
+    from specbench_cli.models import MODELS, get_model_spec
 
     loaded: dict[tuple[str, str], torch.nn.Module | None] = {}
 

@@ -1,8 +1,10 @@
 """The metric definitions, written once and used by `run`'s summary and by `report`.
 
-- τ (mean acceptance length) = Σ decode tokens / Σ rounds over the group: tokens per target verify,
+- τ (mean acceptance length) = Σ decode tokens / Σ rounds over the group (`tau`): tokens per target verify,
   bonus included (vLLM's "mean acceptance length"; Spec-Bench's step-weighted "#Mean accepted tokens").
-  The prefill's first token is not a round and is not counted. Baseline τ is exactly 1.
+  The prefill's first token is not a round and is not counted. Baseline τ is exactly 1. This token-weighted
+  τ is the one every table leads with; `tau_turn_mean` is the other convention in use, the unweighted
+  mean over prompt turns of each turn's τ (specdec_bench's Average_AL): long turns weigh less in it.
 - tokens/s of a prompt = its decode tokens / its decode seconds, all turns summed; a group's tokens/s is
   the unweighted mean over prompts (Spec-Bench `speed.py`).
 - speedup = mean over shared prompts of the method's tokens/s / the same mean of the baseline's
@@ -13,6 +15,20 @@
 from __future__ import annotations
 
 import pandas as pd
+
+NAN = float("nan")
+
+
+def tau(tokens: float, rounds: float) -> float:
+    """τ: decoded tokens per round (each round one target verify, its bonus token included); NaN without
+    rounds. The one definition of acceptance length: records, summaries, oracles and calibrations call it."""
+    return tokens / rounds if rounds else NAN
+
+
+def tau_turn_mean(prompts: pd.DataFrame) -> float:
+    """The mean over prompt turns of each turn's τ (specdec_bench's Average_AL), turns without rounds left out."""
+    per_turn = [tau(t, r) for t, r in zip(prompts.decode_tokens, prompts.rounds) if r]
+    return sum(per_turn) / len(per_turn) if per_turn else NAN
 
 
 def per_prompt(prompts: pd.DataFrame) -> pd.DataFrame:
@@ -31,7 +47,7 @@ def summarise(prompts: pd.DataFrame, by: str, baseline: pd.DataFrame | None = No
     groups = [(str(k), g) for k, g in mine.groupby(by, sort=False)] + [("overall", mine)]
     rows = []
     for name, g in groups:
-        row = {by: name, "prompts": len(g), "tau": g.decode_tokens.sum() / max(g.rounds.sum(), 1),
+        row = {by: name, "prompts": len(g), "tau": tau(g.decode_tokens.sum(), g.rounds.sum()),
                "tokens_per_s": g.tokens_per_s.mean(), "ttft_ms": g.ttft_ms.mean(), "rounds": g.rounds.mean(),
                "speedup": float("nan")}
         if base is not None:
@@ -63,11 +79,20 @@ def position_acceptance(rounds: pd.DataFrame, positions: int | None = None) -> p
     return pd.DataFrame(rows, columns=["position", "rate", "conditional"])
 
 
-def survival(rounds: pd.DataFrame) -> pd.DataFrame:
-    """P(acceptance length ≥ n) for n = 1..max, acceptance length = accepted + bonus (ConFu Fig. 5)."""
+def histogram(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Share of rounds whose acceptance length (accepted + bonus) is exactly n, n = 1..max (specdec_bench's
+    Acceptance_Length_Histogram, as shares)."""
     length = rounds.accepted + 1
     top = int(length.max()) if len(length) else 0
-    return pd.DataFrame({"length": range(1, top + 1), "share": [(length >= n).mean() for n in range(1, top + 1)]})
+    counts = length.value_counts().reindex(range(1, top + 1), fill_value=0)
+    return pd.DataFrame({"length": range(1, top + 1), "share": (counts / max(len(length), 1)).to_numpy()})
+
+
+def survival(rounds: pd.DataFrame) -> pd.DataFrame:
+    """P(acceptance length ≥ n) for n = 1..max, acceptance length = accepted + bonus (ConFu Fig. 5): the
+    histogram summed from the right."""
+    h = histogram(rounds)
+    return h.assign(share=h.share[::-1].cumsum()[::-1].to_numpy())
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

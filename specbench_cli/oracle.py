@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from specbench_cli.metrics import tau
+
 ORACLES = ("Oracle-Task", "Oracle-Prompt", "Oracle-Token")
 TURN = ["prompt_id", "turn"]
 
@@ -73,5 +75,5 @@ def summary(table: pd.DataFrame, by: str) -> pd.DataFrame:
     out = []
     for path, g in table.groupby("path", sort=False):
         for name, h in [*((str(k), h) for k, h in g.groupby(by, sort=False)), ("overall", g)]:
-            out.append({"path": path, by: name, "tau": h.tokens.sum() / max(h.rounds.sum(), 1)})
+            out.append({"path": path, by: name, "tau": tau(h.tokens.sum(), h.rounds.sum())})
     return pd.DataFrame(out)

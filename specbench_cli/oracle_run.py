@@ -28,9 +28,12 @@ from methods import method_class
 from specbench_cli.core.method import Method, drafter_ref, parse_options
 from specbench_cli import hardware
 from specbench_cli.core.errors import UsageError
+from specbench_cli.datasets import dataset_slug
+from specbench_cli.folders import claim
 from specbench_cli.models import checkpoint_ref
 from specbench_cli.replay import Trace, replay_turn
-from specbench_cli.runner import Plan, RunConfig, Runner, plan, progress_bar
+from specbench_cli.inputs import RunConfig
+from specbench_cli.runner import Plan, Runner, plan, progress_bar
 
 NOT_REPLAYABLE = {"confu": "its future token comes from the target's verify pass, which replay does not run",
                   "hf-generate": "it runs its own loop", "baseline": "it drafts nothing"}
@@ -65,7 +68,7 @@ def check(config: OracleConfig) -> tuple[Plan, dict[str, object]]:
         options[name] = parse_options(cls, opts)
         classes.append(cls)
     run = dataclasses.replace(config.run, method="baseline", drafters=[], out=config.run.out or Path("results") / (
-        f"oracle_{config.run.model}_{Path(config.run.dataset).stem}"))
+        f"oracle_{config.run.model}_{dataset_slug(config.run.dataset)}"))
     checked = plan(run, dict(os.environ))
     checked.drafters = checkpoint_refs(config.run.drafters, classes)
     for cls in classes:
@@ -88,11 +91,18 @@ def checkpoint_refs(pairs: list[str], classes: list[type]) -> dict[str, str]:
 
 def execute(config: OracleConfig, console: Console) -> Path:
     checked, options = check(config)
-    from specbench_cli.models import load_model
+    with claim(checked.out, config.run.resume, lambda line: console.print(line, highlight=False)):
+        _record(config, checked, options, console)
+    return checked.out
+
+
+def _record(config: OracleConfig, checked: Plan, options: dict[str, object], console: Console) -> None:
+    from specbench_cli.loading import load_model
 
     out = checked.out
     model = load_model(checked.spec, checked.device, checked.dtype)
     runner = Runner(checked, model)  # baseline decoding gives the traces
+    runner.check_lengths()
     drafters: dict[str, Method] = {n: method_class(n)(o, model, checked.drafters) for n, o in options.items()}
     done = _start(out, checked, config, drafters)
     if checked.compile_mode is not None:
@@ -113,7 +123,6 @@ def execute(config: OracleConfig, console: Console) -> Path:
     info = json.loads((out / "run.json").read_text())
     info.update(status="complete", finished=dt.datetime.now().isoformat(timespec="seconds"))
     (out / "run.json").write_text(json.dumps(info, indent=2, default=str))
-    return out
 
 
 def _start(out: Path, checked: Plan, config: OracleConfig, drafters: dict[str, Method]) -> set[int]:

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from specbench_cli.metrics import survival  # noqa: E402
+from specbench_cli.metrics import histogram, survival  # noqa: E402
 from specbench_cli.phases import PARTS, split  # noqa: E402
 
 
@@ -31,75 +31,141 @@ def _legend(ax: plt.Axes, title: str) -> None:
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title=title)
 
 
-def per_category(rows: dict[str, pd.DataFrame], by: str, title: str) -> plt.Figure:
-    """Grouped bars of τ (top) and speedup (bottom, when a baseline exists) per `by` group and method.
-    `rows` maps a method label to its `summarise` table."""
+def per_category(rows: dict[str, pd.DataFrame], by: str, dataset: str) -> plt.Figure:
+    """Grouped bars of τ (top) and speedup (bottom) per `by` group and method, each bar labelled with its
+    value, each group with its prompt count, and `overall` set apart at the right. Speedup needs a baseline
+    run of the same settings; without one the figure draws τ alone and says so. `rows` maps a method label
+    to its `summarise` table."""
     speedups = any(t.speedup.notna().any() for t in rows.values())
-    groups = list(dict.fromkeys(k for t in rows.values() for k in t[by]))
-    fig, axes = plt.subplots(2 if speedups else 1, 1, figsize=(max(7.0, 1.0 * len(groups) + 4), 6.5 if speedups else 3.8),
+    groups = [g for g in dict.fromkeys(k for t in rows.values() for k in t[by]) if g != "overall"] + ["overall"]
+    counts = pd.concat([t.set_index(by).prompts for t in rows.values()], axis=1).max(axis=1)
+    fig, axes = plt.subplots(2 if speedups else 1, 1, figsize=(max(7.0, 1.1 * len(groups) + 4), 7 if speedups else 4.2),
                              squeeze=False)
-    x = np.arange(len(groups))
+    x = np.arange(len(groups)) + np.where(np.array(groups) == "overall", 0.5, 0.0)  # a gap before overall
     width = 0.8 / max(len(rows), 1)
     panels = [("tau", "τ (tokens per target forward)")] + ([("speedup", "speedup vs baseline (×)")] if speedups else [])
     for ax, (metric, ylabel) in zip(axes[:, 0], panels):
         for i, (label, table) in enumerate(rows.items()):
             values = table.set_index(by)[metric].reindex(groups)
-            ax.bar(x + (i - (len(rows) - 1) / 2) * width, values, width, label=label, color=f"C{i}")
+            bars = ax.bar(x + (i - (len(rows) - 1) / 2) * width, values, width, label=label, color=f"C{i}")
+            ax.bar_label(bars, labels=[f"{v:.2f}" if v == v else "" for v in values], fontsize="x-small", padding=1)
         if metric == "speedup":
             ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-        ax.set_xticks(x, groups, rotation=30, ha="right")
+        ax.axvline(x[-1] - 0.75, color="grey", linewidth=0.8)
+        ax.set_xticks(x, [f"{g}\n(n={int(counts.get(g, 0))})" for g in groups], rotation=30, ha="right")
         ax.set_ylabel(ylabel)
-        ax.set_xlabel(by)
-    axes[0, 0].set_title(title)
+        ax.set_xlabel(f"{by} (n = prompts)")
+        ax.margins(y=0.12)
+    axes[0, 0].set_title(f"{dataset}: τ and speedup per {by}" if speedups else
+                         f"{dataset}: τ per {by} (no speedup: no baseline run with the same settings)")
     _legend(axes[0, 0], "method")
     return fig
 
 
-def tau_along_response(series: dict[str, pd.DataFrame], window: int = 8) -> plt.Figure:
-    """Mean tokens per round at each round index of a turn, smoothed over `window` rounds (WhiFlash Fig. 2).
+def tau_along_response(series: dict[str, pd.DataFrame], bin_tokens: int = 16, min_share: float = 0.25) -> plt.Figure:
+    """Tokens per round against the position in the response (tokens already emitted in the turn, so methods
+    with different τ line up; WhiFlash Fig. 2). Each turn's rounds are averaged per `bin_tokens`-token bin;
+    the line is the mean over turns, the band their 25-75% spread, and the lower panel the turns that reach
+    each bin. Bins reached by fewer than `min_share` of the turns are cut: their mean is a few turns'.
     `series` maps a method label to its rounds table."""
-    fig, ax = plt.subplots(figsize=(9, 3.8))
-    for label, rounds in series.items():
-        per_round = (rounds.accepted + 1).groupby(rounds["round"]).mean()
-        ax.plot(per_round.index, per_round.rolling(window, min_periods=1).mean(), label=label)
-    ax.set_xlabel("round index within a turn")
+    fig, (ax, count_ax) = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    for i, (label, rounds) in enumerate(series.items()):
+        stats = _along(rounds, bin_tokens, min_share)
+        ax.plot(stats.index, stats["mean"], color=f"C{i}", label=label)
+        ax.fill_between(stats.index, stats.q25, stats.q75, color=f"C{i}", alpha=0.2, linewidth=0)
+        count_ax.plot(stats.index, stats.n, color=f"C{i}", drawstyle="steps-mid")
     ax.set_ylabel("tokens per round")
-    ax.set_title(f"Acceptance along the response (mean over turns, {window}-round moving average)")
+    ax.set_title(f"Acceptance along the response (mean over turns, band 25-75%; {bin_tokens}-token bins, "
+                 f"cut below {min_share:.0%} of turns)", fontsize="medium")
+    count_ax.set_ylabel("turns (n)")
+    count_ax.set_xlabel("position in the response (tokens emitted before the round)")
+    count_ax.set_ylim(bottom=0)
     _legend(ax, "method")
     return fig
 
 
+def _along(rounds: pd.DataFrame, bin_tokens: int, min_share: float) -> pd.DataFrame:
+    """Per position bin: mean, quartiles and count over turns of each turn's mean tokens per round."""
+    turn = [c for c in ("run", "prompt_id", "turn") if c in rounds]
+    ordered = rounds.sort_values([*turn, "round"])
+    emitted = ordered.accepted + 1
+    position = emitted.groupby([ordered[c] for c in turn]).cumsum() - emitted
+    per_turn = emitted.groupby([*(ordered[c] for c in turn), (position // bin_tokens * bin_tokens).rename("bin")]).mean()
+    by_bin = per_turn.groupby(level="bin")
+    stats = pd.DataFrame({"mean": by_bin.mean(), "q25": by_bin.quantile(0.25), "q75": by_bin.quantile(0.75),
+                          "n": by_bin.size()})
+    turns = ordered.groupby(turn).ngroups
+    return stats[stats.n >= max(1, min_share * turns)]
+
+
 def phase_bars(series: dict[str, pd.DataFrame], clock: str) -> plt.Figure:
-    """Stacked mean ms per round by phase for each method."""
+    """Left: stacked mean ms per round by phase for each method. Right: each phase's share of the round on a
+    log scale, so the small phases stay readable next to a verify that takes nearly all of it."""
     labels = list(series)
     means = pd.DataFrame({label: split(rounds).mean() for label, rounds in series.items()}).T
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(labels) + 2), 4))
+    parts = [p for p in PARTS if means[p].abs().sum() > 0]
+    fig, (ax, share_ax) = plt.subplots(1, 2, figsize=(max(11.0, 1.2 * len(labels) + 9), 4.4))
     bottom = np.zeros(len(labels))
-    for part in PARTS:
-        if means[part].abs().sum() > 0:
-            ax.bar(labels, means[part], bottom=bottom, label=part)
-            bottom += means[part].to_numpy()
+    for j, part in enumerate(parts):
+        ax.bar(labels, means[part], bottom=bottom, label=part, color=f"C{j}")
+        bottom += means[part].to_numpy()
     ax.set_ylabel("ms per round (mean)")
     ax.set_xlabel("method")
-    ax.set_title(f"Where a round's time goes ({clock} clock)")
+    ax.set_title(f"Where a round's time goes ({clock} clock)", fontsize="medium")
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    shares = 100 * means[parts].div(means["round"].replace(0, np.nan), axis=0)
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        xs = np.arange(len(parts)) + (i - (len(labels) - 1) / 2) * width
+        share_ax.bar(xs, shares.loc[label].clip(lower=1e-3), width, color=plt.cm.Dark2(i % 8), label=label)
+    share_ax.set_yscale("log")
+    share_ax.set_xticks(range(len(parts)), parts, rotation=30, ha="right")
+    share_ax.set_ylabel("share of the round (%, log scale)")
+    share_ax.set_title("Share of each phase", fontsize="medium")
     _legend(ax, "phase")
+    _legend(share_ax, "method")
     return fig
 
 
 def survival_curves(series: dict[str, pd.DataFrame]) -> plt.Figure:
-    """P(acceptance length ≥ n) per method (ConFu Fig. 5); acceptance length includes the bonus token."""
+    """P(acceptance length ≥ n) per method (ConFu Fig. 5); acceptance length includes the bonus token. The x
+    axis ends where every method's share has fallen below 1% (the tail of rare long acceptances is noted)."""
     fig, ax = plt.subplots(figsize=(8.5, 3.8))
+    longest = top = 1
     for label, rounds in series.items():
         s = survival(rounds)
         ax.step(s.length, s.share, where="post", marker="o", markersize=3, label=label)
-    ax.set_xlabel("acceptance length n (tokens per round, bonus included)")
+        longest = max(longest, int(s.length.max()) if len(s) else 1)
+        top = max(top, int(s.length[s.share >= 0.01].max()) if (s.share >= 0.01).any() else 1)
+    ax.set_xlim(0.5, top + 1.5)
+    ax.set_xlabel("acceptance length n (tokens per round, bonus included)"
+                  + (f"; shown to {top + 1} of {longest} (beyond, < 1% of rounds)" if longest > top + 1 else ""))
     ax.set_ylabel("share of rounds with length ≥ n")
     ax.set_ylim(0, 1.02)
     ax.set_title("Acceptance-length survival")
     _legend(ax, "method")
     return fig
 
+
+def length_histogram(series: dict[str, pd.DataFrame], longest: int = 16) -> plt.Figure:
+    """% of rounds emitting exactly n tokens (accepted + bonus) per method, lengths past `longest` pooled."""
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    width = 0.8 / max(len(series), 1)
+    top = 1
+    for i, (label, rounds) in enumerate(series.items()):
+        h = histogram(rounds).set_index("length").share * 100
+        shown = h[h.index <= longest].copy()
+        if h.index.max() > longest:
+            shown.loc[longest + 1] = h[h.index > longest].sum()
+        ax.bar(shown.index + (i - (len(series) - 1) / 2) * width, shown, width, label=label, color=f"C{i}")
+        top = max(top, int(shown.index.max()))
+    ticks = list(range(1, top + 1))
+    ax.set_xticks(ticks, [str(n) if n <= longest else f">{longest}" for n in ticks])
+    ax.set_xlabel("acceptance length n (tokens per round, bonus included)")
+    ax.set_ylabel("% of rounds")
+    ax.set_title("Acceptance-length histogram")
+    _legend(ax, "method")
+    return fig
 
 
 def head_bars(frame: pd.DataFrame, clock: str) -> plt.Figure:

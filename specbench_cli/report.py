@@ -12,7 +12,9 @@ from collections.abc import Callable
 import pandas as pd
 
 from specbench_cli import oracle
-from specbench_cli.metrics import first_divergence, group_column, position_acceptance, summarise
+from specbench_cli.datasets import dataset_slug
+from specbench_cli.metrics import (first_divergence, group_column, histogram, position_acceptance, summarise,
+                                   tau_turn_mean)
 from specbench_cli.phases import PARTS, split
 from specbench_cli.results import Results, RunGroup
 from specbench_cli.tables import Table
@@ -49,11 +51,13 @@ def overview(results: Results) -> Table:
         total = summarise(g.prompts, group_column(g.prompts), base).iloc[-1]
         s = g.info["settings"]
         rows.append({"dataset": s["dataset"], "model": s["model"], "method": g.label, "prompts": int(total.prompts),
-                     "τ": total.tau, "tokens/s": total.tokens_per_s, "TTFT ms": total.ttft_ms,
+                     "τ": total.tau, "τ turn-mean": tau_turn_mean(g.prompts), "tokens/s": total.tokens_per_s,
+                     "TTFT ms": total.ttft_ms,
                      "speedup": total.speedup, "baseline": source, "clock": g.info.get("clock", "?"),
                      "hardware": g.hardware})
     return Table("overview", "Overall per run (τ = mean acceptance length, bonus included; decode tokens/s)",
-                 pd.DataFrame(rows))
+                 pd.DataFrame(rows), "τ: Σ decoded tokens / Σ rounds (vLLM, SGLang, Spec-Bench); τ turn-mean: the mean "
+                 "of each prompt turn's τ (specdec_bench's Average_AL)")
 
 
 def by_group(results: Results, dataset: str, by: str) -> Table:
@@ -72,7 +76,7 @@ def by_group(results: Results, dataset: str, by: str) -> Table:
     order = [k for k in order if k != "overall"] + ["overall"]
     columns = ["model", "method", *(f"{k} {m}" for k in order for m in ("τ", "×"))]
     name = "subtasks" if by == "subtask" else "categories"
-    return Table(f"{name}_{dataset}", f"{dataset}: τ and speedup (×) per {by}", pd.DataFrame(rows, columns=columns),
+    return Table(f"{name}_{dataset_slug(dataset)}", f"{dataset}: τ and speedup (×) per {by}", pd.DataFrame(rows, columns=columns),
                  "× is left blank where no baseline run of the same settings and hardware exists")
 
 
@@ -108,6 +112,23 @@ def positions(results: Results, depth: int = 8) -> Table:
             rows.append(row)
     return Table("acceptance_positions", "Per-position acceptance: αk = P(accepted ≥ k); αk|k-1 = P(k accepted | k-1 "
                  "accepted, draft reached k)", pd.DataFrame(rows))
+
+
+def lengths(results: Results, longest: int = 16) -> Table:
+    """The acceptance-length histogram of every drafting method: % of rounds that emitted exactly n tokens
+    (accepted + bonus), lengths past `longest` pooled into the last column."""
+    rows = []
+    for g in results.groups:
+        if not g.rounds.tree_size.gt(0).any():
+            continue
+        h = histogram(g.rounds).set_index("length").share * 100
+        row = {"dataset": g.info["settings"]["dataset"], "method": g.label, "rounds": len(g.rounds)}
+        row.update({str(n): h.get(n, 0.0) for n in range(1, min(int(h.index.max()), longest) + 1)})
+        if h.index.max() > longest:
+            row[f"{longest}"], row[f">{longest}"] = h.get(longest, 0.0), h[h.index > longest].sum()
+        rows.append(row)
+    return Table("acceptance_histogram", "Acceptance-length histogram: % of rounds emitting exactly n tokens "
+                 "(accepted + bonus)", pd.DataFrame(rows).fillna(0.0) if rows else pd.DataFrame())
 
 
 Classifier = Callable[[dict, list[int], int, int], str]  # (run info, prefix, baseline token, method token) -> kind
@@ -225,7 +246,7 @@ def all_tables(results: Results, classify: Classifier | None = None) -> list[Tab
         if prompts.category.nunique() > 1:
             tables.append(by_group(results, ds, "category"))
             tables[-1].terminal = prompts.subtask.nunique() == 1
-    wide = [positions(results), phases(results), environment(results)]  # files only: too wide for a terminal
+    wide = [positions(results), lengths(results), phases(results), environment(results)]  # files only: too wide
     for table in wide:
         table.terminal = False
     tables += [routing(results), lossless(results, classify), *oracle_tables(results), *calibration_tables(results), *wide]
@@ -275,12 +296,13 @@ def figures(results: Results, folder, along: list[str] | None = None) -> list:
         groups = in_dataset(results, ds)
         by = group_column(pd.concat([g.prompts for g in groups]))
         rows = {g.label: summarise(g.prompts, by, _speedup_source(results, g)[0]) for g in groups}
-        written += plots.save(plots.per_category(rows, by, f"{ds}: τ and speedup per {by}"), folder, f"per_{by}_{ds}")
+        written += plots.save(plots.per_category(rows, by, ds), folder,
+                              f"per_{by}_{dataset_slug(ds)}")
         drafting = [g for g in groups if g.rounds.tree_size.gt(0).any()]
         pair = [g for g in groups if g.label in along] if along else drafting[:2]
         if pair:
             fig = plots.tau_along_response({g.label: g.rounds for g in pair})
-            written += plots.save(fig, folder, f"tau_along_response_{ds}")
+            written += plots.save(fig, folder, f"tau_along_response_{dataset_slug(ds)}")
     withrounds = [g for g in results.groups if g.rounds.verify_ms.notna().any()]  # not methods owning their loop
     if withrounds:
         clocks = ", ".join(sorted({g.info.get("clock", "?") for g in withrounds}))
@@ -288,6 +310,8 @@ def figures(results: Results, folder, along: list[str] | None = None) -> list:
         drafting = [g for g in withrounds if g.rounds.tree_size.gt(0).any()]
         if drafting:
             written += plots.save(plots.survival_curves({name(g): g.rounds for g in drafting}), folder, "survival")
+            written += plots.save(plots.length_histogram({name(g): g.rounds for g in drafting}), folder,
+                                  "acceptance_histogram")
     for cal in results.calibrations:
         from specbench_cli.calibrate import POLICY_AXIS
 

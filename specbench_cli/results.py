@@ -106,7 +106,7 @@ def load(paths: list[Path]) -> Results:
     groups: dict[tuple, list[tuple[Path, dict]]] = {}
     oracles = []
     for d in find_run_dirs(paths):
-        info = json.loads((d / "run.json").read_text())
+        info = read_info(d)
         if info.get("kind") == "oracle":
             oracles.append(OracleRun(d, info, pd.read_parquet(d / "replay.parquet")))
             continue
@@ -115,6 +115,18 @@ def load(paths: list[Path]) -> Results:
     merged = [_merge(key[0], members) for key, members in groups.items()]
     _tell_apart(merged)
     return Results(merged, oracles, find_calibrations(paths))
+
+
+def read_info(run_dir: Path) -> dict:
+    """A run's run.json, or one line saying why it cannot be used."""
+    path = run_dir / "run.json"
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise UsageError(f"{path}: not a readable run.json ({str(err).splitlines()[0]}); move the folder aside or fix it") from None
+    if not isinstance(info, dict) or not isinstance(info.get("settings"), dict):
+        raise UsageError(f"{path}: has no 'settings' (not written by specbench run or oracle); move the folder aside")
+    return info
 
 
 def _tell_apart(groups: list[RunGroup]) -> None:

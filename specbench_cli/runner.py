@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,12 +24,15 @@ from methods import method_class
 from specbench_cli.core.method import Method, drafter_ref, parse_options
 from specbench_cli import hardware
 from specbench_cli.telemetry import GpuTelemetry
-from specbench_cli.datasets import Prompt, load_dataset, parse_shard, select
+from specbench_cli.datasets import Prompt
 from specbench_cli.core.engine import decode_turn
 from specbench_cli.core.turn import DecodeSettings, TurnResult
 from specbench_cli.core.errors import UsageError
-from specbench_cli.models import (LoadedModel, ModelSpec, checkpoint_ref, get_model_spec, load_model, resolve_device,
-                                  resolve_dtype)
+from specbench_cli.folders import claim
+from specbench_cli.metrics import tau
+from specbench_cli.inputs import RunConfig, check_run
+from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype
+from specbench_cli.models import ModelSpec, checkpoint_ref
 from specbench_cli.records import NAN, PromptRecord, RoundRecord, RunWriter, output_hash, read_table
 from specbench_cli.summary import print_summary
 from specbench_cli.core.target import DEFAULT_BUCKETS, Target
@@ -38,30 +42,7 @@ from specbench_cli.core.timing import PHASES, SUB_PHASES, PhaseClock
 RESUME_KEYS = ("method", "model", "dataset", "categories", "limit", "shard", "max_new_tokens", "temperature",
                "seed", "dtype", "options", "target", "drafters", "warmup", "compile")
 LEGACY = {"compile": None}  # what a setting meant in runs written before it existed
-
-
-@dataclass
-class RunConfig:
-    method: str = "baseline"
-    model: str = "smollm2-135m"
-    dataset: str = "spec-bench"
-    categories: list[str] = field(default_factory=list)
-    limit: int | None = None
-    shard: str | None = None
-    max_new_tokens: int = 1024
-    temperature: float = 0.0
-    seed: int = 0
-    dtype: str = "auto"
-    device: str = "auto"
-    warmup: int = 1
-    out: Path | None = None
-    resume: bool = False
-    opts: list[str] = field(default_factory=list)
-    target: str | None = None
-    drafters: list[str] = field(default_factory=list)
-    results_root: Path = Path("results")
-    compile: bool = False
-    compile_buckets: str = ",".join(map(str, DEFAULT_BUCKETS))
+TEMPLATE_MARGIN = 64  # chat-template tokens per turn beyond the joined turns' (role headers, end-of-turn)
 
 
 @dataclass
@@ -93,42 +74,18 @@ class Plan:
 
 
 def plan(config: RunConfig, env: dict[str, str]) -> Plan:
-    if config.max_new_tokens < 1:
-        raise UsageError("--max-new-tokens must be at least 1")
-    if config.temperature < 0:
-        raise UsageError("--temperature must be >= 0")
+    """`check_run`'s checks, then those that need the method's code or torch; no model loads here."""
+    chosen = check_run(config, env)
     cls = method_class(config.method)
     options = parse_options(cls, config.opts)
     drafters = _parse_drafters(config.drafters, cls)
-    spec = get_model_spec(config.model, config.target)
     for name in cls.drafter_names:
-        drafter_ref(cls, spec, drafters, name)  # a missing drafter is reported before anything loads
-    everything = load_dataset(config.dataset)
-    chosen = select(everything, config.categories, config.limit)
-    shard = parse_shard(config.shard, env)
-    prompts = chosen[shard[0]::shard[1]]
-    if not prompts:
-        raise UsageError("no prompts selected (check --category, --limit and --shard)")
+        drafter_ref(cls, chosen.spec, drafters, name)  # a missing drafter is reported before anything loads
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    out = config.out or config.results_root / _default_name(config, shard)
-    if out.exists() and not config.resume:
-        raise UsageError(f"results directory {out} exists; pass --resume to continue it or --out for a new one")
-    if config.resume and not (out / "run.json").exists():
-        raise UsageError(f"--resume: no run to continue at {out}")
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if config.compile else None
-    return Plan(config, cls, options, spec, prompts, _warmup_prompts(everything, prompts, config.warmup),
-                shard, device, dtype, out, drafters, mode, parse_buckets(config.compile_buckets))
-
-
-def parse_buckets(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        sizes = ()
-    if not sizes or sizes[0] < 1:
-        raise UsageError(f"--compile-buckets '{text}': expected comma-separated positive sizes such as 1,8,32,128")
-    return sizes
+    return Plan(config, cls, options, chosen.spec, chosen.prompts, chosen.warmup, chosen.shard, device, dtype,
+                chosen.out, drafters, mode, chosen.buckets)
 
 
 def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
@@ -142,18 +99,6 @@ def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
             raise UsageError(f"method {cls.name} has no drafter '{name}'" + (f" (it takes: {', '.join(accepted)})" if accepted else ""))
         drafters[name] = checkpoint_ref(path, "drafter")
     return drafters
-
-
-def _default_name(c: RunConfig, shard: tuple[int, int]) -> str:
-    name = f"{c.model}_{Path(c.dataset).stem}_{c.method}_t{c.temperature:g}"
-    return name + (f"_shard{shard[0]}of{shard[1]}" if shard[1] > 1 else "")
-
-
-def _warmup_prompts(everything: list[Prompt], scored: list[Prompt], n: int) -> list[Prompt]:
-    """Warm-up prompts come from the same dataset but outside the scored ones, so they never inflate a score."""
-    scored_ids = {p.id for p in scored}
-    spare = [p for p in everything if p.id not in scored_ids]
-    return (spare or everything)[:n]
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -171,15 +116,31 @@ class Runner:
         (`also`: further methods whose captured layers the graphs must return, e.g. the oracle's replayers)."""
         if self.plan.compile_mode is None:
             return {}
-        n = self.plan.config.max_new_tokens
-        longest = max(len(self.model.encode_chat([{"role": "user", "content": "\n".join(p.turns)}]))
-                      + len(p.turns) * (n + 64) for p in (*self.plan.prompts, *self.plan.warmup))
-        self.target.plan(longest)
+        self.target.plan(max(map(self.tokens_needed, (*self.plan.prompts, *self.plan.warmup))))
         for method in (self.method, *also):  # captured layers and reserved entries are part of the graph
             method.attach(self.target)
         seconds = self.target.warm_up()
         return {"mode": self.plan.compile_mode, "buckets": list(self.plan.buckets), "capacity": self.target.kv.capacity,
                 "seconds": {str(k): round(v, 2) for k, v in seconds.items()}}
+
+    def tokens_needed(self, prompt: Prompt) -> int:
+        """An upper bound on the positions a prompt fills: all its turns (chat template applied) plus, per turn,
+        an answer of --max-new-tokens and the template's own tokens."""
+        turns = len(self.model.encode_chat([{"role": "user", "content": "\n".join(prompt.turns)}]))
+        return turns + len(prompt.turns) * (self.plan.config.max_new_tokens + TEMPLATE_MARGIN)
+
+    def check_lengths(self) -> None:
+        """The stated rule for prompts that do not fit: a prompt whose `tokens_needed` exceeds the model's
+        context (max_position_embeddings) is refused before anything decodes; nothing is truncated."""
+        context = getattr(self.model.model.config, "max_position_embeddings", None)
+        if context is None:
+            return
+        for prompt in (*self.plan.warmup, *self.plan.prompts):
+            need = self.tokens_needed(prompt)
+            if need > context:
+                raise UsageError(f"prompt '{prompt.id}' needs up to {need} positions ({len(prompt.turns)} turn(s) plus "
+                                 f"--max-new-tokens {self.plan.config.max_new_tokens} each) but {self.plan.spec.name}'s "
+                                 f"context is {context}; lower --max-new-tokens, or leave the prompt out")
 
     def decode_prompt(self, prompt: Prompt) -> list[tuple[list[int], TurnResult]]:
         """All turns of a prompt, each turn seeing the model's own earlier answers."""
@@ -208,7 +169,7 @@ class Runner:
                                      new_tokens=len(r.output_ids), decode_tokens=decode_tokens, rounds=len(r.rounds),
                                      ttft_ms=r.ttft_ms, decode_ms=r.decode_ms,
                                      tokens_per_s=decode_tokens / (r.decode_ms / 1e3) if r.decode_ms > 0 else NAN,
-                                     tau=decode_tokens / len(r.rounds) if r.rounds else NAN, stop_reason=r.stop_reason,
+                                     tau=tau(decode_tokens, len(r.rounds)), stop_reason=r.stop_reason,
                                      clock=clock if not self.method.owns_loop else "perf_counter_ns (streamer)",
                                      output_hash=output_hash(r.output_ids), output_text=self.model.decode(r.output_ids),
                                      output_ids=r.output_ids, prompt_ids=ids))
@@ -223,60 +184,116 @@ class Runner:
 
 
 def execute(plan: Plan, console: Console) -> Path:
+    """Take the results folder (one writer per folder), then record the run and print its summary."""
+    with claim(plan.out, plan.config.resume, lambda line: console.print(line, highlight=False)):
+        _record(plan, console)
+    print_summary(plan.out, console)
+    return plan.out
+
+
+def _record(plan: Plan, console: Console) -> None:
     writer = RunWriter(plan.out)
-    settings = plan.settings()
-    if plan.config.resume:
-        previous = json.loads((plan.out / "run.json").read_text())
-        changed = [k for k in RESUME_KEYS
-                   if previous.get("settings", {}).get(k, LEGACY.get(k)) != json.loads(json.dumps(settings[k]))]
-        if changed:
-            raise UsageError(f"--resume: {plan.out} was run with different settings ({', '.join(changed)})")
-        done = writer.finished()
-    else:
-        done = set()
+    gpu = GpuTelemetry(plan.device)
+    session = {"started": dt.datetime.now().isoformat(timespec="seconds"),
+               "environment": {**hardware.environment(plan.device), **gpu.info()}}
+    info = _resumed_info(plan, session["environment"]) if plan.config.resume else None
+    done = writer.finished() if info else set()
     split = plan.config.device == "split"
     model = load_model(plan.spec, plan.device, plan.dtype, split)
     runner = Runner(plan, model)
-    gpu = GpuTelemetry(plan.device)
-    info = {"settings": settings, "method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
-            "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
-            "environment": {**hardware.environment(plan.device), **gpu.info()}, "prompts_selected": len(plan.prompts),
-            "started": dt.datetime.now().isoformat(timespec="seconds"), "status": "running",
-            "weight_bytes": hardware.weight_bytes(model.model)}
-    if split:
-        info["device_map"] = getattr(model.model, "hf_device_map", "auto")  # for acceptance studies only
-    if plan.config.resume:
-        info["resumed"] = True
+    runner.check_lengths()  # a prompt past the model's context is refused before anything decodes
+    if info is None:
+        info = {"settings": plan.settings(), "method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
+                "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
+                "environment": session["environment"], "prompts_selected": len(plan.prompts),
+                "started": session["started"], "weight_bytes": hardware.weight_bytes(model.model), "sessions": []}
+        if split:
+            info["device_map"] = getattr(model.model, "hf_device_map", "auto")  # for acceptance studies only
+    info.update(status="running", sessions=[*info["sessions"], session])
     writer.create(info)
     if plan.compile_mode is not None:
         info["compile"] = runner.compile()  # compile time is reported here and never enters a timed round
         writer.write_json("run.json", info)
 
+    if plan.warmup and plan.warmup[0].dataset == "builtin":
+        console.print("warm-up: every prompt of the dataset is scored, so a built-in prompt warms up", highlight=False)
     for prompt in plan.warmup:  # run, not recorded; cross-prompt state (suffix cache) keeps their outputs
         runner.decode_prompt(prompt)
     _replay_finished(runner, writer, done)
 
-    todo = [(i, p) for i, p in enumerate(plan.prompts) if i not in done]
-    with progress_bar(console) as bar:
+    gpu.start()
+    tokens = _decode_selection(runner, writer, [(i, p) for i, p in enumerate(plan.prompts) if i not in done], console)
+    if runner.target.late_compiles:
+        info["compile"]["late"] = runner.target.late_compiles  # sizes past every bucket: compiled inside a round
+    session.update(finished=dt.datetime.now().isoformat(timespec="seconds"), prompts=len(plan.prompts) - len(done),
+                   tokens=tokens, **hardware.peak_memory(plan.device), **gpu.stop(tokens))  # energy: this session's
+    info.update(status="complete", finished=session["finished"], **_run_totals(info["sessions"]))
+    writer.write_json("run.json", info)
+
+
+# Environment facts that change what a timing means: a resume must keep them.
+MEASURED = ("device", "cpu", "gpu", "torch_threads")
+
+
+def _resumed_info(plan: Plan, environment: dict) -> dict:
+    """run.json of the run being resumed, after checking that this session measures the same thing."""
+    info = json.loads((plan.out / "run.json").read_text())
+    settings = json.loads(json.dumps(plan.settings()))
+    changed = [k for k in RESUME_KEYS if info.get("settings", {}).get(k, LEGACY.get(k)) != settings[k]]
+    if changed:
+        raise UsageError(f"--resume: {plan.out} was run with different settings ({', '.join(changed)})")
+    before = info.get("environment", {})
+    moved = [f"{k} {before.get(k)} -> {environment.get(k)}" for k in MEASURED if before.get(k) != environment.get(k)]
+    if moved:
+        raise UsageError(f"--resume: {plan.out} was measured differently ({'; '.join(moved)}); resume it with the same "
+                         f"machine and --threads, or start a new --out")
+    if "sessions" not in info:  # a run written before sessions were kept: its first session is the top level
+        info["sessions"] = [{k: info[k] for k in ("started", "finished", "environment", "peak_rss_mb", "energy_j")
+                             if k in info}]
+    return info
+
+
+def _run_totals(sessions: list[dict]) -> dict:
+    """Top-level memory and energy of a run made of sessions: the peak over sessions, the summed energy."""
+    totals = {k: max(s[k] for s in sessions if k in s) for k in ("peak_rss_mb", "cuda_max_allocated_mb",
+                                                                  "cuda_max_reserved_mb") if any(k in s for s in sessions)}
+    if all("energy_j" in s and "tokens" in s for s in sessions):
+        joules, tokens = sum(s["energy_j"] for s in sessions), sum(s["tokens"] for s in sessions)
+        totals.update(energy_j=round(joules, 3), energy_per_token_j=round(joules / tokens, 6) if tokens else None)
+    return totals
+
+
+def _decode_selection(runner: Runner, writer: RunWriter, todo: list[tuple[int, Prompt]], console: Console) -> int:
+    """Decode and write the prompts still to do; returns the tokens generated.
+
+    The bar's time estimate counts turns, not prompts (prompts differ in turns and length): turns left x the
+    mean wall time of a turn so far, i.e. the tokens still expected at the mean tokens per turn, over the
+    token rate so far. Its tok/s pools every token of the session (decode time only); the summary's is the mean
+    of per-prompt rates, and is labelled so."""
+    plan = runner.plan
+    turns_left = sum(len(p.turns) for _, p in todo)
+    with progress_bar(console, remaining=False) as bar:
         task = bar.add_task(f"{plan.config.method} on {plan.config.dataset}", total=len(plan.prompts),
                             completed=len(plan.prompts) - len(todo), stats="")
-        toks = rounds = secs = 0.0  # running totals over this session's prompts, for the bar
-        gpu.start()
+        generated = decode_tokens = rounds = decode_s = turns_done = 0
+        started = time.perf_counter()
         for index, prompt in todo:
             turns = runner.decode_prompt(prompt)
             writer.write_prompt(index, *runner.records(index, prompt, turns))
-            toks += sum(len(r.output_ids) - 1 for _, r in turns)
+            generated += sum(len(r.output_ids) for _, r in turns)
+            decode_tokens += sum(len(r.output_ids) - 1 for _, r in turns)  # the first token is the prefill's
             rounds += sum(len(r.rounds) for _, r in turns)
-            secs += sum(r.decode_ms for _, r in turns) / 1e3
-            bar.update(task, advance=1, stats=f"τ {toks / max(rounds, 1):.2f}  {toks / max(secs, 1e-9):.1f} tok/s")
+            decode_s += sum(r.decode_ms for _, r in turns) / 1e3
+            turns_done += len(turns)
+            left = (turns_left - turns_done) * (time.perf_counter() - started) / turns_done
+            bar.update(task, advance=1, stats=f"τ {tau(decode_tokens, rounds):.2f}  "
+                                              f"{decode_tokens / max(decode_s, 1e-9):.1f} tok/s pooled  ~{_clock(left)} left")
+    return generated
 
-    if runner.target.late_compiles:
-        info["compile"]["late"] = runner.target.late_compiles  # sizes past every bucket: compiled inside a round
-    info.update(status="complete", finished=dt.datetime.now().isoformat(timespec="seconds"),
-                **hardware.peak_memory(plan.device), **gpu.stop(int(toks)))  # energy: this session's prompts
-    writer.write_json("run.json", info)
-    print_summary(plan.out, console)
-    return plan.out
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"{minutes}:{secs:02d}"
 
 
 def _replay_finished(runner: Runner, writer: RunWriter, done: set[int]) -> None:
@@ -288,8 +305,9 @@ def _replay_finished(runner: Runner, writer: RunWriter, done: set[int]) -> None:
         runner.method.absorb([int(t) for t in ids])
 
 
-def progress_bar(console: Console) -> Progress:
-    """The one rich progress bar layout (description, bar, n/total, live stats, times)."""
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                    console=console)
+def progress_bar(console: Console, remaining: bool = True) -> Progress:
+    """The one rich progress bar layout (description, bar, n/total, live stats, elapsed and, unless the caller
+    estimates it itself, rich's time remaining)."""
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[stats]}"), TimeElapsedColumn()]
+    return Progress(*columns, *([TimeRemainingColumn()] if remaining else []), console=console)

@@ -42,9 +42,20 @@ def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
     info = json.loads((run_dir / "run.json").read_text())
     base_dir = find_baseline(run_dir, info)
     baseline = read_table(base_dir, "prompts") if base_dir else None
-    title = f"{info['settings']['method']} · {info['settings']['model']} · {info['settings']['dataset']} ({info['clock']} clock)"
-    note = f"speedup vs {base_dir}" if base_dir else "no matching baseline run in this results root: speedup not computed"
+    s = info["settings"]
+    title = f"{s['method']} · {s['model']} · {s['dataset']} ({info['clock']} clock)"
+    note = ("τ: decoded tokens per round; tokens_per_s: mean over prompts of each prompt's decode rate; "
+            + (f"speedup vs {base_dir}" if base_dir else "speedup: no matching baseline run beside this one"))
     table = Table("summary", title, summarise(prompts, group_column(prompts), baseline), note)
     console.print(table.rich())
     table.write(run_dir)
+    console.print(f"results in {run_dir}: records (rounds.parquet, prompts.parquet), run.json, summary.md/.csv",
+                  highlight=False, soft_wrap=True)
+    if base_dir is None and s["method"] != "baseline":
+        console.print(f"for a speedup, run the baseline with the same settings into {run_dir.parent} (specbench run "
+                      f"--method baseline and the same --model, --dataset, --max-new-tokens, --temperature, --dtype), "
+                      f"then: specbench report {run_dir.parent}", highlight=False, soft_wrap=True)
+    elif s["method"] == "baseline":
+        console.print(f"runs of other methods beside it get a speedup against it; compare them all with: "
+                      f"specbench report {run_dir.parent}", highlight=False, soft_wrap=True)
     return table.frame

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbench_cli.core.errors import UsageError, unknown
-from specbench_cli.runner import RunConfig
+from specbench_cli.datasets import dataset_slug
+from specbench_cli.inputs import RunConfig
 
 # `[run]` keys a sweep may set: RunConfig fields that are not chosen per job.
 RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig)
@@ -49,7 +50,7 @@ class Job:
         return hashlib.sha256(payload.encode()).hexdigest()[:10]
 
     def name(self) -> str:
-        return f"{self.model}_{Path(self.dataset).stem}_{self.method}_{self.hash}"
+        return f"{self.model}_{dataset_slug(self.dataset)}_{self.method}_{self.hash}"
 
     def config(self, root: Path) -> RunConfig:
         out = root / self.name()
@@ -81,7 +82,7 @@ def load(path: Path) -> Sweep:
     for key in ("models", "datasets", "methods"):
         if not isinstance(data.get(key), list) or not data[key]:
             raise UsageError(f"{path}: '{key}' must be a non-empty list")
-    known = {"out", "models", "datasets", "methods", "run", "options"}
+    known = {"out", "models", "datasets", "methods", "run", "options", "expect"}  # expect: for report --expect
     for key in data:
         if key not in known:
             raise unknown(f"key in {path}", key, known)
@@ -91,9 +92,10 @@ def load(path: Path) -> Sweep:
         if method not in METHODS:
             raise unknown("method", method, METHODS)
     run = data.get("run", {})
-    for key in run:
+    for key, value in run.items():
         if key not in RUN_KEYS:
             raise unknown(f"[run] setting in {path}", key, RUN_KEYS)
+        _check_type(path, key, value)
     grids = data.get("options", {})
     for method in grids:
         if method not in data["methods"]:
@@ -102,6 +104,19 @@ def load(path: Path) -> Sweep:
             for model in data["models"] for dataset in data["datasets"] for method in data["methods"]
             for options in expand(grids.get(method, {}))]
     return Sweep(Path(data.get("out", f"results/{path.stem}")), jobs)
+
+
+def _check_type(path: Path, key: str, value: object) -> None:
+    """A `[run]` value must have its RunConfig field's type (TOML gives int, float, bool, str and lists)."""
+    declared = {f.name: str(f.type) for f in dataclasses.fields(RunConfig)}[key]  # e.g. "int | None"
+    base = declared.split("|")[0].split("[")[0].strip()
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    ok, what = {"int": (lambda v: number(v) and isinstance(v, int), "an integer"), "float": (number, "a number"),
+                "bool": (lambda v: isinstance(v, bool), "true or false"), "str": (lambda v: isinstance(v, str), "a string"),
+                "Path": (lambda v: isinstance(v, str), "a path string"),
+                "list": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")}[base]
+    if not ok(value):
+        raise UsageError(f"{path}: [run] {key} = {value!r} must be {what}")
 
 
 def expand(grid: dict[str, object]) -> list[tuple[tuple[str, object], ...]]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 from rich.table import Table as RichTable
+from rich.text import Text
 
 
 @dataclass
@@ -18,11 +19,12 @@ class Table:
     terminal: bool = True  # printed by `report` (wide tables only go to files)
 
     def rich(self) -> RichTable:
-        out = RichTable(title=self.title, caption=self.note or None)
+        out = RichTable(title=Text(self.title), caption=Text(self.note) if self.note else None)
         for i, col in enumerate(self.frame.columns):
-            out.add_column(str(col), justify="right" if i and _numeric(self.frame[col]) else "left")
-        for row in self.frame.itertuples(index=False):
-            out.add_row(*[fmt(v) for v in row])
+            # fold: a narrow terminal wraps a long id inside its cell instead of cutting it with an ellipsis
+            out.add_column(str(col), justify="right" if i and _numeric(self.frame[col]) else "left", overflow="fold")
+        for row in self.frame.itertuples(index=False):  # Text: a label such as eagle3[depth=4] is not markup
+            out.add_row(*[Text(fmt(v)) for v in row])
         return out
 
     def markdown(self) -> str:

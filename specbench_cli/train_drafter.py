@@ -9,8 +9,11 @@ steps, wall time, accuracies and the exact command.
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -98,14 +101,28 @@ def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, 
             progress(step, float(loss.detach()), history[-1]["heldout_top1"] if history else None)
     seconds = spent + time.perf_counter() - t0
     draft.eval()
-    recipe.export(out)
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".export-"))
+    recipe.export(staging)
     card = {"method": s.method, "settings": asdict(s), "command": command,
             "data": {"corpus": str(corpus.folder), "sequences": len(corpus.sequences), "tokens": corpus.tokens,
                      "train_sequences": len(train_ids), "heldout_sequences": len(held)},
             "steps": step, "wall_seconds": round(seconds, 1), "heldout_top1_per_position": history[-1]["heldout_top1"],
             "history": history, "dtype": "float16"}
-    (out / "card.json").write_text(json.dumps(card, indent=2))
+    (staging / "card.json").write_text(json.dumps(card, indent=2))
+    publish(staging, out)
     return card
+
+
+def publish(staging: Path, out: Path) -> None:
+    """Move an exported drafter into `out` so that no loader ever sees half of one: loaders look for
+    config.json, which goes first out of the folder and last into it."""
+    (out / "config.json").unlink(missing_ok=True)
+    files = sorted(staging.iterdir(), key=lambda f: f.name == "config.json")
+    for f in files:
+        if (out / f.name).is_dir():
+            shutil.rmtree(out / f.name)  # a folder of assets is replaced whole
+        os.replace(f, out / f.name)
+    staging.rmdir()
 
 
 @torch.no_grad()

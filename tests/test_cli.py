@@ -1,11 +1,20 @@
-"""Bad input ends in one clear line and exit code 2, before any model loads."""
+"""Bad input ends in one clear line and exit code 2, before any model loads.
+
+One table holds every bad input and the message it gets; the files some of them name are written by
+`bad_files` into the test's working folder, and loading a model during any of them fails the test."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from specbench_cli.cli import app
+from tests.fake_runs import Turn, write_run
 
 BAD = [
     (["run", "--method", "sufix"], "did you mean 'suffix'"),
@@ -40,12 +49,97 @@ BAD = [
     (["run", "--method", "hvd", "--model", "qwen3-8b"], "no hvd drafter is registered"),
     (["profile", "--phases", "--method", "sufix"], "did you mean 'suffix'"),
     (["report", "no/such/results"], "results directory not found"),
+    # numbers out of range (issue 16)
+    (["run", "--temperature", "nan"], "--temperature must be a finite number"),
+    (["run", "--temperature", "-1"], "--temperature must be at least 0"),
+    (["run", "--threads", "-1"], "--threads must be at least 1"),
+    (["run", "--threads", "0"], "--threads must be at least 1"),
+    (["run", "--limit", "-478"], "--limit must be at least 1"),
+    (["run", "--warmup", "-1"], "--warmup must be at least 0"),
+    (["calibrate", "--prompts", "-1"], "--prompts must be at least 1"),
+    (["calibrate", "--prompts", "0"], "--prompts must be at least 1"),
+    (["calibrate", "--steps", "0"], "--steps must be at least 1"),
+    (["profile", "--component", "head", "--method", "flashhead", "--reps", "0"], "--reps must be at least 1"),
+    (["train-drafter", "--steps", "-5"], "--steps must be at least 1"),
+    (["train-drafter", "--resume", "--out", "no/such/drafter"], "no training to continue"),
+    (["report", "fake", "--compare", "fake", "--max-regression", "-5"], "--max-regression must be at least 0"),
+    (["report", "fake", "--along", "nosuch"], "unknown method label for --along 'nosuch'"),
+    # method options out of range, refused before the model loads
+    (["run", "--method", "suffix", "--opt", "max_depth=-5"], "max_depth=-5 is out of range for suffix"),
+    (["run", "--method", "suffix", "--opt", "min_token_prob=7"], "min_token_prob=7 is out of range"),
+    (["run", "--method", "suffix", "--opt", "max_spec_factor=1e9"], "max_spec_factor=1e+09 is out of range"),
+    (["run", "--method", "eagle3", "--opt", "top_k=0"], "top_k=0 is out of range for eagle3"),
+    (["run", "--method", "dflash", "--opt", "block_size=1"], "block_size=1 drafts nothing"),
+    (["run", "--method", "pld", "--opt", "min_ngram=5"], "min_ngram=5 is above max_ngram=3"),
+    (["run", "--method", "hvd", "--opt", "threshold=inf"], "threshold=inf is out of range for hvd"),
+    # checkpoints that cannot be loaded
+    (["run", "--model", "mine", "--target", "empty"], "target checkpoint folder"),
+    (["run", "--model", "mine", "--target", "no_config"], "has no config.json"),
+    (["run", "--method", "eagle3", "--drafter", "eagle3=random_bytes"], "not a safetensors file"),
+    (["run", "--method", "eagle3", "--drafter", "eagle3=truncated"], "truncated"),
+    # results folders that cannot be written
+    (["run", "--out", "/proc/specbench"], "cannot create results directory"),
+    (["run", "--out", "/dev/null/x"], "cannot create results directory"),
+    (["report", "fake", "--out", "a_file"], "is a file"),
+    # dataset files
+    (["run", "--dataset", "rows_list.jsonl"], "rows_list.jsonl:1: each line must be a JSON object"),
+    (["run", "--dataset", "rows_str.jsonl"], "rows_str.jsonl:2: each line must be a JSON object"),
+    (["run", "--dataset", "latin1.jsonl"], "not UTF-8 text"),
+    (["run", "--dataset", "folder.jsonl"], "it is a directory"),
+    (["run", "--dataset", "turns_str.jsonl"], "'turns' must be a list of strings"),
+    (["run", "--dataset", "turns_empty.jsonl"], "turn 1 is empty"),
+    (["run", "--dataset", "duplicate.jsonl"], "id 'a' appears twice"),
+    # results the report cannot read
+    (["report", "not_json"], "not a readable run.json"),
+    (["report", "no_settings"], "has no 'settings'"),
+    # a sweep whose [run] value has the wrong type
+    (["sweep", "limit.toml"], "[run] limit = 'many' must be an integer"),
 ]
 
 
-@pytest.mark.parametrize("args,message", BAD)
-def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, monkeypatch):
+@pytest.fixture(autouse=True)
+def bad_files(tmp_path, monkeypatch):
+    """The files the table names, in the working folder; loading any model fails the test."""
     monkeypatch.chdir(tmp_path)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded for bad input")
+
+    import specbench_cli.loading
+    import specbench_cli.runner
+
+    monkeypatch.setattr(specbench_cli.loading, "load_model", no_model)
+    monkeypatch.setattr(specbench_cli.runner, "load_model", no_model)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "no_config").mkdir()
+    (tmp_path / "no_config" / "model.safetensors").write_bytes(_safetensors())
+    for name, data in (("random_bytes", bytes(range(256)) * 40), ("truncated", _safetensors()[:-7])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        (tmp_path / name / "model.safetensors").write_bytes(data)
+    rows = {"rows_list": "[1, 2]\n", "rows_str": '{"turns": ["fine"]}\n"hello"\n', "turns_str": '{"turns": "Hello"}\n',
+            "turns_empty": '{"turns": [""]}\n', "duplicate": '{"id": "a", "turns": ["x"]}\n{"id": "a", "turns": ["y"]}\n'}
+    for name, text in rows.items():
+        (tmp_path / f"{name}.jsonl").write_text(text)
+    (tmp_path / "latin1.jsonl").write_bytes('{"turns": ["caf\u00e9"]}\n'.encode("latin-1"))
+    (tmp_path / "folder.jsonl").mkdir()
+    write_run(tmp_path / "fake" / "baseline", "baseline", [Turn("p0", "qa", [0, 0], 10.0, depth=0)])
+    (tmp_path / "a_file").write_text("x")
+    for name, text in (("not_json", "{oops"), ("no_settings", "{}")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(text)
+    (tmp_path / "limit.toml").write_text('models = ["smollm2-135m"]\ndatasets = ["spec-bench"]\nmethods = ["baseline"]\n'
+                                          '[run]\nlimit = "many"\n')
+
+
+def _safetensors() -> bytes:
+    """A real safetensors file of one float32 tensor of 4 values."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    return len(header).to_bytes(8, "little") + header + bytes(16)
+
+
+@pytest.mark.parametrize("args,message", BAD)
+def test_bad_input_is_one_line_and_exit_2(args, message):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
@@ -67,3 +161,27 @@ def test_list_and_help_document_defaults():
     helptext = CliRunner().invoke(app, ["run", "--help"]).output
     for option in ("--method", "--shard", "--warmup", "--resume", "--opt", "--drafter", "--target", "[default: 1024]"):
         assert option in helptext
+
+
+def test_bad_input_is_answered_before_torch_is_imported():
+    """A typo costs no torch import (seconds on a loaded machine): `run` checks what it can first."""
+    code = ("import sys; from typer.testing import CliRunner; from specbench_cli.cli import app; "
+            "r = CliRunner().invoke(app, ['run', '--method', 'sufix']); "
+            "assert r.exit_code == 2, r.output; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+
+
+def test_every_method_declares_a_range_for_each_numeric_option():
+    """check_ranges looks each number up in the Options' RANGES: a method that forgot one fails here."""
+    from methods import METHODS, method_class
+    from specbench_cli.core.method import parse_options
+
+    for name in METHODS:
+        parse_options(method_class(name), [])  # the defaults pass their own ranges
+
+
+def test_the_torch_free_bucket_default_is_the_engines():
+    from specbench_cli.core.target import DEFAULT_BUCKETS
+    from specbench_cli.inputs import DEFAULT_BUCKETS as TEXT
+
+    assert TEXT == ",".join(map(str, DEFAULT_BUCKETS))

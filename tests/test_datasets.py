@@ -36,9 +36,10 @@ def test_checksum_mismatch_is_refused(tmp_path):
 
 def test_user_jsonl_and_its_errors(tmp_path):
     good = tmp_path / "mine.jsonl"
-    good.write_text('{"question_id": 1, "category": "chat", "turns": ["hi", "more"]}\n{"prompt": "solo"}\n')
+    good.write_text('{"question_id": 7, "category": "chat", "turns": ["hi", "more"]}\n{"prompt": "solo"}\n')
     prompts = load_dataset(str(good))
     assert [p.turns for p in prompts] == [("hi", "more"), ("solo",)]
+    assert [p.id for p in prompts] == ["7", "1"]  # a row without an id is named by its position
     assert prompts[1].category == "custom" and prompts[0].dataset == "mine"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"turns": ["ok"]}\n{oops\n')
@@ -58,3 +59,31 @@ def test_limit_is_round_robin_across_subtasks_and_shards_partition():
     assert parse_shard(None, {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "4"}) == (2, 4)
     with pytest.raises(UsageError):
         parse_shard("4/4", {})
+
+
+def write_speed_bench(folder, turns_by_row):
+    """A SPEED-Bench config folder in the format its prepare_data.py writes (test.parquet, all its columns)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    n = len(turns_by_row)
+    pq.write_table(pa.table({"question_id": [f"q{i}" for i in range(n)], "category": ["coding", "writing"][:n],
+                             "sub_category": ["py"] * n, "turns": turns_by_row, "source": ["src"] * n,
+                             "src_id": [str(i) for i in range(n)], "difficulty": ["easy"] * n,
+                             "multiturn": [len(t) > 1 for t in turns_by_row]}), folder / "test.parquet")
+
+
+def test_speed_bench_reads_its_prepared_format_and_refuses_placeholders(tmp_path):
+    write_speed_bench(tmp_path / "speed" / "qualitative", [["Write a sort."], ["Draft a poem.", "Now shorten it."]])
+    for ref in ("speed", "speed/qualitative", "speed/qualitative/test.parquet"):  # root, config folder, file
+        prompts = load_dataset(f"speed-bench:{tmp_path / ref}")
+        assert [p.turns for p in prompts] == [("Write a sort.",), ("Draft a poem.", "Now shorten it.")]
+        assert [(p.id, p.category, p.subtask, p.dataset) for p in prompts][1] == (
+            "q1", "writing", "writing", "speed-bench-qualitative")
+    write_speed_bench(tmp_path / "public" / "qualitative",
+                      [["FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH\n\n{question}"]])
+    with pytest.raises(UsageError, match="placeholders, not its prompts: prepare it with"):
+        load_dataset(f"speed-bench:{tmp_path / 'public'}")
+    with pytest.raises(UsageError, match="SPEED-Bench data not found"):
+        load_dataset(f"speed-bench:{tmp_path / 'nowhere'}")

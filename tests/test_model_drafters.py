@@ -25,8 +25,10 @@ VARIANTS = {
 }
 CASES = [(m, i, a) for m, variants in VARIANTS.items() for i in range(len(variants)) for a in ARCHS]
 # small trees keep the distribution test (600 sampled decodes) fast
-SAMPLING_OPTS = {"eagle3": {"top_k": 4, "depth": 3, "total_token": 16}, "dflash": {"block_size": 4},
-                 "dart": {"total": 12, "beam_width": 4, "top_k": 5}, "confu": {"top_k": 4, "depth": 3, "total_token": 16}}
+# (method, options); DFlash in both of its T > 0 schemes: argmax drafts (the reference's) and sampled drafts
+SAMPLING = [("eagle3", {"top_k": 4, "depth": 3, "total_token": 16}), ("dflash", {"block_size": 4}),
+            ("dflash", {"block_size": 4, "sampling": "sample"}), ("dart", {"total": 12, "beam_width": 4, "top_k": 5}),
+            ("confu", {"top_k": 4, "depth": 3, "total_token": 16})]
 
 
 @pytest.mark.parametrize("method,variant,arch", CASES)
@@ -45,8 +47,8 @@ def test_multi_turn_is_lossless(distilled, method, arch):
     assert_multi_turn_lossless(target, make_method(method, target, folder), corpus[1][:24])
 
 
-@pytest.mark.parametrize("method", VARIANTS)
-def test_sampling_keeps_the_target_distribution(distilled, method):
+@pytest.mark.parametrize("method,opts", SAMPLING)
+def test_sampling_keeps_the_target_distribution(distilled, method, opts):
     target, corpus, folder = distilled(method, "llama")
-    make = lambda: make_method(method, target, folder, **SAMPLING_OPTS[method])  # noqa: E731
+    make = lambda: make_method(method, target, folder, **opts)  # noqa: E731
     assert sampling_p_value(target, make, corpus[0][:24]) > 1e-3

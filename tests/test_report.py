@@ -38,6 +38,7 @@ def test_tau_and_speedup_overall_and_per_subtask(root):
     results = load([root])
     overview = row(report.overview(results), "suffix")
     assert overview["τ"] == pytest.approx(3.0) and overview["speedup"] == pytest.approx(3.0)
+    assert overview["τ turn-mean"] == pytest.approx(3.0)  # equal turns: both conventions agree
     assert overview["tokens/s"] == pytest.approx(30.0) and overview["baseline"] == "runs/base"
     sub = row(report.by_group(results, "spec-bench", "subtask"), "suffix")
     assert (sub["qa τ"], sub["qa ×"], sub["rag τ"], sub["rag ×"]) == pytest.approx((2.0, 2.0, 4.0, 4.0))
@@ -50,6 +51,18 @@ def test_speedup_is_refused_across_hardware(tmp_path):
     write_run(tmp_path / "fast", "suffix", TURNS)
     r = row(report.overview(load([tmp_path])), "suffix")
     assert math.isnan(r["speedup"]) and "other hardware (Other CPU)" in r["baseline"]
+
+
+def test_the_two_tau_conventions_and_the_histogram_differ_where_they_should(tmp_path):
+    """A long turn at τ 4 (8 rounds of 3 accepted) and a short one at τ 1 (2 rounds of 0): token-weighted τ is
+    (32 + 2) / 10 = 3.4, the mean over turns (4 + 1) / 2 = 2.5; lengths 1 and 4 take 20% and 80% of rounds."""
+    write_run(tmp_path / "r", "suffix", [Turn("A", "qa", [3] * 8, 100.0), Turn("B", "qa", [0] * 2, 100.0)])
+    results = load([tmp_path])
+    overview = row(report.overview(results), "suffix")
+    assert overview["τ"] == pytest.approx(3.4) and overview["τ turn-mean"] == pytest.approx(2.5)
+    hist = row(report.lengths(results), "suffix")
+    assert hist["1"] == pytest.approx(20.0) and hist["4"] == pytest.approx(80.0) and hist["2"] == 0.0
+    assert survival(results.groups[0].rounds).share.tolist() == pytest.approx([1.0, 0.8, 0.8, 0.8])
 
 
 def test_per_position_acceptance_known_answers():
@@ -122,11 +135,12 @@ def test_report_writes_tables_and_figures(root, tmp_path):
                   "eagle3_share": [1.0, 0.6, 0.2]}).to_csv(cal / "sweep.csv", index=False)
     result = invoke(root, "--out", out)
     assert result.exit_code == 0, result.output
-    for name in ("overview", "subtasks_spec-bench", "acceptance_positions", "lossless", "phases", "environment"):
+    for name in ("overview", "subtasks_spec-bench", "acceptance_positions", "acceptance_histogram", "lossless", "phases",
+                 "environment"):
         for ext in ("md", "csv", "tex"):
             assert (out / f"{name}.{ext}").stat().st_size > 0
     assert "threshold sweep (chosen: 0.500)" in (out / "calibration_whiflash-neural_tiny.md").read_text()
-    for fig in ("per_subtask_spec-bench", "tau_along_response_spec-bench", "phases", "survival",
+    for fig in ("per_subtask_spec-bench", "tau_along_response_spec-bench", "phases", "survival", "acceptance_histogram",
                 "sensitivity_whiflash-neural_tiny"):
         assert (out / f"{fig}.png").read_bytes()[:4] == b"\x89PNG" and (out / f"{fig}.pdf").read_bytes()[:4] == b"%PDF"
     assert pd.read_csv(out / "overview.csv").set_index("method").loc["suffix", "speedup"] == pytest.approx(3.0)

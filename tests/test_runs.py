@@ -33,7 +33,7 @@ def run_cli(*args: str) -> None:
 def drafters(embedded, tmp_path_factory):
     """Random drafters for the embedded model in each released format (they load through --drafter; they
     accept little, so they check the plumbing and losslessness), and the model itself as an SpS drafter."""
-    from specbench_cli.models import embedded_folder
+    from specbench_cli.loading import embedded_folder
     from tests.drafter_fixtures import write_confu, write_dart, write_dflash, write_eagle3
 
     root, target = tmp_path_factory.mktemp("drafters"), embedded.model
@@ -120,12 +120,17 @@ def test_kill_and_resume_gives_the_uninterrupted_records(tmp_path):
     deadline = time.time() + 120
     while not list((killed / "prompts.parquet").glob("part-*.parquet")) and time.time() < deadline:
         time.sleep(0.05)
+    second = CliRunner().invoke(app, ["run", *COMMON, *args, "--out", str(killed), "--resume"])  # while it runs
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    assert second.exit_code == 2 and f"in use by pid {proc.pid}" in second.output, second.output
     kept = read_table(killed, "prompts")
     assert 1 <= kept["index"].nunique() < 3, "the kill should land after the first prompt and before the last"
 
-    run_cli(*args, "--out", str(killed), "--resume")
+    result = CliRunner().invoke(app, ["run", *COMMON, *args, "--out", str(killed), "--resume"])
+    assert result.exit_code == 0 and f"stale lock of pid {proc.pid}" in result.output, result.output
+    sessions = json.loads((killed / "run.json").read_text())["sessions"]
+    assert len(sessions) == 2 and sessions[1]["prompts"] == 3 - kept["index"].nunique()  # each session's provenance
     for name, cols in (("prompts", ["prompt_id", "turn", "output_hash", "rounds", "decode_tokens"]),
                        ("rounds", ["prompt_id", "turn", "round", "tree_size", "accepted", "emitted", "kv_len"])):
         a = read_table(whole, name)[cols].sort_values(cols[:3]).reset_index(drop=True)
@@ -139,6 +144,27 @@ def test_resume_refuses_changed_settings(tmp_path):
     result = CliRunner().invoke(app, ["run", *COMMON, "--method", "baseline", "--dataset", "aime25", "--limit", "1",
                                       "--max-new-tokens", "8", "--warmup", "0", "--out", str(out), "--resume"])
     assert result.exit_code == 2 and "max_new_tokens" in result.output
+    result = CliRunner().invoke(app, ["run", "--model", "smollm2-135m", "--threads", "1", "--method", "baseline",
+                                      "--dataset", "aime25", "--limit", "1", "--max-new-tokens", "4", "--warmup", "0",
+                                      "--out", str(out), "--resume"])
+    assert result.exit_code == 2 and "measured differently (torch_threads 2 -> 1)" in result.output, result.output
+
+
+def test_warm_up_never_uses_a_scored_prompt_and_long_prompts_are_refused(tmp_path):
+    data = tmp_path / "one.jsonl"
+    data.write_text('{"id": "only", "turns": ["Name a colour."]}\n')
+    result = CliRunner().invoke(app, ["run", *COMMON, "--dataset", str(data), "--max-new-tokens", "4",
+                                      "--out", str(tmp_path / "w")])
+    assert result.exit_code == 0 and "a built-in prompt warms up" in result.output, result.output
+    assert json.loads((tmp_path / "w" / "run.json").read_text())["settings"]["warmup"] == ["builtin-warmup"]
+    assert "specbench report" in result.output  # the summary says how to get a speedup
+
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"id": "huge", "turns": ["word " * 9000]}) + "\n")
+    result = CliRunner().invoke(app, ["run", *COMMON, "--dataset", str(long), "--max-new-tokens", "4", "--warmup", "0",
+                                      "--out", str(tmp_path / "l")])
+    assert result.exit_code == 2 and "prompt 'huge' needs up to" in result.output and "context is 8192" in result.output
+    assert not (tmp_path / "l").exists()  # nothing decoded, nothing left to be told "exists" about
 
 
 @pytest.mark.parametrize("method", ["eagle3", "dflash", "dart", "confu", "sps", "flashhead"])

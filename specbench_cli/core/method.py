@@ -8,6 +8,7 @@ method class; `--opt key=value` fills it, typed by the dataclass fields.
 from __future__ import annotations
 
 import dataclasses
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,7 +161,26 @@ def parse_options(cls: type[Method], pairs: list[str]) -> Method.Options:
         if key not in fields:
             raise unknown(f"option for {cls.name}", key, fields) if fields else UsageError(f"method {cls.name} takes no --opt (got '{key}')")
         values[key] = _convert(key, raw.strip(), fields[key].type)
-    return cls.Options(**values)
+    options = cls.Options(**values)  # an Options' __post_init__ checks what involves two fields
+    check_ranges(cls, options)
+    return options
+
+
+def check_ranges(cls: type[Method], options: object) -> None:
+    """Every number of a method's Options within the range its `RANGES` declares ((low, high), None =
+    unbounded), and finite; NaN only where NaN is the default ("use the calibrated value")."""
+    ranges: dict = getattr(options, "RANGES", {})
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if math.isnan(value) and isinstance(f.default, float) and math.isnan(f.default):
+            continue
+        low, high = ranges[f.name]  # a KeyError here is a method that forgot to declare a range (a test checks)
+        if not (math.isfinite(value) and (low is None or value >= low) and (high is None or value <= high)):
+            bounds = " and ".join(b for b in (low is not None and f">= {low:g}", high is not None and f"<= {high:g}") if b)
+            raise UsageError(f"--opt {f.name}={value:g} is out of range for {cls.name}: it must be "
+                             f"{bounds or 'a finite number'}")
 
 
 def _convert(key: str, raw: str, typ: object) -> object:

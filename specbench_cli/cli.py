@@ -555,7 +555,6 @@ def show_lists() -> None:
     import dataclasses
 
     from methods import METHODS, method_class
-    from specbench_cli.datasets import DATASETS
     from specbench_cli.models import MODELS
 
     methods = []
@@ -568,27 +567,51 @@ def show_lists() -> None:
         methods.append((name, about, drafters, opts))
     models = [(m.name, m.target, "\n".join(f"{k}: {v}" for k, v in m.drafters.items()) or "—", m.about)
               for m in MODELS.values()]
-    datasets = [(name, f"datasets/{entry.path}" + (" (first turns)" if entry.first_turn_only else ""))
-                for name, entry in DATASETS.items()]
-    datasets += [("speed-bench:PATH", "SPEED-Bench as prepared by its prepare_data.py (see README)"),
-                 ("FILE.jsonl", "your own prompts: turns or prompt per line")]
     sections = (("methods", ("name", "what", "--drafter names", "--opt defaults"), methods),
                 ("models", ("name", "target", "registered drafters", "about"), models),
-                ("datasets", ("name", "file"), datasets))
+                ("datasets", ("name", "source", "revision", "prompts", "categories", "licence", "here?"), dataset_rows()))
     for title, columns, rows in sections:
-        if console.width >= 120:
-            t = Table(title=title)
-            for column in columns:
-                t.add_column(column, overflow="fold")
-            for row in rows:
-                t.add_row(*row)
-            console.print(t)
-            continue
-        console.print(f"{title}:", style="bold")
+        show_section(title, columns, rows)
+
+
+def dataset_rows() -> list[tuple[str, ...]]:
+    """Every dataset --dataset accepts: vendored files, hub datasets, the papers' suites, the open formats."""
+    from specbench_cli.datasets import DATASETS, load_dataset
+    from specbench_cli.hub_datasets import GROUPS, HUB, cached
+
+    rows = []
+    for name, entry in DATASETS.items():
+        prompts = load_dataset(name)
+        rows.append((name, f"datasets/{entry.path}" + (" (first turns)" if entry.first_turn_only else ""),
+                     "vendored, sha256 checked", str(len(prompts)), " ".join(sorted({p.category for p in prompts})),
+                     entry.licence, "yes"))
+    for name, e in HUB.items():
+        source = " ".join(x for x in (e.hub_id, e.config, e.split) if x) + (" (json files)" if e.files else "")
+        rows.append((name, source, e.revision[:12] if e.revision else "main, not pinned yet", str(e.size), e.category,
+                     e.licence, "cached" if cached(e) else "downloads on first use"))
+    for name, members in GROUPS.items():
+        rows.append((name, "suite: " + " ".join(members), "as its members", str(sum(HUB[m].size for m in members)),
+                     " ".join(dict.fromkeys(HUB[m].category for m in members)), "as its members", "—"))
+    rows += [("speed-bench:PATH", "SPEED-Bench, prepared by its prepare_data.py (see README)", "—", "880 (qualitative)",
+              "its 11 categories", "per source", "—"),
+             ("FILE.jsonl", "your own prompts: turns or prompt per line", "—", "—", "category field", "yours", "—")]
+    return rows
+
+
+def show_section(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    if console.width >= 120:
+        t = Table(title=title)
+        for column in columns:
+            t.add_column(column, overflow="fold")
         for row in rows:
-            console.print(f"  {row[0]}", style="bold", highlight=False)
-            for column, value in zip(columns[1:], row[1:]):
-                console.print(f"    {column}: " + value.replace("\n", "; "), highlight=False, soft_wrap=True)
+            t.add_row(*row)
+        console.print(t)
+        return
+    console.print(f"{title}:", style="bold")
+    for row in rows:
+        console.print(f"  {row[0]}", style="bold", highlight=False, markup=False)
+        for column, value in zip(columns[1:], row[1:]):
+            console.print(f"    {column}: " + value.replace("\n", "; "), highlight=False, soft_wrap=True, markup=False)
 
 
 def main() -> None:

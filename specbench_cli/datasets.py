@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbench_cli.core.errors import UsageError, unknown
+from specbench_cli.hub_datasets import GROUPS, HUB, load_hub
 
 DATASET_DIR = Path(__file__).resolve().parent.parent / "datasets"
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -25,16 +26,21 @@ AIME_SUFFIX = "\nPlease reason step by step, and put your final answer within \\
 class DatasetFile:
     path: str  # relative to datasets/
     sha256: str  # of the vendored file, as its SOURCE.md gives it
+    licence: str  # of the source repository, as its SOURCE.md says
     first_turn_only: bool = False  # a single-turn view of a multi-turn file (vLLM's MT-Bench regression test)
 
 
 DATASETS: dict[str, DatasetFile] = {
-    "spec-bench": DatasetFile("spec_bench/question.jsonl", "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"),
-    "mt-bench": DatasetFile("mt_bench/question.jsonl", "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7"),
+    "spec-bench": DatasetFile("spec_bench/question.jsonl", "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04",
+                              "Apache-2.0"),
+    "mt-bench": DatasetFile("mt_bench/question.jsonl", "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
+                            "Apache-2.0"),
     "mt-bench-1turn": DatasetFile("mt_bench/question.jsonl", "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
-                                  first_turn_only=True),
-    "aime24": DatasetFile("aime24/test.jsonl", "af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac"),
-    "aime25": DatasetFile("aime25/test.jsonl", "b4e273c02d3e7fe1b74b59eae768fc8230bfb0f79539890cb56f4361caac0331"),
+                                  "Apache-2.0", first_turn_only=True),
+    "aime24": DatasetFile("aime24/test.jsonl", "af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac",
+                          "MIT (Qwen2.5-Math evaluation/; problems © MAA)"),
+    "aime25": DatasetFile("aime25/test.jsonl", "b4e273c02d3e7fe1b74b59eae768fc8230bfb0f79539890cb56f4361caac0331",
+                          "Apache-2.0 (AReaL; problems © MAA)"),
 }
 
 
@@ -56,6 +62,8 @@ def load_dataset(name: str, base: Path = DATASET_DIR) -> list[Prompt]:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest != entry.sha256:
             raise UsageError(f"dataset '{name}' failed its checksum ({path}: sha256 {digest[:12]}…, expected {entry.sha256[:12]}…)")
+    elif name in HUB or name in GROUPS:
+        return load_suite(name)
     elif name.startswith(SPEED_BENCH):
         return load_speed_bench(name)
     elif name.endswith(".jsonl"):
@@ -63,7 +71,7 @@ def load_dataset(name: str, base: Path = DATASET_DIR) -> list[Prompt]:
         if not path.is_file():
             raise UsageError(f"dataset file not found: {name}" + (" (it is a directory)" if path.is_dir() else ""))
     else:
-        raise unknown("dataset", name, DATASETS)
+        raise unknown("dataset", name, [*DATASETS, *HUB, *GROUPS])
     dataset = dataset_slug(name)
     rows = _read_jsonl(path)
     if name in DATASETS and DATASETS[name].first_turn_only:
@@ -76,7 +84,7 @@ def load_dataset(name: str, base: Path = DATASET_DIR) -> list[Prompt]:
 def dataset_slug(name: str) -> str:
     """A dataset's name wherever it becomes part of a path or a label: the registered name, or a user file's
     stem with anything but letters, digits, '.', '_' and '-' replaced (`data/my set.jsonl` -> `my-set`)."""
-    if name in DATASETS:
+    if name in DATASETS or name in HUB or name in GROUPS:
         return name
     if name.startswith(SPEED_BENCH):
         return f"speed-bench-{_speed_bench_file(name).parent.name}"
@@ -122,6 +130,21 @@ def _normalise(dataset: str, row: dict, where: str, index: int) -> Prompt:
     reference = json.dumps(ref) if isinstance(ref, list) else ref
     pid = row.get("question_id", row.get("id", index))
     return Prompt(str(pid), dataset, category, subtask, tuple(turns), reference)
+
+
+def load_suite(name: str, files: dict[str, list[Path]] | None = None) -> list[Prompt]:
+    """A hub dataset, or a paper's suite of them (ids prefixed with their dataset, which is also each prompt's
+    subtask; the category is the paper's). `files`: local files in each dataset's hub schema (tests)."""
+    members = GROUPS.get(name, (name,))
+    prompts = []
+    for member in members:
+        for row_id, category, turns in load_hub(member, (files or {}).get(member)):
+            pid = row_id if len(members) == 1 else f"{member}/{row_id}"
+            prompts.append(_normalise(name, {"id": pid, "category": category, "turns": turns}, f"{member} row {row_id}",
+                                      len(prompts)))
+    _check_unique(prompts, Path(name))
+    return [Prompt(p.id, p.dataset, p.category, p.id.split("/")[0] if len(members) > 1 else member, p.turns)
+            for p in prompts]
 
 
 SPEED_BENCH = "speed-bench:"  # --dataset speed-bench:PATH, a folder prepared by SPEED-Bench's own prepare_data.py

@@ -17,7 +17,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from specbench_cli.metrics import summarise
+from specbench_cli.analysis.metrics import summarise
 from specbench_cli.records import read_table
 from specbench_cli.inputs import RunConfig
 from specbench_cli.runner import execute, plan

@@ -179,12 +179,12 @@ def profile(
 def _component_profile(config, threads: int | None, reps: int, warmup_reps: int, what: str,
                        kv_lens: list[int], backlogs: list[int]) -> list[Path]:
     """--component head (dense vs FlashHead) or --switching (WhiFlash catch-up cost) on the loaded method."""
-    from specbench_cli import plots
+    from specbench_cli.analysis import plots
     from specbench_cli import profile as prof
     from specbench_cli.folders import claim
     from specbench_cli.loading import load_model
     from specbench_cli.runner import Runner, plan, progress_bar
-    from specbench_cli.tables import Table
+    from specbench_cli.analysis.tables import Table
 
     use_threads(threads)
     checked = plan(config, dict(os.environ))
@@ -238,7 +238,7 @@ def train_drafter(
     """Train a drafter for a target on its own answers to datasets/train prompts (self-distillation)."""
     from specbench_cli.inputs import at_least
     from specbench_cli.models import get_model_spec
-    from specbench_cli.recipes import recipe_class
+    from specbench_cli.training.recipes import recipe_class
 
     try:
         recipe = recipe_class(method)  # an unknown method fails here, before anything loads
@@ -261,7 +261,7 @@ def train_drafter(
     from specbench_cli.loading import load_model, resolve_device, resolve_dtype
     from specbench_cli.models import cache_root
     from specbench_cli.runner import progress_bar
-    from specbench_cli.train_drafter import TrainSettings, command_line, train
+    from specbench_cli.training.train import TrainSettings, command_line, train
 
     try:
         use_threads(threads)
@@ -304,7 +304,7 @@ def _corpus(loaded, folder: Path, layers: list[int], prompts: int, max_new_token
             needs_topk: bool, bar):
     """The self-distillation corpus in `folder`: loaded if built before, else the target answers the training
     prompts; with the target's top-k distributions added when the recipe needs them."""
-    from specbench_cli import distill
+    from specbench_cli.training import distill
 
     if (folder / "corpus.json").exists():
         data = distill.Corpus.load(folder)
@@ -349,15 +349,15 @@ def oracle(
                            compile_buckets=compile_buckets)
     try:
         at_least("--threads", threads, 1)
-        from specbench_cli import oracle_run
+        from specbench_cli.oracle import command as oracle_run
 
         config = oracle_run.OracleConfig([d.strip() for d in drafters.split(",") if d.strip()], run_config, opt or [])
         use_threads(threads)
         folder = oracle_run.execute(config, console)
     except UsageError as err:
         fail(str(err))
-    from specbench_cli import report as rep
-    from specbench_cli.results import load
+    from specbench_cli.analysis import report as rep
+    from specbench_cli.analysis.results import load
 
     for table in rep.oracle_tables(load([folder])):
         console.print(table.rich())
@@ -381,7 +381,7 @@ def calibrate(
 ) -> None:
     """Calibrate a router from trace replay and latencies measured on this machine; writes an artifact that
     `run` loads automatically (config.json card, router.safetensors or predictor.safetensors, sweep.csv)."""
-    from specbench_cli import calibrate as cal
+    from specbench_cli.calibration import calibrate as cal
     from specbench_cli.inputs import at_least
 
     try:
@@ -408,7 +408,7 @@ def calibrate(
             console.print(f"τ_neural {result['threshold']:.3f}; held-out MSE {result['heldout_mse']:.3f} "
                           f"(predicting the mean: {result['heldout_mse_of_mean']:.3f})")
         else:
-            from specbench_cli.calibrate_hvd import calibrate_hvd
+            from specbench_cli.calibration.hvd import calibrate_hvd
 
             result = calibrate_hvd(config, console)
             q = result["heldout_quality"]
@@ -434,11 +434,11 @@ def report(
 ) -> None:
     """Tables and plots from results directories: τ, per-position acceptance, tokens/s, TTFT, speedup per
     subtask and category, lossless check, oracle rows, phases, environment; optional regression and parity gates."""
-    from specbench_cli import report as rep
+    from specbench_cli.analysis import report as rep
     from specbench_cli.core.errors import unknown
     from specbench_cli.inputs import at_least
-    from specbench_cli.parity import load_expectations
-    from specbench_cli.results import load
+    from specbench_cli.analysis.parity import load_expectations
+    from specbench_cli.analysis.results import load
 
     try:
         at_least("--max-regression", max_regression, 0)
@@ -460,7 +460,7 @@ def report(
             raise UsageError(f"cannot create report folder {folder}: {err.strerror}") from None
     except UsageError as err:
         fail(str(err))
-    from specbench_cli.divergence import run_classifier
+    from specbench_cli.analysis.divergence import run_classifier
 
     tables = rep.all_tables(results, run_classifier() if classify else None)
     for table in tables:
@@ -485,7 +485,7 @@ def report(
 
 def _parity(results, expectations, folder: Path) -> list[str]:
     """--expect: the parity table (terminal and files) and a line per expectation missed or missing."""
-    from specbench_cli.parity import check
+    from specbench_cli.analysis.parity import check
 
     table, problems = check(results, expectations)
     console.print(table.rich())

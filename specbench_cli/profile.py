@@ -1,7 +1,7 @@
 """`specbench profile`: where a method's time goes.
 
 - `phases`: a short run of the method (after warm-up) whose rounds give mean/p50/p95 ms and the share of
-  the round per phase (`specbench_cli.phases`), plus the FlashHead thesis' regrouping of them.
+  the round per phase (`specbench_cli.analysis.phases`), plus the FlashHead thesis' regrouping of them.
 - `head`: microbenchmarks of a draft model's output head alone and of a whole draft step (one body
   forward + head), dense head vs FlashHead side by side (FlashHead thesis, Tables 4.1-4.4).
 
@@ -22,14 +22,14 @@ from rich.console import Console
 
 from specbench_cli.core.method import DecodeState
 from specbench_cli.core.errors import UsageError
-from specbench_cli.phases import flashhead_view, phase_table
+from specbench_cli.analysis.phases import flashhead_view, phase_table
 from specbench_cli.records import read_table
-from specbench_cli.tables import Table
+from specbench_cli.analysis.tables import Table
 
 
 def phases(run_dir: Path, console: Console) -> list[Path]:
     """Phase table, FlashHead view and stacked-bar plot of a finished run, written under run_dir/profile."""
-    from specbench_cli import plots
+    from specbench_cli.analysis import plots
 
     info = json.loads((run_dir / "run.json").read_text())
     rounds = read_table(run_dir, "rounds")

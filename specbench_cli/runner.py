@@ -29,12 +29,12 @@ from specbench_cli.core.engine import decode_turn
 from specbench_cli.core.turn import DecodeSettings, TurnResult
 from specbench_cli.core.errors import UsageError
 from specbench_cli.folders import claim
-from specbench_cli.metrics import tau
+from specbench_cli.analysis.metrics import tau
 from specbench_cli.inputs import RunConfig, check_run
 from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench_cli.models import ModelSpec, checkpoint_ref
 from specbench_cli.records import NAN, PromptRecord, RoundRecord, RunWriter, output_hash, read_table
-from specbench_cli.summary import print_summary
+from specbench_cli.analysis.summary import print_summary
 from specbench_cli.core.target import DEFAULT_BUCKETS, Target
 from specbench_cli.core.timing import PHASES, SUB_PHASES, PhaseClock
 

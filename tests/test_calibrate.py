@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from methods.predictors import Router
-from specbench_cli.calibrate import (TABLE2_THRESHOLDS, Latency, break_even_threshold, entropy_grid, entropy_sweep,
+from specbench_cli.calibration.calibrate import (TABLE2_THRESHOLDS, Latency, break_even_threshold, entropy_grid, entropy_sweep,
                                      fit, simulate, throughput)
-from specbench_cli.oracle import static_rounds
+from specbench_cli.oracle.oracles import static_rounds
 
 LAT = Latency(eagle3=30.0, other=10.0, catchup_per_token=0.5)
 

@@ -185,3 +185,4 @@ def test_the_torch_free_bucket_default_is_the_engines():
     from specbench_cli.inputs import DEFAULT_BUCKETS as TEXT
 
     assert TEXT == ",".join(map(str, DEFAULT_BUCKETS))
+

@@ -8,13 +8,13 @@ import copy
 import pytest
 import torch
 
-from specbench_cli import report
+from specbench_cli.analysis import report
 from specbench_cli.core import engine
 from specbench_cli.core.acceptance import Acceptance
 from specbench_cli.core.target import Target
-from specbench_cli.divergence import TIE_THRESHOLD, classify
-from specbench_cli.metrics import first_divergence
-from specbench_cli.results import load
+from specbench_cli.analysis.divergence import TIE_THRESHOLD, classify
+from specbench_cli.analysis.metrics import first_divergence
+from specbench_cli.analysis.results import load
 from tests.conftest import tiny_model
 from tests.fake_runs import Turn, write_run
 from tests.helpers import OracleTree, baseline_output, random_prompt, run_method
@@ -95,7 +95,7 @@ def test_report_counts_ties_and_gates_on_mismatches(tmp_path):
 
 
 def test_a_target_that_is_not_here_leaves_divergences_unclassified(capsys):
-    from specbench_cli.divergence import run_classifier
+    from specbench_cli.analysis.divergence import run_classifier
 
     info = {"settings": {"model": "nowhere", "target": "/no/such/folder", "dtype": "bfloat16"}}
     assert run_classifier()(info, [1, 2], 3, 4) == "unclassified"

@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specbench_cli import oracle, report
-from specbench_cli.results import load
+from specbench_cli.oracle import oracles as oracle
+from specbench_cli.analysis import report
+from specbench_cli.analysis.results import load
 
 # Per prompt (category), per drafter: AL at decode positions 0..5 (six decode tokens per turn).
 REPLAY = {
@@ -75,8 +76,8 @@ def test_draft_parts_read_back_when_one_prompt_never_drafted(tmp_path):
     """A part whose drafts are all empty must not give the column a type the other parts do not share."""
     import torch
 
-    from specbench_cli.oracle_run import _write_prompt
-    from specbench_cli.replay import Trace, TurnReplay
+    from specbench_cli.oracle.command import _write_prompt
+    from specbench_cli.oracle.replay import Trace, TurnReplay
 
     for folder in ("replay.parquet", "signals.parquet", "traces.parquet", "drafts.parquet"):
         (tmp_path / folder).mkdir()

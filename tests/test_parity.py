@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench_cli.cli import app
-from specbench_cli.parity import load_expectations
-from specbench_cli.results import method_label
+from specbench_cli.analysis.parity import load_expectations
+from specbench_cli.analysis.results import method_label
 from specbench_cli.sweep import load as load_sweep
 from tests.fake_runs import Turn, write_run
 

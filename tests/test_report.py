@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from specbench_cli import report
+from specbench_cli.analysis import report
 from specbench_cli.cli import app
-from specbench_cli.metrics import first_divergence, position_acceptance, survival
-from specbench_cli.phases import flashhead_view, phase_table
-from specbench_cli.results import load
+from specbench_cli.analysis.metrics import first_divergence, position_acceptance, survival
+from specbench_cli.analysis.phases import flashhead_view, phase_table
+from specbench_cli.analysis.results import load
 from tests.fake_runs import CPU, Turn, baseline_turns, write_run
 
 # Prompt A (qa): 5 rounds accepting 1 → 10 tokens in 500 ms (20 tok/s); baseline 1000 ms (10 tok/s).
@@ -98,7 +98,7 @@ def test_shards_merge_and_clashing_labels_say_what_differs(tmp_path):
 
 
 def test_routing_table_counts_cycles_and_drafter_shares(tmp_path):
-    from specbench_cli.report import routing
+    from specbench_cli.analysis.report import routing
 
     write_run(tmp_path / "hvd", "hvd", [Turn("A", "qa", [3, 0, 5, 0], 10.0, proposers=["suffix", "eagle3", "suffix", "eagle3"])])
     write_run(tmp_path / "eagle3", "eagle3", [Turn("A", "qa", [1, 1], 10.0)])

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from methods.layers import causal_mask
-from specbench_cli.distill import Corpus, cache_features, cache_topk, training_prompts
+from specbench_cli.training.distill import Corpus, cache_features, cache_topk, training_prompts
 from specbench_cli.core.errors import UsageError
-from specbench_cli.recipes import Sample, kl_to_topk, recipe_class
-from specbench_cli.train_drafter import TrainSettings, train
+from specbench_cli.training.recipes import Sample, kl_to_topk, recipe_class
+from specbench_cli.training.train import TrainSettings, train
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import greedy_corpus, make_method
 from tests.helpers import assert_lossless

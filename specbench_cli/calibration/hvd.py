@@ -31,9 +31,9 @@ import pandas as pd
 import torch
 from rich.console import Console
 
-from specbench_cli.calibrate import (CalibrateConfig, Latency, accepted_wide, calibration_prompts, card, fit,
+from specbench_cli.calibration.calibrate import (CalibrateConfig, Latency, accepted_wide, calibration_prompts, card, fit,
                                      held_out, measure, round_starts, simulate, write_artifact, write_prompts)
-from specbench_cli.metrics import tau
+from specbench_cli.analysis.metrics import tau
 
 PAYOFF = 6.0  # HVD's τ: verify the cache draft when ŷ ≥ 6; also Table 2's "high payoff" line y ≥ 6
 THRESHOLDS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0)  # the sensitivity sweep of τ

@@ -11,9 +11,9 @@ import pandas as pd
 from rich.console import Console
 
 from specbench_cli.hardware import hardware_key
-from specbench_cli.metrics import group_column, summarise
+from specbench_cli.analysis.metrics import group_column, summarise
 from specbench_cli.records import read_table
-from specbench_cli.tables import Table
+from specbench_cli.analysis.tables import Table
 
 MATCH_KEYS = ("model", "dataset", "temperature", "max_new_tokens", "dtype", "target")
 

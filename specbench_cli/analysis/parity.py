@@ -28,9 +28,9 @@ from pathlib import Path
 import pandas as pd
 
 from specbench_cli.core.errors import UsageError
-from specbench_cli.metrics import group_column, position_acceptance, summarise, tau_turn_mean
-from specbench_cli.results import Results, RunGroup
-from specbench_cli.tables import Table
+from specbench_cli.analysis.metrics import group_column, position_acceptance, summarise, tau_turn_mean
+from specbench_cli.analysis.results import Results, RunGroup
+from specbench_cli.analysis.tables import Table
 
 METRICS = ("tau", "tau_turn_mean")
 

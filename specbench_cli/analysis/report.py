@@ -1,6 +1,6 @@
 """`specbench report`: the paper tables from any number of results directories, and the regression gate.
 
-Every number comes from the metric definitions in `specbench_cli.metrics` (τ, tokens/s, speedup), so a
+Every number comes from the metric definitions in `specbench_cli.analysis.metrics` (τ, tokens/s, speedup), so a
 report and the table `run` prints never disagree. A speedup is computed only against a `baseline` run of
 the same model, dataset, settings and hardware; the table names which baseline directory was used.
 """
@@ -11,13 +11,13 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from specbench_cli import oracle
+from specbench_cli.oracle import oracles as oracle
 from specbench_cli.datasets import dataset_slug
-from specbench_cli.metrics import (first_divergence, group_column, histogram, position_acceptance, summarise,
+from specbench_cli.analysis.metrics import (first_divergence, group_column, histogram, position_acceptance, summarise,
                                    tau_turn_mean)
-from specbench_cli.phases import PARTS, split
-from specbench_cli.results import Results, RunGroup
-from specbench_cli.tables import Table
+from specbench_cli.analysis.phases import PARTS, split
+from specbench_cli.analysis.results import Results, RunGroup
+from specbench_cli.analysis.tables import Table
 
 NAN = float("nan")
 
@@ -287,7 +287,7 @@ def regressions(current: Results, reference: Results, max_regression_pct: float,
 def figures(results: Results, folder, along: list[str] | None = None) -> list:
     """Speedup/τ per category for each dataset, τ along the response for two methods (`along`, default the
     first two drafting methods), phase breakdown and acceptance survival for every method."""
-    from specbench_cli import plots
+    from specbench_cli.analysis import plots
 
     written = []
     many = len(datasets(results)) > 1
@@ -313,7 +313,7 @@ def figures(results: Results, folder, along: list[str] | None = None) -> list:
             written += plots.save(plots.length_histogram({name(g): g.rounds for g in drafting}), folder,
                                   "acceptance_histogram")
     for cal in results.calibrations:
-        from specbench_cli.calibrate import POLICY_AXIS
+        from specbench_cli.calibration.calibrate import POLICY_AXIS
 
         written += plots.save(plots.threshold_sensitivity(cal.sweep, POLICY_AXIS.get(cal.card.get("method"), "threshold")), folder,
                               f"sensitivity_{cal.card.get('method')}_{cal.card.get('model')}")

@@ -12,8 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from specbench_cli.metrics import histogram, survival  # noqa: E402
-from specbench_cli.phases import PARTS, split  # noqa: E402
+from specbench_cli.analysis.metrics import histogram, survival  # noqa: E402
+from specbench_cli.analysis.phases import PARTS, split  # noqa: E402
 
 
 def save(fig: plt.Figure, folder: Path, name: str) -> list[Path]:

@@ -1,6 +1,6 @@
 """`specbench train-drafter`: train a drafter on a self-distillation corpus and write it in its loader's format.
 
-The objectives live in `specbench_cli/recipes/` (one module per method); this module is the loop they share:
+The objectives live in `specbench_cli/training/recipes/` (one module per method); this module is the loop they share:
 a seeded held-out split of the corpus, AdamW with linear warm-up and gradient clipping, held-out top-1
 accuracy per draft position every `eval_every` steps, a resumable state file, and a JSON card with the data,
 steps, wall time, accuracies and the exact command.
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from specbench_cli.distill import Corpus
+from specbench_cli.training.distill import Corpus
 from specbench_cli.core.errors import UsageError
-from specbench_cli.recipes import Recipe, Sample, recipe_class
+from specbench_cli.training.recipes import Recipe, Sample, recipe_class
 
 
 @dataclass

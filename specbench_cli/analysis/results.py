@@ -46,7 +46,7 @@ class RunGroup:
 class OracleRun:
     dir: Path
     info: dict
-    replay: pd.DataFrame  # per position and drafter: accepted (see specbench_cli.oracle)
+    replay: pd.DataFrame  # per position and drafter: accepted (see specbench_cli.oracle.oracles)
 
 
 @dataclass

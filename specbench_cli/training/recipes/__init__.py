@@ -2,7 +2,7 @@
 
 A recipe builds the trainable drafter for a target (`model`), turns one corpus sequence into a loss and
 per-position top-1 counts (`loss`), and writes the drafter in its method's loader format (`export`). The
-loop in `specbench_cli/train_drafter.py` owns everything else: data split, optimiser, evaluation, resume
+loop in `specbench_cli/training/train.py` owns everything else: data split, optimiser, evaluation, resume
 state and the card.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from specbench_cli.distill import Corpus
+from specbench_cli.training.distill import Corpus
 from specbench_cli.core.errors import UsageError
 
 
@@ -51,7 +51,7 @@ def recipe_class(method: str) -> type[Recipe]:
     """The recipe for `method`; a method without one is a usage error naming those that have one."""
     if method not in TRAINABLE:
         raise UsageError(f"train-drafter --method {method}: no training recipe for it; trainable: {', '.join(TRAINABLE)}")
-    from specbench_cli.recipes import confu, dart, dflash, eagle3, sps
+    from specbench_cli.training.recipes import confu, dart, dflash, eagle3, sps
 
     return {"eagle3": eagle3.Eagle3Recipe, "dflash": dflash.DFlashRecipe, "dart": dart.DartRecipe,
             "sps": sps.SpsRecipe, "confu": confu.ConFuRecipe}[method]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from specbench_cli.metrics import tau
+from specbench_cli.analysis.metrics import tau
 
 ORACLES = ("Oracle-Task", "Oracle-Prompt", "Oracle-Token")
 TURN = ["prompt_id", "turn"]

@@ -20,7 +20,7 @@ t + AL + 1 with the chosen drafter, plus catch-up cost after an idle stretch), g
 
 Artifacts land in drafters/<model>/<method>/ (config.json = card with data, settings and metrics;
 router.safetensors for the neural router; sweep.csv) where `run` finds them. HVD's payoff predictor is
-calibrated from the same pieces (replay, measured latencies, simulation, `fit`) in `calibrate_hvd.py`.
+calibrated from the same pieces (replay, measured latencies, simulation, `fit`) in `calibration/hvd.py`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import torch
 from rich.console import Console
 
 from specbench_cli.core.errors import UsageError
-from specbench_cli.metrics import tau
+from specbench_cli.analysis.metrics import tau
 
 TABLE2_THRESHOLDS = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # WhiFlash Table 2's τ_neural sweep
 # x-axis labels of the sensitivity plots
@@ -226,7 +226,7 @@ def round_ms(run_dir: Path) -> float:
 
 def card(method: str, model: str, **fields) -> dict:
     from specbench_cli.hardware import environment
-    from specbench_cli.train_drafter import command_line
+    from specbench_cli.training.train import command_line
 
     return {"method": method, "model": model, "created": dt.datetime.now().isoformat(timespec="seconds"),
             "command": command_line(), "environment": environment(torch.device("cpu")), **fields}
@@ -239,7 +239,7 @@ def write_artifact(folder: Path, config: dict, sweep: pd.DataFrame, module=None)
         module.save(folder)
     sweep.to_csv(folder / "sweep.csv", index=False)
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
-    from specbench_cli import plots
+    from specbench_cli.analysis import plots
 
     plots.save(plots.threshold_sensitivity(sweep, POLICY_AXIS[config["method"]]), folder, "sensitivity")
 
@@ -273,7 +273,7 @@ def calibration_prompts(config: CalibrateConfig) -> list[dict]:
     """whiflash-entropy: each category's last `prompts` prompts; whiflash-neural and hvd: training prompts past
     the distillation corpus's (which used the first 800 at most), never an evaluation set."""
     if config.method in ("whiflash-neural", "hvd"):
-        from specbench_cli.distill import training_prompts
+        from specbench_cli.training.distill import training_prompts
 
         texts = training_prompts(800 + config.prompts)[800:]
         return [{"id": f"train-{i}", "category": "train", "turns": [t]} for i, t in enumerate(texts)]
@@ -291,7 +291,7 @@ def measure(config: CalibrateConfig, prompts_file: Path, console: Console, other
     """Replay EAGLE-3 (with `eagle3_opts`) and `other` over the prompts into <work>/oracle, and time both
     drafters' rounds and EAGLE-3's catch-up on this machine (cached in <work>/latency.json)."""
     from methods.eagle3 import Eagle3
-    from specbench_cli import oracle_run
+    from specbench_cli.oracle import command as oracle_run
     from specbench_cli.loading import load_model, resolve_device, resolve_dtype
     from specbench_cli.models import get_model_spec
     from specbench_cli.inputs import RunConfig

@@ -31,7 +31,7 @@ from specbench_cli.core.errors import UsageError
 from specbench_cli.datasets import dataset_slug
 from specbench_cli.folders import claim
 from specbench_cli.models import checkpoint_ref
-from specbench_cli.replay import Trace, replay_turn
+from specbench_cli.oracle.replay import Trace, replay_turn
 from specbench_cli.inputs import RunConfig
 from specbench_cli.runner import Plan, Runner, plan, progress_bar
 

@@ -22,9 +22,9 @@ from transformers import DynamicCache
 from methods.checkpoints import Checkpoint, save
 from methods.confu import ConFuConfig, new_parts
 from methods.eagle3 import Eagle3Draft, default_capture
-from specbench_cli.distill import Corpus
-from specbench_cli.recipes import Recipe, Sample, check_layers, half, pick_anchors
-from specbench_cli.recipes.eagle3 import new_draft, ttt_loss
+from specbench_cli.training.distill import Corpus
+from specbench_cli.training.recipes import Recipe, Sample, check_layers, half, pick_anchors
+from specbench_cli.training.recipes.eagle3 import new_draft, ttt_loss
 
 REPLICATE = 3  # draft positions that share one anchor's f
 

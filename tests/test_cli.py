@@ -186,3 +186,8 @@ def test_the_torch_free_bucket_default_is_the_engines():
 
     assert TEXT == ",".join(map(str, DEFAULT_BUCKETS))
 
+
+def test_python_dash_m_is_the_same_command_line():
+    result = subprocess.run([sys.executable, "-m", "specbench_cli", "run", "--method", "sufix"], capture_output=True,
+                            text=True, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 2 and "did you mean 'suffix'" in result.stderr

@@ -48,3 +48,12 @@ def test_outside_references_do_not_import_the_loop() -> None:
 def test_the_walker_sees_imports() -> None:  # the checks above would pass vacuously on a blind walker
     assert "specbench_cli.core.tree" in imports(ROOT / "methods" / "eagle3.py")
     assert "specbench_cli.core.method" in imports(ROOT / "specbench_cli" / "core" / "engine.py")
+
+
+def test_analysis_reads_records_and_imports_no_command() -> None:
+    """analysis/ turns records into tables and figures; the commands (run, oracle, calibrate, train) sit above it."""
+    commands = ("specbench_cli.cli", "specbench_cli.runner", "specbench_cli.oracle.command", "specbench_cli.calibration",
+                "specbench_cli.training", "specbench_cli.sweep", "specbench_cli.profile")
+    for path in sorted((ROOT / "specbench_cli" / "analysis").glob("*.py")):
+        above = [m for m in imports(path) if m.startswith(commands)]
+        assert not above, f"analysis/{path.name} imports {above}"

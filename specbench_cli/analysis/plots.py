@@ -186,14 +186,20 @@ def head_bars(frame: pd.DataFrame, clock: str) -> plt.Figure:
     return fig
 
 
-def threshold_sensitivity(sweep: pd.DataFrame, policy: str) -> plt.Figure:
+# x-axis labels of the threshold-sensitivity plots, per routed method
+THRESHOLD_AXIS = {"whiflash-entropy": "entropy threshold (nats): EAGLE-3 above it, DFlash below",
+                  "whiflash-neural": "ΔAL threshold: EAGLE-3 above it, DFlash below",
+                  "hvd": "payoff threshold (predicted accepted length ŷ): cache draft at or above it, EAGLE-3 below"}
+
+
+def threshold_sensitivity(sweep: pd.DataFrame, method: str) -> plt.Figure:
     """Simulated decode tokens/s against the routing threshold, one line per category (WhiFlash Table 2)."""
     fig, ax = plt.subplots(figsize=(8, 3.8))
     ax.set_prop_cycle(color=plt.cm.tab20.colors)  # Spec-Bench has 13 categories: 10 colours would repeat
     groups = sweep.groupby("category") if "category" in sweep else [("held-out", sweep)]
     for category, g in groups:
         ax.plot(g.threshold, g.tokens_per_s, marker="o", markersize=3, label=str(category))
-    ax.set_xlabel(policy)
+    ax.set_xlabel(THRESHOLD_AXIS.get(method, "threshold"))
     ax.set_ylabel("simulated decode tokens/s")
     ax.set_title("Threshold sensitivity (trace replay + measured latencies)")
     _legend(ax, "category")

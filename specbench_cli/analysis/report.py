@@ -313,8 +313,6 @@ def figures(results: Results, folder, along: list[str] | None = None) -> list:
             written += plots.save(plots.length_histogram({name(g): g.rounds for g in drafting}), folder,
                                   "acceptance_histogram")
     for cal in results.calibrations:
-        from specbench_cli.calibration.calibrate import POLICY_AXIS
-
-        written += plots.save(plots.threshold_sensitivity(cal.sweep, POLICY_AXIS.get(cal.card.get("method"), "threshold")), folder,
+        written += plots.save(plots.threshold_sensitivity(cal.sweep, cal.card.get("method", "")), folder,
                               f"sensitivity_{cal.card.get('method')}_{cal.card.get('model')}")
     return written

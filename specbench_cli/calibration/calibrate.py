@@ -41,10 +41,6 @@ from specbench_cli.core.errors import UsageError
 from specbench_cli.analysis.metrics import tau
 
 TABLE2_THRESHOLDS = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # WhiFlash Table 2's τ_neural sweep
-# x-axis labels of the sensitivity plots
-POLICY_AXIS = {"whiflash-entropy": "τ_entropy (nats): EAGLE-3 above it, DFlash below",
-               "whiflash-neural": "τ_neural (ΔAL): EAGLE-3 above it, DFlash below",
-               "hvd": "τ (predicted accepted length ŷ): cache draft at or above it, EAGLE-3 below"}
 METHODS = ("whiflash-entropy", "whiflash-neural", "hvd")
 
 
@@ -241,7 +237,7 @@ def write_artifact(folder: Path, config: dict, sweep: pd.DataFrame, module=None)
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
     from specbench_cli.analysis import plots
 
-    plots.save(plots.threshold_sensitivity(sweep, POLICY_AXIS[config["method"]]), folder, "sensitivity")
+    plots.save(plots.threshold_sensitivity(sweep, config["method"]), folder, "sensitivity")
 
 
 def check_method(method: str) -> None:

@@ -1,4 +1,4 @@
-"""Trace replay (DESIGN.md, "Oracle by trace replay"): what every drafter would accept at every position.
+"""Trace replay (see ARCHITECTURE.md, "The oracle"): what every drafter would accept at every position.
 
 At temperature 0 every lossless method emits the target's greedy trace, so a drafter's round that starts at
 decode position t (committed: prompt + output[:t], root output[t]) accepts exactly the longest path of its

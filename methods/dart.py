@@ -24,9 +24,9 @@ import torch
 
 from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, locate_file
-from methods.eagle3 import Eagle3Draft, append_kv
+from methods.eagle3 import Eagle3Draft
 from methods.features import FeatureDrafter
-from methods.layers import causal_mask
+from methods.layers import append_kv, causal_mask
 from methods.ngram import Trie
 from specbench_cli.core.tree import DraftTree
 

@@ -29,9 +29,8 @@ from torch import nn
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, CheckpointError
-from methods.eagle3 import append_kv
 from methods.features import FeatureDrafter
-from methods.layers import MLP, Attention, RMSNorm, Rotary, causal_mask
+from methods.layers import Attention, MLP, RMSNorm, Rotary, append_kv, causal_mask
 from specbench_cli.core.tree import DraftTree
 
 

@@ -123,3 +123,7 @@ def causal_mask(queries: int, past: int, device: torch.device) -> torch.Tensor:
     k = torch.arange(past + queries, device=device)[None]
     return k <= q + past
 
+
+def append_kv(kv, new):
+    """Grow a (k, v) pair [heads, T, d] along T."""
+    return new if kv is None else (torch.cat((kv[0], new[0]), 1), torch.cat((kv[1], new[1]), 1))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from methods.checkpoints import Checkpoint, CheckpointError
-from methods.eagle3 import Candidates, Eagle3Draft, grow, keep_best
+from methods.eagle3 import Candidates, Eagle3Draft, beam_search, top_nodes
 from methods.layers import causal_mask
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import VOCAB, edit_checkpoint, write_eagle3
@@ -28,20 +28,20 @@ def test_kept_nodes_match_the_reference_by_hand():
         seen.append((tokens.tolist(), rows.tolist(), level))
         return table
 
-    cands = grow(first, expand, top_k=2, depth=1)
+    cands = beam_search(first, expand, top_k=2, depth=1)
     assert seen == [([0, 1], [0, 1], 0)]
     assert cands.tokens.tolist() == [0, 1, 2, 3, 0, 2]
     assert cands.parents.tolist() == [0, 0, 1, 1, 2, 2]
     expected = [0.6, 0.3, 0.33, 0.15, 0.21, 0.045]
     assert [math.exp(s) for s in cands.scores.tolist()] == pytest.approx(expected)
-    kept, parents = keep_best(cands, 4)
+    kept, parents = top_nodes(cands, 4)
     assert kept == [0, 1, 2, 4]
     assert parents == [0, 0, 1, 2]  # token 2 under node 1 (token 0), token 0 under node 2 (token 1)
 
 
-def test_keep_best_keeps_parents_on_ties():
+def test_top_nodes_keeps_parents_on_ties():
     cands = Candidates(torch.tensor([-1.0, -1.0, -1.0]), torch.tensor([5, 6, 7]), torch.tensor([0, 1, 2]))
-    kept, parents = keep_best(cands, 2)
+    kept, parents = top_nodes(cands, 2)
     assert kept == [0, 1] and parents == [0, 1]
 
 

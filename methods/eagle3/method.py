@@ -1,0 +1,131 @@
+"""The EAGLE-3 proposer: keeps the draft's cache in step with the committed tokens and grows a tree per round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from methods.checkpoints import Checkpoint
+from methods.eagle3.network import Eagle3Draft
+from methods.eagle3.tree_search import beam_search, top_nodes
+from methods.features import FeatureDrafter
+from methods.layers import append_kv, causal_mask
+from specbench_cli.core.method import DecodeState
+from specbench_cli.core.tree import DraftTree
+
+
+class Eagle3(FeatureDrafter):
+    name = "eagle3"
+    drafter_names = ("eagle3",)
+    extra_tensors: tuple[str, ...] = ()  # checkpoint tensors a subclass reads itself (ConFu's "confu.*")
+    inherent_syncs = "two per round: the candidate scores for tree selection, and the accepted length"
+
+    @dataclass
+    class Options:
+        # WhiFlash seed Table 7 (EAGLE-3 settings): tree depth 8, top-k 10, 60 tree tokens. total_token
+        # counts the root as in SafeAILab's `total_token` (59 drafted nodes). The HVD seed's setting is
+        # total_token=32 depth=8 top_k=4 (the EAGLE Qwen3 evaluation script).
+        depth: int = 8
+        top_k: int = 10
+        total_token: int = 60
+        # --opt ranges, checked before any model loads: (low, high), None = unbounded.
+        RANGES = {"depth": (0, 64), "top_k": (1, 256), "total_token": (2, 1024)}
+
+    def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
+        super().__init__(options, model, drafters)
+        self.checkpoint = Checkpoint.read(self.drafter_ref(self.name), self.name)
+        self.draft = Eagle3Draft.load(self.checkpoint, model.model, extra_tensors=self.extra_tensors)
+        self.capture = self.draft.config.capture
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # draft KV of positions fed by target features
+        # Keys/values every draft query of the round also sees (ConFu's future token); not cached.
+        self.extra_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.kv_only = True  # catch-up computes keys/values only (WhiFlash's ablation sets False)
+
+    def _visible(self, mask: torch.Tensor, past: int, extra: list) -> tuple[torch.Tensor, tuple | None]:
+        """Put `extra_kv` first among the extra keys (after `extra`, whose columns `mask` already has) and
+        give it an all-visible column block right after the `past` cached columns."""
+        parts = ([self.extra_kv] if self.extra_kv is not None else []) + extra
+        if not parts:
+            return mask, None
+        kv = (torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1))
+        if self.extra_kv is None:
+            return mask, kv
+        ones = torch.ones(mask.shape[0], self.extra_kv[0].shape[1], dtype=torch.bool, device=mask.device)
+        return torch.cat((mask[:, :past], ones, mask[:, past:]), 1), kv
+
+    def reset(self, state: DecodeState) -> None:
+        self.kv = None
+
+    @torch.inference_mode()
+    def catch_up(self, state: DecodeState) -> None:
+        """KV-only prefill (WhiFlash §3.3): the draft cache of every committed position but the newest gets
+        only its keys/values (fc, norms, k/v projections), never attention, MLP or head, whose outputs
+        nothing reads. A routed method calls this for the backlog after an idle stretch; `advance` calls it
+        every round, so a plain EAGLE-3 run and a routed one build the same cache the same way."""
+        start = self.absorbed
+        feats = self.take_pending(state, start)
+        n, device = feats.shape[0], feats.device
+        if n > 1:
+            ids = torch.tensor(state.tokens[start + 1: start + n], device=device)
+            positions = torch.arange(start, start + n - 1, device=device)
+            if self.kv_only:
+                kv = self.draft.keys_values(feats[:-1], ids, positions)
+            else:  # the ablation: run the whole layer over the backlog (outputs discarded)
+                mask, extra = self._visible(causal_mask(n - 1, start, device), start, [])
+                _, kv = self.draft.step(feats[:-1], ids, positions, self.kv, mask, extra)
+            self.kv = append_kv(self.kv, kv)
+        self.pending = [feats[-1:]]
+
+    @property
+    def absorbed(self) -> int:
+        """Committed positions already in the draft cache."""
+        return 0 if self.kv is None else self.kv[0].shape[1]
+
+    @torch.inference_mode()
+    def advance(self, state: DecodeState) -> torch.Tensor:
+        """Bring the draft up to the committed length and return its output at the newest position (feature
+        t with token t+1), from which the tree grows."""
+        self.catch_up(state)
+        start = self.absorbed
+        feats = self.take_pending(state, start)
+        device = feats.device
+        ids = torch.tensor(state.tokens[start + 1: start + 2], device=device)
+        self.last_features = feats[-1]
+        mask, extra = self._visible(causal_mask(1, start, device), start, [])
+        out, (k, v) = self.draft.step(feats, ids, torch.arange(start, start + 1, device=device), self.kv, mask, extra)
+        self.kv = append_kv(self.kv, (k, v))
+        return out[-1]
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> DraftTree:
+        last = self.advance(state)
+        o = self.options
+        with state.timed("draft_head"):
+            first = self.draft.log_probs(last)
+        hidden = last.expand(o.top_k, -1)
+        tree_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        eye = torch.eye(o.top_k, dtype=torch.bool, device=last.device)
+        ancestry = eye
+        length = state.target.length
+
+        def expand(tokens, rows, level):
+            nonlocal hidden, ancestry
+            if level > 0:
+                hidden = hidden[rows]
+                ancestry = torch.cat((ancestry[rows], eye), dim=1)
+            ids = self.draft.to_target(tokens)
+            positions = torch.full((o.top_k,), length + level, device=last.device)
+            stable = self.kv[0].shape[1]
+            mask = torch.cat((torch.ones(o.top_k, stable, dtype=torch.bool, device=last.device), ancestry), dim=1)
+            mask, extra = self._visible(mask, stable, tree_kv)
+            out, kv = self.draft.step(hidden, ids, positions, self.kv, mask, extra, features=False)
+            tree_kv.append(kv)
+            hidden = out
+            with state.timed("draft_head"):
+                return self.draft.log_probs(out)
+
+        cands = beam_search(first, expand, o.top_k, o.depth)
+        kept, parents = top_nodes(cands, o.total_token - 1)
+        tokens = self.draft.to_target(cands.tokens[kept]).tolist()
+        return DraftTree(tokens, parents)

@@ -6,9 +6,9 @@ A round: look up the suffix-cache draft (SuffixDecoding's trees over this reques
 cache warms on the run's warm-up prompts, which are never scored), describe it by the features of HVD
 Table 9, and let a policy score it:
 - `hvd`: the payoff predictor (an MLP, two hidden layers of 256, ReLU) predicts the draft's accepted length ŷ;
-  the cache draft is verified when ŷ ≥ τ (HVD's default τ = 6), else EAGLE-3 drafts.
+  the cache draft is verified when ŷ ≥ threshold (the paper's τ; its default 6), else EAGLE-3 drafts.
 - `hvd-freq`: the same structure deciding by SuffixDecoding's own frequency score (HVD's Frequency-Based
-  Hybrid baseline); the default τ is ArcticInference's hybrid rule, "use the suffix draft when its score is
+  Hybrid baseline); the default threshold is ArcticInference's hybrid rule, "use the suffix draft when its score is
   at least the model drafter's speculation length" (`arctic_inference/vllm/model_runner.py`,
   `propose_draft_token_ids`), here EAGLE-3's tree depth.
 
@@ -110,7 +110,7 @@ class CacheDraft(Proposer):
 
 
 class HybridVerified(Method):
-    """The shared structure; subclasses say how a cache draft is scored and what τ is by default."""
+    """The shared structure; subclasses say how a cache draft is scored and what the threshold is by default."""
 
     routed = True
     drafter_names = ("eagle3",)
@@ -122,7 +122,7 @@ class HybridVerified(Method):
         depth: int = 8
         top_k: int = 4
         total_token: int = 32
-        threshold: float = math.nan  # τ; NaN = the method's default (hvd: the calibration card's, 6)
+        threshold: float = math.nan  # the paper's τ; NaN = the method's default (hvd: the calibration card's, 6)
         lazy_catchup: bool = True
         RANGES = {**SpecParams.RANGES, **Eagle3.Options.RANGES, "threshold": (0, None)}  # checked before loading
         DEFAULT_TEXT = {"threshold": "calibrated (hvd) / depth (hvd-freq)"}

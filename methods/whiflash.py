@@ -3,10 +3,10 @@
 
 Each round a policy reads the target at the newest committed position and picks a drafter:
 - `whiflash-entropy`: H_t, the entropy of the target's next-token distribution; EAGLE-3 when
-  H_t > τ_entropy (uncertain text suits the tree), else DFlash. τ_entropy per category comes from
+  H_t > threshold_entropy (uncertain text suits the tree), else DFlash. threshold_entropy per category comes from
   `specbench calibrate --method whiflash-entropy` (or `--opt threshold=`).
 - `whiflash-neural`: an MLP on the target's final-layer hidden state h_t, Linear(d → d/8) → GELU →
-  dropout → Linear(d/8 → 1), predicting ΔAL = AL_eagle3 − AL_dflash; EAGLE-3 when ΔAL̂ > τ_neural, a
+  dropout → Linear(d/8 → 1), predicting ΔAL = AL_eagle3 − AL_dflash; EAGLE-3 when ΔAL̂ > threshold_ΔAL, a
   threshold that folds in the two drafters' latencies (from `specbench calibrate --method whiflash-neural`).
 
 Lazy catch-up: the idle drafter does nothing; both only keep references to the committed positions' target

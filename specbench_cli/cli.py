@@ -367,7 +367,7 @@ def oracle(
 
 @app.command()
 def calibrate(
-    method: Annotated[str, typer.Option(help="whiflash-entropy (τ_entropy per category), whiflash-neural (router MLP + τ_neural) or hvd (payoff predictor).")] = "whiflash-entropy",
+    method: Annotated[str, typer.Option(help="whiflash-entropy (entropy threshold per category), whiflash-neural (router MLP + ΔAL threshold) or hvd (payoff predictor and threshold).")] = "whiflash-entropy",
     model: Model = "smollm2-135m",
     dataset: Annotated[str, typer.Option(help="whiflash-entropy: dataset whose categories get thresholds (its last --prompts per category are used).")] = "spec-bench",
     prompts: Annotated[Optional[int], typer.Option(help="whiflash-entropy: prompts per category (default 4; the paper uses 32-64); whiflash-neural and hvd: training prompts replayed (default 96).")] = None,
@@ -401,18 +401,18 @@ def calibrate(
         use_threads(threads)
         if method == "whiflash-entropy":
             result = cal.calibrate_entropy(config, console)
-            console.print(f"τ_entropy overall {result['threshold']:.3f}; per category "
+            console.print(f"entropy threshold overall {result['threshold']:.3f}; per category "
                           + ", ".join(f"{k} {v:.3f}" for k, v in result["thresholds"].items()))
         elif method == "whiflash-neural":
             result = cal.calibrate_neural(config, console)
-            console.print(f"τ_neural {result['threshold']:.3f}; held-out MSE {result['heldout_mse']:.3f} "
+            console.print(f"ΔAL threshold {result['threshold']:.3f}; held-out MSE {result['heldout_mse']:.3f} "
                           f"(predicting the mean: {result['heldout_mse_of_mean']:.3f})")
         else:
             from specbench_cli.calibration.hvd import calibrate_hvd
 
             result = calibrate_hvd(config, console)
             q = result["heldout_quality"]
-            console.print(f"held-out payoff at τ={result['threshold']:g}: P(y≥τ) {q['p_high']:.3f}, P(ŷ≥τ) "
+            console.print(f"held-out payoff at threshold {result['threshold']:g}: P(y ≥ it) {q['p_high']:.3f}, P(ŷ ≥ it) "
                           f"{q['p_predicted_high']:.3f}, precision {q['precision']:.3f}, recall {q['recall']:.3f}; "
                           f"MSE {q['mse']:.3f} (predicting the mean: {result['heldout_mse_of_mean']:.3f})")
     except UsageError as err:

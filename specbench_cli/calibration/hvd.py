@@ -13,9 +13,9 @@ first; the predictor is refitted on both (one DAgger step: it learns on the hist
 
 Training: MSE, AdamW, lr 1e-3 with warm-up and cosine decay, best-validation weights kept (the recipe
 `calibrate.fit` shares with WhiFlash's router). Held out: every 8th prompt. The card reports HVD Table 2's
-quality columns at τ = 6 on held-out positions (P(y ≥ 6), P(ŷ ≥ 6), precision, recall), and a simulated
+quality columns at threshold 6 on held-out positions (P(y ≥ 6), P(ŷ ≥ 6), precision, recall), and a simulated
 Table 11-style comparison (tokens/s, target cycles per 1K tokens, τ, cache and EAGLE-3 shares) of hvd at
-each τ of the sweep against EAGLE-3 alone, cache-first (the cache draft whenever there is one, else EAGLE-3)
+each threshold of the sweep against EAGLE-3 alone, cache-first (the cache draft whenever there is one, else EAGLE-3)
 and hvd-freq, from the measured latencies. The simulation charges an EAGLE-3 round its measured time only:
 the per-round cache lookup and predictor (`route_ms` in live runs) are not added.
 """
@@ -35,8 +35,8 @@ from specbench_cli.calibration.calibrate import (CalibrateConfig, Latency, accep
                                      held_out, measure, round_starts, simulate, write_artifact, write_prompts)
 from specbench_cli.analysis.metrics import tau
 
-PAYOFF = 6.0  # HVD's τ: verify the cache draft when ŷ ≥ 6; also Table 2's "high payoff" line y ≥ 6
-THRESHOLDS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0)  # the sensitivity sweep of τ
+PAYOFF = 6.0  # HVD's threshold (its τ): verify the cache draft when ŷ ≥ 6; also Table 2's "high payoff" line y ≥ 6
+THRESHOLDS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0)  # the sensitivity sweep of the threshold
 EAGLE3_SETTING = ("depth=8", "top_k=4", "total_token=32")  # HVD's EAGLE-3 (see HybridVerified.Options)
 
 

@@ -139,3 +139,37 @@ def test_a_method_without_a_drafter_is_a_clear_error(corpus, tmp_path):
     target, data = corpus
     with pytest.raises(UsageError, match="no training recipe for it; trainable: eagle3, dflash, dart, sps, confu"):
         train(target, data, tmp_path / "x", TrainSettings(method="suffix"), "x")
+
+
+def test_an_interrupted_export_never_leaves_a_loadable_half_drafter(tmp_path, monkeypatch):
+    """Loaders look for config.json: publish takes it out first and puts it in last, so a crash between the
+    moves leaves a folder no loader takes for a drafter (the old weights under a new config, or the reverse)."""
+    import os
+
+    from specbench_cli.training import train as training
+
+    out, staging = tmp_path / "drafter", tmp_path / "drafter" / ".export-1"
+    staging.mkdir(parents=True)
+    (out / "config.json").write_text('{"old": true}')
+    (out / "model.safetensors").write_bytes(b"old")
+    (staging / "config.json").write_text('{"new": true}')
+    (staging / "model.safetensors").write_bytes(b"new")
+    moved = []
+
+    def crash_after_one(src, dst):
+        if moved:
+            raise KeyboardInterrupt  # killed between two moves
+        moved.append(dst)
+        os.rename(src, dst)
+
+    monkeypatch.setattr(training.os, "replace", crash_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        training.publish(staging, out)
+    assert not (out / "config.json").exists() and (out / "model.safetensors").read_bytes() == b"new"
+    monkeypatch.undo()
+    staging2 = tmp_path / "drafter" / ".export-2"
+    staging2.mkdir()
+    (staging2 / "config.json").write_text('{"new": true}')
+    (staging2 / "model.safetensors").write_bytes(b"new")
+    training.publish(staging2, out)
+    assert json.loads((out / "config.json").read_text()) == {"new": True} and not staging2.exists()

@@ -87,7 +87,7 @@ class SpS(Method):
         self.cache = DynamicCache(config=self.draft.config)
         self.cached = []
 
-    def _feed(self, ids: list[int], state: DecodeState) -> torch.Tensor:
+    def feed(self, ids: list[int], state: DecodeState) -> torch.Tensor:
         """Run the draft body over `ids` after the cached tokens; return the last hidden state [H]."""
         device = state.target.device
         positions = torch.arange(len(self.cached), len(self.cached) + len(ids), device=device)[None]
@@ -107,7 +107,7 @@ class SpS(Method):
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> DraftTree:
         self._rewind(state.tokens)
-        hidden = self._feed(state.tokens[len(self.cached):], state)
+        hidden = self.feed(state.tokens[len(self.cached):], state)
         tokens, rows = [], []
         for i in range(self.options.k):
             with state.timed("draft_head"):
@@ -115,7 +115,7 @@ class SpS(Method):
             tokens.append(token)
             rows.append(probs)
             if i + 1 < self.options.k:
-                hidden = self._feed([token], state)
+                hidden = self.feed([token], state)
         probs = None if rows[0] is None else torch.stack(rows)
         return DraftTree.chain(tokens, draft_probs=probs)
 
@@ -135,7 +135,15 @@ class SpS(Method):
             if a != b:
                 break
             keep += 1
-        keep = min(keep, len(tokens) - 1)  # the root is always fed again to get the next hidden state
+        self.truncate(min(keep, len(tokens) - 1))  # the root is always fed again to get the next hidden state
+
+    @property
+    def fed(self) -> int:
+        """Tokens in the draft cache."""
+        return len(self.cached)
+
+    def truncate(self, keep: int) -> None:
+        """Keep only the first `keep` tokens of the draft cache."""
         if keep < len(self.cached):
             self.cache.crop(keep - len(self.cached))  # transformers 5: a negative count removes that many
             self.cached = self.cached[:keep]

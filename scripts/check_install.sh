@@ -4,9 +4,11 @@
 # drafter. .ci/run calls this after the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$(pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# build from a copy of what git would commit (no build/ or egg-info left over from an earlier build)
+mkdir "$work/src" && git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C "$work/src"
+repo="$work/src"
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --upgrade pip
 "$work/venv/bin/python" -m pip install -q torch==2.13.0

@@ -141,12 +141,19 @@ def profile(
     chosen = [name for name, on in (("--phases", phases), ("--component", component), ("--switching", switching)) if on]
     if len(chosen) != 1:
         fail("choose one of --phases, --component head or --switching")
-    if switching and not method.startswith("whiflash"):
-        fail("--switching profiles WhiFlash's catch-up: use --method whiflash-entropy or whiflash-neural")
+    from specbench_cli.registry import supports
+
     if component not in (None, "head"):
         fail(f"unknown --component '{component}' (choose: head)")
-    if component == "head" and method != "flashhead":
-        fail("--component head compares the dense head with FlashHead: use --method flashhead")
+    measured = "switching" if switching else component
+    about = {"switching": "--switching profiles a routed method's catch-up",
+             "head": "--component head compares the dense head with FlashHead"}
+    try:
+        others = supports(method, measured) if measured else []
+    except UsageError as err:
+        fail(str(err))
+    if others:
+        fail(f"{about[measured]}: use --method {' or '.join(others)}")
     try:
         at_least("--threads", threads, 1)
         at_least("--reps", reps, 1)
@@ -238,7 +245,7 @@ def train_drafter(
     """Train a drafter for a target on its own answers to datasets/train prompts (self-distillation)."""
     from specbench_cli.inputs import at_least
     from specbench_cli.models import get_model_spec
-    from specbench_cli.training.recipes import recipe_class
+    from specbench_cli.registry import corpus_layers, recipe_class
 
     try:
         recipe = recipe_class(method)  # an unknown method fails here, before anything loads
@@ -256,8 +263,6 @@ def train_drafter(
         fail(str(err))
     import torch
 
-    from methods.dflash import default_capture as dflash_layers
-    from methods.eagle3 import default_capture as eagle3_layers
     from specbench_cli.loading import load_model, resolve_device, resolve_dtype
     from specbench_cli.models import cache_root
     from specbench_cli.runner import progress_bar
@@ -271,8 +276,7 @@ def train_drafter(
         device = resolve_device("auto")
         loaded = load_model(spec, device, resolve_dtype("auto", device))
         folder = corpus or cache_root() / "distill" / model
-        L = loaded.model.config.num_hidden_layers
-        layers = sorted(set(eagle3_layers(L)) | set(dflash_layers(L)))  # one corpus serves both
+        layers = corpus_layers(loaded.model.config.num_hidden_layers)  # one corpus serves every recipe
         with progress_bar(console) as bar:
             data = _corpus(loaded, folder, layers, prompts, max_new_tokens, batch_size, seed, recipe.needs_topk, bar)
             settings = TrainSettings(method=method, steps=steps, lr=lr, ttt=ttt, draft_vocab=draft_vocab,
@@ -383,9 +387,10 @@ def calibrate(
     `run` loads automatically (config.json card, router.safetensors or predictor.safetensors, sweep.csv)."""
     from specbench_cli.calibration import calibrate as cal
     from specbench_cli.inputs import at_least
+    from specbench_cli.registry import calibrator
 
     try:
-        cal.check_method(method)
+        calibrate_with = calibrator(method)  # a method without a calibrator fails here, in one line
         from specbench_cli.models import get_model_spec
 
         get_model_spec(model)
@@ -399,22 +404,7 @@ def calibrate(
                                      max_new_tokens, steps, confirm,
                                      work or Path("results") / f"calibrate_{model}_{method}", folder)
         use_threads(threads)
-        if method == "whiflash-entropy":
-            result = cal.calibrate_entropy(config, console)
-            console.print(f"entropy threshold overall {result['threshold']:.3f}; per category "
-                          + ", ".join(f"{k} {v:.3f}" for k, v in result["thresholds"].items()))
-        elif method == "whiflash-neural":
-            result = cal.calibrate_neural(config, console)
-            console.print(f"ΔAL threshold {result['threshold']:.3f}; held-out MSE {result['heldout_mse']:.3f} "
-                          f"(predicting the mean: {result['heldout_mse_of_mean']:.3f})")
-        else:
-            from specbench_cli.calibration.hvd import calibrate_hvd
-
-            result = calibrate_hvd(config, console)
-            q = result["heldout_quality"]
-            console.print(f"held-out payoff at threshold {result['threshold']:g}: P(y ≥ it) {q['p_high']:.3f}, P(ŷ ≥ it) "
-                          f"{q['p_predicted_high']:.3f}, precision {q['precision']:.3f}, recall {q['recall']:.3f}; "
-                          f"MSE {q['mse']:.3f} (predicting the mean: {result['heldout_mse_of_mean']:.3f})")
+        calibrate_with(config, console)  # prints its own result line
     except UsageError as err:
         fail(str(err))
     console.print(f"wrote {folder}")
@@ -554,12 +544,12 @@ def show_lists() -> None:
     """Methods, models and datasets: tables on a wide terminal, a plain list where a table would cut ids."""
     import dataclasses
 
-    from methods import METHODS, method_class
     from specbench_cli.models import MODELS
+    from specbench_cli.registry import METHODS, method_class
 
     methods = []
-    for name, (_, _, about) in METHODS.items():
-        cls = method_class(name)
+    for name, entry in METHODS.items():
+        cls, about = method_class(name), entry.about
         shown = getattr(cls.Options, "DEFAULT_TEXT", {})
         opts = " ".join(f"{f.name}={f.default}" + (f" ({shown[f.name]})" if f.name in shown else "")
                         for f in dataclasses.fields(cls.Options)) or "—"

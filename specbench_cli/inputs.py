@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from methods import METHODS
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.datasets import Prompt, dataset_slug, load_dataset, parse_shard, select, warmup_prompts
 from specbench_cli.models import ModelSpec, get_model_spec
+from specbench_cli.registry import METHODS
 
 # --compile's verify sizes: core.target.DEFAULT_BUCKETS as text (torch-free here; a test keeps them equal)
 DEFAULT_BUCKETS = "1,4,16,64"

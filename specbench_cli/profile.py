@@ -109,15 +109,13 @@ def head_benchmark(method, target, prompt_ids: list[int], reps: int, warmup: int
     device = method.model.device
     state = DecodeState(list(prompt_ids), len(prompt_ids), target, 0.0, None)
     method.start(state)
-    hidden = method._feed(list(prompt_ids), state)
-    length = len(method.cached)
+    hidden = method.feed(list(prompt_ids), state)
+    length = method.fed
     heads = {"dense": lambda h: SpS.head(method, h, state), "FlashHead": lambda h: method.head(h, state)}
 
     def step(head) -> None:
-        if len(method.cached) > length:  # forget the previous repetition's token
-            method.cache.crop(length - len(method.cached))  # transformers 5: negative = remove that many
-            method.cached = method.cached[:length]
-        head(method._feed([prompt_ids[-1]], state))
+        method.truncate(length)  # forget the previous repetition's token
+        head(method.feed([prompt_ids[-1]], state))
 
     rows, clock = [], "?"
     for variant, head in heads.items():
@@ -163,7 +161,7 @@ def switching_sweep(method, target, kv_lens, backlogs, reps: int, warmup: int, p
         state = DecodeState(ids + [int(tok[L])], L, target, 0.0, None)
 
         def draft_round():
-            eagle3.kv, eagle3.pending = before, [feats[L - 1:L]]  # advance() adds the newest row itself
+            eagle3.restore(before, feats[L - 1:L])  # advance() adds the newest row itself
             return eagle3.propose(state)
 
         tree = draft_round()

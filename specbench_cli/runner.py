@@ -20,7 +20,6 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from methods import method_class
 from specbench_cli.core.method import Method, drafter_ref, parse_options
 from specbench_cli import hardware
 from specbench_cli.telemetry import GpuTelemetry
@@ -33,6 +32,7 @@ from specbench_cli.analysis.metrics import tau
 from specbench_cli.inputs import RunConfig, check_run
 from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench_cli.models import ModelSpec, checkpoint_ref
+from specbench_cli.registry import method_class
 from specbench_cli.records import NAN, PromptRecord, RoundRecord, RunWriter, output_hash, read_table
 from specbench_cli.analysis.summary import print_summary
 from specbench_cli.core.target import DEFAULT_BUCKETS, Target

@@ -86,7 +86,7 @@ def load(path: Path) -> Sweep:
     for key in data:
         if key not in known:
             raise unknown(f"key in {path}", key, known)
-    from methods import METHODS
+    from specbench_cli.registry import METHODS
 
     for method in data["methods"]:
         if method not in METHODS:

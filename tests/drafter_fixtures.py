@@ -233,7 +233,7 @@ class Distilled:
 
 def make_method(name: str, target: torch.nn.Module, folder: Path, **opts):
     """The registered method `name` on a tiny target, reading its drafter from `folder`."""
-    from methods import method_class
+    from specbench_cli.registry import method_class
 
     cls = method_class(name)
     trie = folder / "ngram" if (folder / "ngram").is_dir() else folder  # the fixtures' layout, or the trainer's

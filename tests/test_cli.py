@@ -173,7 +173,7 @@ def test_bad_input_is_answered_before_torch_is_imported():
 
 def test_every_method_declares_a_range_for_each_numeric_option():
     """check_ranges looks each number up in the Options' RANGES: a method that forgot one fails here."""
-    from methods import METHODS, method_class
+    from specbench_cli.registry import METHODS, method_class
     from specbench_cli.core.method import parse_options
 
     for name in METHODS:

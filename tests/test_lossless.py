@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from methods import method_class
+from specbench_cli.registry import method_class
 from specbench_cli.core.method import parse_options
 from methods.hf_generate import HFGenerate
 from tests.helpers import OracleTree, random_prompt, run_method

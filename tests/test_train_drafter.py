@@ -13,7 +13,8 @@ import torch
 from methods.layers import causal_mask
 from specbench_cli.training.distill import Corpus, cache_features, cache_topk, training_prompts
 from specbench_cli.core.errors import UsageError
-from specbench_cli.training.recipes import Sample, kl_to_topk, recipe_class
+from specbench_cli.registry import recipe_class
+from specbench_cli.training.recipes import Sample, kl_to_topk
 from specbench_cli.training.train import TrainSettings, train
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import greedy_corpus, make_method
@@ -137,7 +138,7 @@ def test_corpus_round_trip_and_training_prompts(corpus):
 
 def test_a_method_without_a_drafter_is_a_clear_error(corpus, tmp_path):
     target, data = corpus
-    with pytest.raises(UsageError, match="no training recipe for it; trainable: eagle3, dflash, dart, sps, confu"):
+    with pytest.raises(UsageError, match="no training recipe for it; trainable: eagle3, dflash, dart, confu, sps"):
         train(target, data, tmp_path / "x", TrainSettings(method="suffix"), "x")
 
 

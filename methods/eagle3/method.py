@@ -77,6 +77,11 @@ class Eagle3(FeatureDrafter):
             self.kv = append_kv(self.kv, kv)
         self.pending = [feats[-1:]]
 
+    def restore(self, kv: tuple[torch.Tensor, torch.Tensor], pending: torch.Tensor) -> None:
+        """Set the draft cache to `kv` with the features `pending` not yet absorbed, so a round can be replayed
+        from a fixed state (profile --switching)."""
+        self.kv, self.pending = kv, [pending]
+
     @property
     def absorbed(self) -> int:
         """Committed positions already in the draft cache."""

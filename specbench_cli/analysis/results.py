@@ -170,7 +170,7 @@ def method_label(settings: dict) -> str:
     """The method name plus the options that differ from its defaults, so sweeps stay apart."""
     method, options = settings["method"], settings.get("options", {})
     try:
-        from methods import method_class
+        from specbench_cli.registry import method_class
 
         defaults = {f.name: f.default for f in dataclasses.fields(method_class(method).Options)}
     except UsageError:  # a method this version does not know: show every option

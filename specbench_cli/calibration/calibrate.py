@@ -41,7 +41,6 @@ from specbench_cli.core.errors import UsageError
 from specbench_cli.analysis.metrics import tau
 
 TABLE2_THRESHOLDS = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # WhiFlash Table 2's threshold_ΔAL sweep
-METHODS = ("whiflash-entropy", "whiflash-neural", "hvd")
 
 
 @dataclass
@@ -240,11 +239,6 @@ def write_artifact(folder: Path, config: dict, sweep: pd.DataFrame, module=None)
     plots.save(plots.threshold_sensitivity(sweep, config["method"]), folder, "sensitivity")
 
 
-def check_method(method: str) -> None:
-    if method not in METHODS:
-        raise UsageError(f"calibrate knows {', '.join(METHODS)} (got '{method}')")
-
-
 # ---------------------------------------------------------------------------------------------- orchestration
 @dataclass
 class CalibrateConfig:
@@ -335,6 +329,8 @@ def calibrate_entropy(config: CalibrateConfig, console: Console) -> dict:
                        max_new_tokens=config.max_new_tokens, confirm=config.confirm,
                        simulated_best=_best_rows(sweep))
     write_artifact(config.out, config_json, sweep)
+    console.print(f"entropy threshold overall {config_json['threshold']:.3f}; per category "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in config_json["thresholds"].items()), highlight=False)
     return config_json
 
 
@@ -393,6 +389,8 @@ def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
                        heldout_static={k: {"tokens_per_s": v[0], "tau": v[1]} for k, v in statics.items()},
                        prompts=len(prompts), max_new_tokens=config.max_new_tokens)
     write_artifact(config.out, config_json, pd.DataFrame(rows), router)
+    console.print(f"ΔAL threshold {config_json['threshold']:.3f}; held-out MSE {config_json['heldout_mse']:.3f} "
+                  f"(predicting the mean: {config_json['heldout_mse_of_mean']:.3f})", highlight=False)
     return config_json
 
 

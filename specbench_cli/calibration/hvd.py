@@ -187,4 +187,8 @@ def calibrate_hvd(config: CalibrateConfig, console: Console) -> dict:
                        heldout_mse_of_mean=float(np.mean((y.mean() - y_test) ** 2)),
                        heldout_simulated=statics, prompts=len(prompts), max_new_tokens=config.max_new_tokens)
     write_artifact(config.out, config_json, pd.DataFrame(rows), predictor)
+    q = config_json["heldout_quality"]
+    console.print(f"held-out payoff at threshold {config_json['threshold']:g}: P(y ≥ it) {q['p_high']:.3f}, P(ŷ ≥ it) "
+                  f"{q['p_predicted_high']:.3f}, precision {q['precision']:.3f}, recall {q['recall']:.3f}; "
+                  f"MSE {q['mse']:.3f} (predicting the mean: {config_json['heldout_mse_of_mean']:.3f})", highlight=False)
     return config_json

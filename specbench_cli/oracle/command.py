@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from methods import method_class
 from specbench_cli.core.method import Method, drafter_ref, parse_options
 from specbench_cli import hardware
 from specbench_cli.core.errors import UsageError
@@ -33,6 +32,7 @@ from specbench_cli.folders import claim
 from specbench_cli.models import checkpoint_ref
 from specbench_cli.oracle.replay import Trace, replay_turn
 from specbench_cli.inputs import RunConfig
+from specbench_cli.registry import method_class
 from specbench_cli.runner import Plan, Runner, plan, progress_bar
 
 NOT_REPLAYABLE = {"confu": "its future token comes from the target's verify pass, which replay does not run",

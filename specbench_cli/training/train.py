@@ -22,7 +22,8 @@ import torch
 
 from specbench_cli.training.distill import Corpus
 from specbench_cli.core.errors import UsageError
-from specbench_cli.training.recipes import Recipe, Sample, recipe_class
+from specbench_cli.registry import recipe_class
+from specbench_cli.training.recipes import Recipe, Sample
 
 
 @dataclass

@@ -44,19 +44,6 @@ class Recipe:
         raise NotImplementedError
 
 
-TRAINABLE = ("eagle3", "dflash", "dart", "sps", "confu")
-
-
-def recipe_class(method: str) -> type[Recipe]:
-    """The recipe for `method`; a method without one is a usage error naming those that have one."""
-    if method not in TRAINABLE:
-        raise UsageError(f"train-drafter --method {method}: no training recipe for it; trainable: {', '.join(TRAINABLE)}")
-    from specbench_cli.training.recipes import confu, dart, dflash, eagle3, sps
-
-    return {"eagle3": eagle3.Eagle3Recipe, "dflash": dflash.DFlashRecipe, "dart": dart.DartRecipe,
-            "sps": sps.SpsRecipe, "confu": confu.ConFuRecipe}[method]
-
-
 def check_layers(corpus: Corpus, layers: list[int]) -> None:
     """The corpus must hold the features of every target layer a drafter reads."""
     missing = [l for l in layers if l not in corpus.layers]

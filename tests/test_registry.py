@@ -1,0 +1,35 @@
+"""The method registry: every reference resolves, and each capability reaches the command that uses it."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from specbench_cli.cli import app
+from specbench_cli.core.errors import UsageError
+from specbench_cli.registry import METHODS, calibrator, corpus_layers, entry, load, method_class, recipe_class
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_reference_of_an_entry_resolves(name):
+    e = entry(name)
+    assert method_class(name).__name__ == e.code.split(":")[1]
+    for ref in (e.recipe, e.calibrator, e.reads_layers):
+        if ref is not None:
+            assert callable(load(ref)), ref
+
+
+def test_capabilities_answer_for_what_a_method_lacks():
+    with pytest.raises(UsageError, match="did you mean 'eagle3'"):
+        entry("eagle4")
+    with pytest.raises(UsageError, match="no training recipe for it; trainable: eagle3, dflash, dart, confu, sps"):
+        recipe_class("suffix")
+    with pytest.raises(UsageError, match="calibrate knows whiflash-entropy, whiflash-neural, hvd"):
+        calibrator("hvd-freq")
+    assert corpus_layers(30) == sorted(set(load("methods.eagle3:default_capture")(30))
+                                       | set(load("methods.dflash:default_capture")(30)))
+
+
+def test_profile_asks_the_registry_which_methods_it_can_measure():
+    result = CliRunner().invoke(app, ["profile", "--switching", "--method", "hvd"])
+    assert result.exit_code == 2 and "use --method whiflash-entropy or whiflash-neural" in result.output

@@ -26,6 +26,15 @@ def save(fig: plt.Figure, folder: Path, name: str) -> list[Path]:
     return paths
 
 
+def colour(i: int, n: int) -> tuple:
+    """The i-th of n series' colour: tab10 up to 10 series, tab20 up to 20, so no two methods share one
+    (matplotlib's default cycle repeats after 10, which made two methods look like one)."""
+    return (plt.cm.tab10 if n <= 10 else plt.cm.tab20)(i % (10 if n <= 10 else 20))
+
+
+LABELLED = 6  # bar values are printed up to this many series per group; beyond, they overlap (see the tables)
+
+
 def _legend(ax: plt.Axes, title: str) -> None:
     """Beside the plot, never over the data."""
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title=title)
@@ -33,13 +42,14 @@ def _legend(ax: plt.Axes, title: str) -> None:
 
 def per_category(rows: dict[str, pd.DataFrame], by: str, dataset: str) -> plt.Figure:
     """Grouped bars of τ (top) and speedup (bottom) per `by` group and method, each bar labelled with its
-    value, each group with its prompt count, and `overall` set apart at the right. Speedup needs a baseline
+    value (up to LABELLED methods), each group with its prompt count, and `overall` set apart at the right. Speedup needs a baseline
     run of the same settings; without one the figure draws τ alone and says so. `rows` maps a method label
     to its `summarise` table."""
     speedups = any(t.speedup.notna().any() for t in rows.values())
     groups = [g for g in dict.fromkeys(k for t in rows.values() for k in t[by]) if g != "overall"] + ["overall"]
     counts = pd.concat([t.set_index(by).prompts for t in rows.values()], axis=1).max(axis=1)
-    fig, axes = plt.subplots(2 if speedups else 1, 1, figsize=(max(7.0, 1.1 * len(groups) + 4), 7 if speedups else 4.2),
+    per_group = max(1.1, 0.3 * len(rows) + 0.4)
+    fig, axes = plt.subplots(2 if speedups else 1, 1, figsize=(min(18.0, max(7.0, per_group * len(groups) + 4)), 7 if speedups else 4.2),
                              squeeze=False)
     x = np.arange(len(groups)) + np.where(np.array(groups) == "overall", 0.5, 0.0)  # a gap before overall
     width = 0.8 / max(len(rows), 1)
@@ -47,8 +57,9 @@ def per_category(rows: dict[str, pd.DataFrame], by: str, dataset: str) -> plt.Fi
     for ax, (metric, ylabel) in zip(axes[:, 0], panels):
         for i, (label, table) in enumerate(rows.items()):
             values = table.set_index(by)[metric].reindex(groups)
-            bars = ax.bar(x + (i - (len(rows) - 1) / 2) * width, values, width, label=label, color=f"C{i}")
-            ax.bar_label(bars, labels=[f"{v:.2f}" if v == v else "" for v in values], fontsize="x-small", padding=1)
+            bars = ax.bar(x + (i - (len(rows) - 1) / 2) * width, values, width, label=label, color=colour(i, len(rows)))
+            if len(rows) <= LABELLED:
+                ax.bar_label(bars, labels=[f"{v:.2f}" if v == v else "" for v in values], fontsize="x-small", padding=1)
         if metric == "speedup":
             ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.axvline(x[-1] - 0.75, color="grey", linewidth=0.8)
@@ -71,9 +82,10 @@ def tau_along_response(series: dict[str, pd.DataFrame], bin_tokens: int = 16, mi
     fig, (ax, count_ax) = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     for i, (label, rounds) in enumerate(series.items()):
         stats = _along(rounds, bin_tokens, min_share)
-        ax.plot(stats.index, stats["mean"], color=f"C{i}", label=label)
-        ax.fill_between(stats.index, stats.q25, stats.q75, color=f"C{i}", alpha=0.2, linewidth=0)
-        count_ax.plot(stats.index, stats.n, color=f"C{i}", drawstyle="steps-mid")
+        c = colour(i, len(series))
+        ax.plot(stats.index, stats["mean"], color=c, label=label)
+        ax.fill_between(stats.index, stats.q25, stats.q75, color=c, alpha=0.2, linewidth=0)
+        count_ax.plot(stats.index, stats.n, color=c, drawstyle="steps-mid")
     ax.set_ylabel("tokens per round")
     ax.set_title(f"Acceptance along the response (mean over turns, band 25-75%; {bin_tokens}-token bins, "
                  f"cut below {min_share:.0%} of turns)", fontsize="medium")
@@ -104,10 +116,10 @@ def phase_bars(series: dict[str, pd.DataFrame], clock: str) -> plt.Figure:
     labels = list(series)
     means = pd.DataFrame({label: split(rounds).mean() for label, rounds in series.items()}).T
     parts = [p for p in PARTS if means[p].abs().sum() > 0]
-    fig, (ax, share_ax) = plt.subplots(1, 2, figsize=(max(11.0, 1.2 * len(labels) + 9), 4.4))
+    fig, (ax, share_ax) = plt.subplots(1, 2, figsize=(min(18.0, max(11.0, 0.6 * len(labels) + 9)), 4.4))
     bottom = np.zeros(len(labels))
     for j, part in enumerate(parts):
-        ax.bar(labels, means[part], bottom=bottom, label=part, color=f"C{j}")
+        ax.bar(labels, means[part], bottom=bottom, label=part, color=colour(j, len(parts)))
         bottom += means[part].to_numpy()
     ax.set_ylabel("ms per round (mean)")
     ax.set_xlabel("method")
@@ -117,7 +129,8 @@ def phase_bars(series: dict[str, pd.DataFrame], clock: str) -> plt.Figure:
     width = 0.8 / len(labels)
     for i, label in enumerate(labels):
         xs = np.arange(len(parts)) + (i - (len(labels) - 1) / 2) * width
-        share_ax.bar(xs, shares.loc[label].clip(lower=1e-3), width, color=plt.cm.Dark2(i % 8), label=label)
+        share_ax.bar(xs, shares.loc[label].where(shares.loc[label] > 0), width, color=colour(i, len(labels)), label=label,
+                     hatch="//", edgecolor="white")  # hatched: these colours are methods, the left panel's phases
     share_ax.set_yscale("log")
     share_ax.set_xticks(range(len(parts)), parts, rotation=30, ha="right")
     share_ax.set_ylabel("share of the round (%, log scale)")
@@ -132,9 +145,9 @@ def survival_curves(series: dict[str, pd.DataFrame]) -> plt.Figure:
     axis ends where every method's share has fallen below 1% (the tail of rare long acceptances is noted)."""
     fig, ax = plt.subplots(figsize=(8.5, 3.8))
     longest = top = 1
-    for label, rounds in series.items():
+    for i, (label, rounds) in enumerate(series.items()):
         s = survival(rounds)
-        ax.step(s.length, s.share, where="post", marker="o", markersize=3, label=label)
+        ax.step(s.length, s.share, where="post", marker="o", markersize=3, label=label, color=colour(i, len(series)))
         longest = max(longest, int(s.length.max()) if len(s) else 1)
         top = max(top, int(s.length[s.share >= 0.01].max()) if (s.share >= 0.01).any() else 1)
     ax.set_xlim(0.5, top + 1.5)
@@ -157,7 +170,7 @@ def length_histogram(series: dict[str, pd.DataFrame], longest: int = 16) -> plt.
         shown = h[h.index <= longest].copy()
         if h.index.max() > longest:
             shown.loc[longest + 1] = h[h.index > longest].sum()
-        ax.bar(shown.index + (i - (len(series) - 1) / 2) * width, shown, width, label=label, color=f"C{i}")
+        ax.bar(shown.index + (i - (len(series) - 1) / 2) * width, shown, width, label=label, color=colour(i, len(series)))
         top = max(top, int(shown.index.max()))
     ticks = list(range(1, top + 1))
     ax.set_xticks(ticks, [str(n) if n <= longest else f">{longest}" for n in ticks])

@@ -85,11 +85,11 @@ def _execute(config, threads: int | None) -> Path:
 
     try:
         at_least("--threads", threads, 1)
-        check_run(config, dict(os.environ))  # answers bad input before torch is imported
+        chosen = check_run(config, dict(os.environ))  # answers bad input before torch is imported
         from specbench_cli.runner import execute, plan
 
         use_threads(threads)
-        return execute(plan(config, dict(os.environ)), console)
+        return execute(plan(config, dict(os.environ), chosen), console)
     except UsageError as err:
         fail(str(err))
     except KeyboardInterrupt:

@@ -112,8 +112,9 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
     return rows
 
 
-def _normalise(dataset: str, row: dict, where: str, index: int) -> Prompt:
-    """Map the four vendored formats (and user files with the same fields) to a `Prompt`."""
+def _normalise(dataset: str, row: dict, where: str, index: int, subtask: str | None = None) -> Prompt:
+    """Map the four vendored formats (and user files with the same fields) to a `Prompt`. `subtask` overrides
+    the MT-Bench rule for readers whose groups are their own (a suite's datasets, SPEED-Bench's categories)."""
     if dataset.startswith("aime") and dataset in DATASETS:
         answer = row.get("answer")
         return Prompt(str(row["id"]), dataset, "math", dataset, (row["problem"] + AIME_SUFFIX,),
@@ -126,7 +127,8 @@ def _normalise(dataset: str, row: dict, where: str, index: int) -> Prompt:
     if not all(t.strip() for t in turns):
         raise UsageError(f"{where}: turn {next(i for i, t in enumerate(turns) if not t.strip()) + 1} is empty")
     category = str(row.get("category", "custom"))
-    subtask = "mt_bench" if category in MT_BENCH_CATEGORIES and len(turns) > 1 else category
+    if subtask is None:
+        subtask = "mt_bench" if category in MT_BENCH_CATEGORIES and len(turns) > 1 else category
     ref = row.get("reference")
     reference = json.dumps(ref) if isinstance(ref, list) else ref
     pid = row.get("question_id", row.get("id", index))
@@ -142,10 +144,9 @@ def load_suite(name: str, files: dict[str, list[Path]] | None = None) -> list[Pr
         for row_id, category, turns in load_hub(member, (files or {}).get(member)):
             pid = row_id if len(members) == 1 else f"{member}/{row_id}"
             prompts.append(_normalise(name, {"id": pid, "category": category, "turns": turns}, f"{member} row {row_id}",
-                                      len(prompts)))
+                                      len(prompts), subtask=member))
     _check_unique(prompts, Path(name))
-    return [Prompt(p.id, p.dataset, p.category, p.id.split("/")[0] if len(members) > 1 else member, p.turns)
-            for p in prompts]
+    return prompts
 
 
 SPEED_BENCH = "speed-bench:"  # --dataset speed-bench:PATH, a folder prepared by SPEED-Bench's own prepare_data.py
@@ -175,9 +176,9 @@ def load_speed_bench(name: str) -> list[Prompt]:
         if any(isinstance(t, str) and t.startswith(SPEED_PLACEHOLDER) for t in turns):
             raise UsageError(f"{path} holds SPEED-Bench's placeholders, not its prompts: {SPEED_PREPARE}")
         prompts.append(_normalise(dataset, {"id": row["question_id"], "category": row["category"], "turns": turns},
-                                  f"{path} row {i + 1}", i))
+                                  f"{path} row {i + 1}", i, subtask=str(row["category"])))
     _check_unique(prompts, path)
-    return [p if p.subtask == p.category else Prompt(p.id, p.dataset, p.category, p.category, p.turns) for p in prompts]
+    return prompts
 
 
 def _speed_bench_file(name: str) -> Path:

@@ -29,7 +29,7 @@ from specbench_cli.core.turn import DecodeSettings, TurnResult
 from specbench_cli.core.errors import UsageError
 from specbench_cli.folders import claim
 from specbench_cli.analysis.metrics import tau
-from specbench_cli.inputs import RunConfig, check_run
+from specbench_cli.inputs import RunConfig, Selection, check_run
 from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from specbench_cli.models import ModelSpec, checkpoint_ref
 from specbench_cli.registry import method_class
@@ -73,9 +73,10 @@ class Plan:
                 "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)}}
 
 
-def plan(config: RunConfig, env: dict[str, str]) -> Plan:
-    """`check_run`'s checks, then those that need the method's code or torch; no model loads here."""
-    chosen = check_run(config, env)
+def plan(config: RunConfig, env: dict[str, str], chosen: Selection | None = None) -> Plan:
+    """`check_run`'s checks (unless the caller ran them: `chosen`), then those that need the method's code or
+    torch; no model loads here."""
+    chosen = chosen or check_run(config, env)
     cls = method_class(config.method)
     options = parse_options(cls, config.opts)
     drafters = _parse_drafters(config.drafters, cls)
@@ -111,12 +112,13 @@ class Runner:
         self.settings = DecodeSettings(plan.config.max_new_tokens, plan.config.temperature, model.stop_ids)
         self.run_name = plan.out.name
 
-    def compile(self, also: tuple[Method, ...] = ()) -> dict:
-        """Size the cache for the longest selected prompt and compile every bucket, before anything is timed
-        (`also`: further methods whose captured layers the graphs must return, e.g. the oracle's replayers)."""
+    def compile(self, longest: int, also: tuple[Method, ...] = ()) -> dict:
+        """Size the cache for `longest` positions (`check_lengths`' answer) and compile every bucket, before
+        anything is timed (`also`: further methods whose captured layers the graphs must return, e.g. the
+        oracle's replayers)."""
         if self.plan.compile_mode is None:
             return {}
-        self.target.plan(max(map(self.tokens_needed, (*self.plan.prompts, *self.plan.warmup))))
+        self.target.plan(longest)
         for method in (self.method, *also):  # captured layers and reserved entries are part of the graph
             method.attach(self.target)
         seconds = self.target.warm_up()
@@ -129,18 +131,20 @@ class Runner:
         turns = len(self.model.encode_chat([{"role": "user", "content": "\n".join(prompt.turns)}]))
         return turns + len(prompt.turns) * (self.plan.config.max_new_tokens + TEMPLATE_MARGIN)
 
-    def check_lengths(self) -> None:
+    def check_lengths(self) -> int:
         """The stated rule for prompts that do not fit: a prompt whose `tokens_needed` exceeds the model's
-        context (max_position_embeddings) is refused before anything decodes; nothing is truncated."""
+        context (max_position_embeddings) is refused before anything decodes; nothing is truncated. Returns the
+        most positions any selected prompt needs (what a compiled cache is sized for)."""
         context = getattr(self.model.model.config, "max_position_embeddings", None)
-        if context is None:
-            return
+        longest = 0
         for prompt in (*self.plan.warmup, *self.plan.prompts):
             need = self.tokens_needed(prompt)
-            if need > context:
+            longest = max(longest, need)
+            if context is not None and need > context:
                 raise UsageError(f"prompt '{prompt.id}' needs up to {need} positions ({len(prompt.turns)} turn(s) plus "
                                  f"--max-new-tokens {self.plan.config.max_new_tokens} each) but {self.plan.spec.name}'s "
                                  f"context is {context}; lower --max-new-tokens, or leave the prompt out")
+        return longest
 
     def decode_prompt(self, prompt: Prompt) -> list[tuple[list[int], TurnResult]]:
         """All turns of a prompt, each turn seeing the model's own earlier answers."""
@@ -201,7 +205,7 @@ def _record(plan: Plan, console: Console) -> None:
     split = plan.config.device == "split"
     model = load_model(plan.spec, plan.device, plan.dtype, split)
     runner = Runner(plan, model)
-    runner.check_lengths()  # a prompt past the model's context is refused before anything decodes
+    longest = runner.check_lengths()  # a prompt past the model's context is refused before anything decodes
     if info is None:
         info = {"settings": plan.settings(), "method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
                 "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
@@ -212,7 +216,7 @@ def _record(plan: Plan, console: Console) -> None:
     info.update(status="running", sessions=[*info["sessions"], session])
     writer.create(info)
     if plan.compile_mode is not None:
-        info["compile"] = runner.compile()  # compile time is reported here and never enters a timed round
+        info["compile"] = runner.compile(longest)  # compile time is reported here and never enters a timed round
         writer.write_json("run.json", info)
 
     if plan.warmup and plan.warmup[0].dataset == "builtin":

@@ -102,11 +102,11 @@ def _record(config: OracleConfig, checked: Plan, options: dict[str, object], con
     out = checked.out
     model = load_model(checked.spec, checked.device, checked.dtype)
     runner = Runner(checked, model)  # baseline decoding gives the traces
-    runner.check_lengths()
+    longest = runner.check_lengths()
     drafters: dict[str, Method] = {n: method_class(n)(o, model, checked.drafters) for n, o in options.items()}
     done = _start(out, checked, config, drafters)
     if checked.compile_mode is not None:
-        compiled = runner.compile(tuple(drafters.values()))
+        compiled = runner.compile(longest, tuple(drafters.values()))
         info = json.loads((out / "run.json").read_text())
         (out / "run.json").write_text(json.dumps({**info, "compile": compiled}, indent=2))
     for prompt in checked.warmup:  # cross-prompt state (suffix cache) sees them, as in a live run

@@ -120,9 +120,12 @@ class ConFu(Eagle3):
         super().observe(state, new_tokens)
         self.future = state.target.side_hidden[state.target.last_path[-1]]
 
+    def shared_kv(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The future token [f] (from the last round's accepted contemplate token), seen by every draft query."""
+        return self._future_kv(state) if self.future is not None else None
+
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> DraftTree:
-        self.extra_kv = self._future_kv(state) if self.future is not None else None
         tree = super().propose(state)
         self.side = self._contemplate(tree)
         return tree

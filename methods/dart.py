@@ -17,14 +17,15 @@ reference passes them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from torch import nn
 
 from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, locate_file
-from methods.eagle3 import Eagle3Draft
+from methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from methods.features import FeatureDrafter
 from methods.layers import append_kv, causal_mask
 from methods.ngram import Trie
@@ -92,6 +93,51 @@ def to_tree(kept: list[tuple[tuple[int, ...], float]]) -> DraftTree:
     return DraftTree(tokens, parents)
 
 
+class DartLayer(Eagle3Layer):
+    """EAGLE-3's layer with `slots` mask rows appended after the inputs: they attend with input `mask_rep` [2H]
+    and carry its first H entries as residual."""
+
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__(c)
+        self.slots = c.mask_slots
+        self.mask_rep = nn.Parameter(torch.zeros(2 * c.hidden))
+
+    def forward(self, emb, h, cos, sin, past=None, mask=None, extra=None, slots: int | None = None):
+        """`slots` default to the config's, and then only the last real position and the slots go on; the
+        trainer stacks one block per anchor (`slots` given) and keeps every row."""
+        trim, slots = slots is None, self.slots if slots is None else slots
+        x, residual = self.inputs(emb, h)
+        if slots:
+            x = torch.cat((x, self.mask_rep.expand(slots, -1)))
+            residual = torch.cat((residual, self.mask_rep[: h.shape[-1]].expand(slots, -1)))
+        attn, kv = self.self_attn(x, cos, sin, past, mask, extra)
+        h = residual + attn
+        if trim and slots:
+            h = h[-slots - 1:]
+        return self.mlp_block(h), kv
+
+
+class DartDraft(Eagle3Draft):
+    """DART checkpoints: the flat EAGLE-3 layout plus `midlayer.mask_rep` [2H] and config `draft_length`; the
+    embedding is always the target's (the reference overwrites any shipped copy, so one is ignored)."""
+
+    kind = "DART"
+    layer_class = DartLayer
+
+    @classmethod
+    def read_config(cls, ckpt: Checkpoint, target_layers: int) -> Eagle3Config:
+        c = super().read_config(ckpt, target_layers)
+        return replace(c, own_embedding=False, mask_slots=ckpt.need("draft_length"))
+
+    @classmethod
+    def ignored_tensors(cls, c: Eagle3Config) -> tuple[str, ...]:
+        return (*super().ignored_tensors(c), "embed_tokens.weight")
+
+    def export(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        config, tensors = super().export()
+        return {**config, "draft_length": self.config.mask_slots}, tensors
+
+
 class Dart(FeatureDrafter):
     name = "dart"
     drafter_names = ("dart",)
@@ -104,7 +150,7 @@ class Dart(FeatureDrafter):
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
-        self.draft = Eagle3Draft.load(Checkpoint.read(self.drafter_ref("dart"), "dart"), model.model, dart=True)
+        self.draft = DartDraft.load(Checkpoint.read(self.drafter_ref("dart"), "dart"), model.model)
         self.capture = self.draft.config.capture
         self.trie = None if options.trie == "none" else load_trie(self.drafter_ref("dart_ngram"), options.trie)
         self.eos = frozenset(getattr(model, "stop_ids", ()) or ())

@@ -28,6 +28,7 @@ from specbench_cli.core.method import DecodeState, Method, Route
 from methods.checkpoints import CheckpointError, locate
 from methods.dflash import DFlash
 from methods.eagle3 import Eagle3
+from methods.layers import causal_mask
 from methods.predictors import Router
 from specbench_cli.core.target import Target
 
@@ -36,6 +37,17 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of softmax(logits), on the device."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     return -(logp.exp() * logp).sum()
+
+
+class FullLayerCatchUp(Eagle3):
+    """EAGLE-3 that runs its whole layer over the backlog (outputs discarded): WhiFlash's `kv_only=false`
+    ablation of the KV-only catch-up."""
+
+    def backlog_kv(self, feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor):
+        start = self.absorbed
+        mask, extra = self._visible(causal_mask(feats.shape[0], start, feats.device), start, [])
+        _, kv = self.draft.step(feats, ids, positions, self.kv, mask, extra)
+        return kv
 
 
 class WhiFlash(Method):
@@ -48,7 +60,7 @@ class WhiFlash(Method):
     @dataclass
     class Options(Eagle3.Options):  # EAGLE-3's tree: WhiFlash Table 7 (depth 8, top-k 10, 60 tokens)
         block_size: int = 0  # DFlash: the checkpoint's block (16 for the z-lab drafters)
-        threshold: float = math.nan  # τ; NaN = the calibrated value (per category for the entropy policy)
+        threshold: float = math.nan  # the policy's threshold; NaN = the calibrated value (per category for the entropy policy)
         lazy_catchup: bool = True
         kv_only: bool = True
         # The neural policy's threshold is a predicted ΔAL, which may be negative.
@@ -61,9 +73,9 @@ class WhiFlash(Method):
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
         o = options
-        self.eagle3 = Eagle3(Eagle3.Options(o.depth, o.top_k, o.total_token), model, drafters)
+        eagle3 = Eagle3 if o.kv_only else FullLayerCatchUp
+        self.eagle3 = eagle3(Eagle3.Options(o.depth, o.top_k, o.total_token), model, drafters)
         self.dflash = DFlash(DFlash.Options(o.block_size), model, drafters)
-        self.eagle3.kv_only = o.kv_only
         self.calibrated = self._calibration()
 
     def _calibration(self) -> dict:

@@ -143,12 +143,13 @@ def distill_dflash(draft: DFlashDraft, target: torch.nn.Module, corpus: list[lis
 def write_dart(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None, steps: int = 300,
                draft_length: int = 4, seed: int = 0) -> Path:
     """A DART checkpoint (EAGLE-3 flat layout + midlayer.mask_rep + draft_length) and a .trie of the corpus."""
+    from methods.dart import DartDraft
     from methods.ngram import Trie
 
     torch.manual_seed(seed)
     c = eagle3_config(target)
     c.mask_slots = draft_length
-    draft = Eagle3Draft(c, target.get_input_embeddings().weight.detach())
+    draft = DartDraft(c, target.get_input_embeddings().weight.detach())
     with torch.no_grad():
         draft.midlayer.mask_rep.normal_(0, 1)
     if corpus:

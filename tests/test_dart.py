@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from methods.checkpoints import Checkpoint, CheckpointError
-from methods.dart import SearchParams, search, to_tree
-from methods.eagle3 import Eagle3Draft
+from methods.dart import DartDraft, SearchParams, search, to_tree
 from methods.ngram import Trie
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import edit_checkpoint, write_dart
@@ -93,7 +92,7 @@ def test_pruned_tree_by_hand_with_eos_and_ngram():
 def test_double_norm_and_mask_slots(distilled):
     """One forward gives draft_length + 1 rows; logits use the final norm twice, as the reference does."""
     target, corpus, folder = distilled("dart", "qwen3")
-    draft = Eagle3Draft.load(Checkpoint.read(str(folder), "dart"), target, dart=True)
+    draft = DartDraft.load(Checkpoint.read(str(folder), "dart"), target)
     assert draft.config.mask_slots == 4 and draft.midlayer.mask_rep.shape == (128,)
     feats = torch.randn(10, 192)
     from methods.layers import causal_mask
@@ -111,4 +110,4 @@ def test_bad_checkpoints_fail_with_one_line(tmp_path, edit_tensors, edit_config,
     target = tiny_model("llama", layers=6)
     folder = edit_checkpoint(write_dart(tmp_path / "d", target), edit_tensors, edit_config)
     with pytest.raises(CheckpointError, match=message):
-        Eagle3Draft.load(Checkpoint.read(str(folder), "dart"), target, dart=True)
+        DartDraft.load(Checkpoint.read(str(folder), "dart"), target)

@@ -28,12 +28,9 @@ class Eagle3Config:
     mask_slots: int = 0  # DART's draft_length: mask positions appended after the context (0 for EAGLE-3)
 
 
-def read_config(ckpt: Checkpoint, target_layers: int, dart: bool = False) -> Eagle3Config:
+def read_config(ckpt: Checkpoint, target_layers: int, what: str = "EAGLE-3") -> Eagle3Config:
     """The draft's shapes from config.json and the tensors themselves (tensors win where they disagree).
-
-    DART checkpoints are the flat EAGLE-3 layout plus `midlayer.mask_rep` [2H] and config `draft_length`;
-    their embedding is always the target's (the reference overwrites any shipped copy)."""
-    what = "DART" if dart else "EAGLE-3"
+    `what` names the format in errors (a format built on this one reads its additions itself)."""
     cfg = ckpt.config
     speculators = "transformer_layer_config" in cfg
     layer_cfg = cfg["transformer_layer_config"] if speculators else cfg
@@ -61,8 +58,7 @@ def read_config(ckpt: Checkpoint, target_layers: int, dart: bool = False) -> Eag
         capture=capture_layers(cfg, speculators, target_layers, ckpt),
         norm_before_residual=bool(cfg.get("norm_before_residual", False)),
         qk_norm=ckpt.has(prefix + "self_attn.q_norm.weight"), layer_prefix=prefix,
-        own_embedding=ckpt.has("embed_tokens.weight") and not dart,
-        mask_slots=ckpt.need("draft_length") if dart else 0)
+        own_embedding=ckpt.has("embed_tokens.weight"))
 
 
 def default_capture(target_layers: int) -> list[int]:

@@ -16,6 +16,10 @@ from specbench_cli.core.tree import DraftTree
 
 
 class Eagle3(FeatureDrafter):
+    """Subclasses change EAGLE-3 through hooks: `extra_tensors` (checkpoint tensors they read themselves),
+    `shared_kv` (keys/values every draft query of a round also sees) and `backlog_kv` (how catch-up fills
+    the cache)."""
+
     name = "eagle3"
     drafter_names = ("eagle3",)
     extra_tensors: tuple[str, ...] = ()  # checkpoint tensors a subclass reads itself (ConFu's "confu.*")
@@ -38,9 +42,17 @@ class Eagle3(FeatureDrafter):
         self.draft = Eagle3Draft.load(self.checkpoint, model.model, extra_tensors=self.extra_tensors)
         self.capture = self.draft.config.capture
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # draft KV of positions fed by target features
-        # Keys/values every draft query of the round also sees (ConFu's future token); not cached.
-        self.extra_kv: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.kv_only = True  # catch-up computes keys/values only (WhiFlash's ablation sets False)
+        self.extra_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # this round's `shared_kv`; not cached
+
+    def shared_kv(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Keys/values every draft query of this round sees besides the cache and its own ancestors (ConFu's
+        future token); EAGLE-3 has none."""
+        return None
+
+    def backlog_kv(self, feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor):
+        """The draft cache entries of committed positions nothing reads outputs of: keys/values only (fc,
+        norms, k/v projections), never attention, MLP or head (WhiFlash §3.3's KV-only prefill)."""
+        return self.draft.keys_values(feats, ids, positions)
 
     def _visible(self, mask: torch.Tensor, past: int, extra: list) -> tuple[torch.Tensor, tuple | None]:
         """Put `extra_kv` first among the extra keys (after `extra`, whose columns `mask` already has) and
@@ -59,22 +71,16 @@ class Eagle3(FeatureDrafter):
 
     @torch.inference_mode()
     def catch_up(self, state: DecodeState) -> None:
-        """KV-only prefill (WhiFlash §3.3): the draft cache of every committed position but the newest gets
-        only its keys/values (fc, norms, k/v projections), never attention, MLP or head, whose outputs
-        nothing reads. A routed method calls this for the backlog after an idle stretch; `advance` calls it
-        every round, so a plain EAGLE-3 run and a routed one build the same cache the same way."""
+        """Cache every committed position but the newest through `backlog_kv`. A routed method calls this for
+        the backlog after an idle stretch; `advance` calls it every round, so a plain EAGLE-3 run and a
+        routed one build the same cache the same way."""
         start = self.absorbed
         feats = self.take_pending(state, start)
         n, device = feats.shape[0], feats.device
         if n > 1:
             ids = torch.tensor(state.tokens[start + 1: start + n], device=device)
             positions = torch.arange(start, start + n - 1, device=device)
-            if self.kv_only:
-                kv = self.draft.keys_values(feats[:-1], ids, positions)
-            else:  # the ablation: run the whole layer over the backlog (outputs discarded)
-                mask, extra = self._visible(causal_mask(n - 1, start, device), start, [])
-                _, kv = self.draft.step(feats[:-1], ids, positions, self.kv, mask, extra)
-            self.kv = append_kv(self.kv, kv)
+            self.kv = append_kv(self.kv, self.backlog_kv(feats[:-1], ids, positions))
         self.pending = [feats[-1:]]
 
     def restore(self, kv: tuple[torch.Tensor, torch.Tensor], pending: torch.Tensor) -> None:
@@ -104,6 +110,7 @@ class Eagle3(FeatureDrafter):
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> DraftTree:
+        self.extra_kv = self.shared_kv(state)
         last = self.advance(state)
         o = self.options
         with state.timed("draft_head"):

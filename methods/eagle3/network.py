@@ -21,39 +21,40 @@ class Eagle3Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden, c.eps)
         self.mlp = MLP(c.hidden, c.intermediate)
         self.norm_before_residual = c.norm_before_residual
-        self.slots = c.mask_slots
-        if self.slots:
-            self.mask_rep = nn.Parameter(torch.zeros(2 * c.hidden))
 
     def token_kv(self, emb, h, cos, sin):
         """Keys/values of inputs the queries may see but that are not run through the layer (ConFu's [f])."""
-        return self.self_attn.keys_values(torch.cat((self.input_layernorm(emb), self.hidden_norm(h)), dim=-1), cos, sin)
+        return self.self_attn.keys_values(self.inputs(emb, h)[0], cos, sin)
 
-    def forward(self, emb, h, cos, sin, past=None, mask=None, extra=None, slots: int | None = None):
-        """`slots` mask rows are appended (default: the config's; the DART trainer stacks one block per
-        anchor and then keeps every row); at inference only the last real position and the slots go on."""
-        trim, slots = slots is None, self.slots if slots is None else slots
+    def inputs(self, emb: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention input [embedding, h] (both normed) and the residual stream."""
         normed = self.hidden_norm(h)
         residual = normed if self.norm_before_residual else h
-        x = torch.cat((self.input_layernorm(emb), normed), dim=-1)
-        if slots:  # DART: mask slots attend with input mask_rep and carry its first H entries as residual
-            x = torch.cat((x, self.mask_rep.expand(slots, -1)))
-            residual = torch.cat((residual, self.mask_rep[: h.shape[-1]].expand(slots, -1)))
+        return torch.cat((self.input_layernorm(emb), normed), dim=-1), residual
+
+    def mlp_block(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward(self, emb, h, cos, sin, past=None, mask=None, extra=None):
+        x, residual = self.inputs(emb, h)
         attn, kv = self.self_attn(x, cos, sin, past, mask, extra)
-        h = residual + attn
-        if trim and slots:
-            h = h[-slots - 1:]
-        return h + self.mlp(self.post_attention_layernorm(h)), kv
+        return self.mlp_block(residual + attn), kv
 
 
 class Eagle3Draft(nn.Module):
-    """fc + one layer + norm + lm_head; the token embedding is the target's unless the checkpoint has one."""
+    """fc + one layer + norm + lm_head; the token embedding is the target's unless the checkpoint has one.
+
+    A format built on EAGLE-3's (DART) subclasses this and overrides the hooks: `kind` (its name in errors),
+    `layer_class`, `read_config` (what its config adds), `ignored_tensors` and `export`."""
+
+    kind = "EAGLE-3"
+    layer_class: type[Eagle3Layer] = Eagle3Layer
 
     def __init__(self, c: Eagle3Config, embedding: torch.Tensor) -> None:
         super().__init__()
         self.config = c
         self.fc = nn.Linear(3 * c.target_hidden, c.hidden, bias=False)
-        self.midlayer = Eagle3Layer(c)
+        self.midlayer = self.layer_class(c)
         self.norm = RMSNorm(c.hidden, c.eps)
         self.lm_head = nn.Linear(c.hidden, c.draft_vocab, bias=False)
         self.rotary = Rotary(c.head_dim, c.rope_theta, c.rope_scaling)
@@ -62,8 +63,19 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", torch.zeros(c.draft_vocab, dtype=torch.long) if c.draft_vocab != c.vocab else None)
 
     @classmethod
-    def load(cls, ckpt: Checkpoint, target: nn.Module, dart: bool = False, extra_tensors: tuple[str, ...] = ()) -> Eagle3Draft:
-        c = read_config(ckpt, target.config.num_hidden_layers, dart)
+    def read_config(cls, ckpt: Checkpoint, target_layers: int) -> Eagle3Config:
+        return read_config(ckpt, target_layers, cls.kind)
+
+    @classmethod
+    def ignored_tensors(cls, c: Eagle3Config) -> tuple[str, ...]:
+        """Checkpoint tensors the draft does not load: t2d (d2t's inverse), and d2t itself when the vocabularies
+        are equal (meaningless then; the reference deletes it)."""
+        return ("t2d", *(("d2t",) if c.draft_vocab == c.vocab else ()))
+
+    @classmethod
+    def load(cls, ckpt: Checkpoint, target: nn.Module, extra_tensors: tuple[str, ...] = ()) -> Eagle3Draft:
+        """`extra_tensors`: name prefixes of tensors the caller reads from the same checkpoint (ConFu's)."""
+        c = cls.read_config(ckpt, target.config.num_hidden_layers)
         embedding = target.get_input_embeddings().weight.detach()
         if not c.own_embedding and embedding.shape[1] != c.hidden:
             raise CheckpointError(f"{ckpt.folder}: draft hidden size {c.hidden} differs from the target's "
@@ -76,10 +88,7 @@ class Eagle3Draft(nn.Module):
                                   f"{embedding.shape[0]}")
         draft = cls(c, embedding)
         ckpt.load_into(draft, lambda name: _checkpoint_name(name, c.layer_prefix))
-        # d2t is meaningless when the vocabularies are equal (the reference deletes it); DART ignores embeddings
-        ignore = ("t2d", *extra_tensors, *(("d2t",) if c.draft_vocab == c.vocab else ()),
-                  *(("embed_tokens.weight",) if dart else ()))
-        ckpt.reject_unused(ignore=ignore)
+        ckpt.reject_unused(ignore=(*cls.ignored_tensors(c), *extra_tensors))
         return draft.to(embedding.device, embedding.dtype).eval()
 
     def export(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -95,8 +104,6 @@ class Eagle3Draft(nn.Module):
                  "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling, "vocab_size": c.vocab,
                  "num_hidden_layers": 1, "model_type": "qwen3" if c.qk_norm else "llama"}
         ids = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": c.capture}}
-        if c.mask_slots:
-            ids["draft_length"] = c.mask_slots
         if c.layer_prefix == "layers.0.":  # speculators: nested layer config, vLLM's layer indexing
             config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
                       "transformer_layer_config": layer, "draft_vocab_size": c.draft_vocab,
@@ -112,12 +119,13 @@ class Eagle3Draft(nn.Module):
         return nn.functional.embedding(ids, weight)
 
     def step(self, h: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, past=None, mask=None, extra=None,
-             features: bool = True, slots: int | None = None):
-        """One draft forward over target features [T, 3Ht] (`features`) or the draft's own outputs [T, H]."""
+             features: bool = True, **layer):
+        """One draft forward over target features [T, 3Ht] (`features`) or the draft's own outputs [T, H];
+        `layer`: what a subclass's layer takes besides (DART's `slots`)."""
         if features:
             h = self.fc(h)
         cos, sin = self.rotary(positions, h.dtype)
-        return self.midlayer(self.embed(ids), h, cos, sin, past, mask, extra, slots)
+        return self.midlayer(self.embed(ids), h, cos, sin, past, mask, extra, **layer)
 
     def keys_values(self, h: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor):
         """The layer's keys/values for target features h [T, 3Ht] with tokens ids [T], and nothing else."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from methods.checkpoints import save
+from methods.dart import DartDraft
 from methods.eagle3 import default_capture
 from methods.layers import causal_mask
 from methods.ngram import Trie
@@ -34,7 +35,7 @@ class DartRecipe(Recipe):
 
     def __init__(self, target: torch.nn.Module, corpus: Corpus, s) -> None:
         self.model = new_draft(target, corpus, s.draft_vocab, s.intermediate,
-                               default_capture(target.config.num_hidden_layers), mask_slots=s.slots)
+                               default_capture(target.config.num_hidden_layers), DartDraft, s.slots)
         self.corpus = corpus
         self.layers = self.model.config.capture
         self.positions = s.slots + 1

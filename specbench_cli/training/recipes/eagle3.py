@@ -22,9 +22,9 @@ from specbench_cli.training.recipes import Recipe, Sample, check_layers, half, t
 
 
 def new_draft(target: torch.nn.Module, corpus: Corpus, draft_vocab: int, intermediate: int, capture: list[int],
-              mask_slots: int = 0) -> Eagle3Draft:
-    """A one-layer EAGLE-3-layout draft for this target (DART adds mask slots); its vocabulary = the corpus'
-    most frequent tokens, ascending."""
+              draft_class: type[Eagle3Draft] = Eagle3Draft, mask_slots: int = 0) -> Eagle3Draft:
+    """A one-layer EAGLE-3-layout draft for this target (DART's class adds mask slots); its vocabulary = the
+    corpus' most frequent tokens, ascending."""
     t = target.config
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     vocab = t.vocab_size
@@ -34,7 +34,7 @@ def new_draft(target: torch.nn.Module, corpus: Corpus, draft_vocab: int, interme
                      draft_vocab=min(draft_vocab, vocab), vocab=vocab, capture=capture, norm_before_residual=False,
                      qk_norm=False, layer_prefix="midlayer.", own_embedding=False, mask_slots=mask_slots)
     check_layers(corpus, c.capture)
-    draft = Eagle3Draft(c, target.get_input_embeddings().weight.detach())
+    draft = draft_class(c, target.get_input_embeddings().weight.detach())
     draft.choose_vocab(corpus.sequences)
     return draft
 

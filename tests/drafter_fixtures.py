@@ -1,8 +1,10 @@
 """Tiny drafter checkpoints in each released format, random or distilled on the spot to a tiny target.
 
-Random drafters check loading; distilled ones accept often, so the lossless tests exercise long accepted
-paths through trees and chains. Distillation here is the plainest version of each objective (one step,
-cross-entropy to the target's greedy next token) and takes a few seconds on CPU.
+Every drafter is built, trained and written by its method's training recipe and the trainer users run
+(`specbench_cli/training/`), on an in-memory corpus of the tiny target's greedy answers. Random drafters
+(no corpus) check loading; distilled ones accept often, so the lossless tests exercise long accepted paths
+through trees and chains. The fixtures only add format variants the trainer does not choose itself: the
+speculators layout, head dims unlike the target's, q/k norm, a pinned mask token and feature layers.
 """
 
 from __future__ import annotations
@@ -12,14 +14,16 @@ from types import SimpleNamespace
 
 import torch
 
-from methods.checkpoints import save
-from methods.dflash import DFlashConfig, DFlashDraft
-from methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
-from methods.layers import causal_mask
 from specbench_cli.models import ModelSpec, cache_root
 from tests.helpers import random_prompt, run_method
 
 VOCAB = 96
+PROMPT = 24  # prompt tokens of each corpus sequence
+# A random tiny target's next-token distribution is nearly uniform (mean top-1 probability 0.015 over 96
+# tokens); scaling its head ×30 makes it as peaked as a real model's (top-1 ≈ 0.6-0.75), which an objective
+# that matches distributions (DART's KL) needs before its drafts agree with the greedy token.
+SHARPEN = 30.0
+SAMPLING_TEMPERATURE = 0.06 * SHARPEN  # these targets' distributions at it = an unsharpened target's at 0.06
 
 
 class _Loaded(SimpleNamespace):
@@ -40,7 +44,7 @@ def greedy_corpus(target: torch.nn.Module, n: int = 12, new: int = 120) -> list[
 
     seqs = []
     for i in range(n):
-        prompt = random_prompt(24, VOCAB, seed=100 + i)
+        prompt = random_prompt(PROMPT, VOCAB, seed=100 + i)
         out = run_method(target, Baseline(Baseline.Options(), None), prompt, max_new=new).output_ids
         seqs.append(prompt + out)
     return seqs
@@ -54,146 +58,62 @@ def target_pass(target: torch.nn.Module, seq: list[int], layers: list[int]) -> t
     return feats, out.logits[0].argmax(-1)
 
 
-def train(draft: torch.nn.Module, target: torch.nn.Module, steps: int, loss) -> None:
-    """AdamW on the draft's parameters (the target stays frozen); `loss(step)` builds each step's loss."""
-    target.requires_grad_(False)
-    opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
-    for step in range(steps):
-        value = loss(step)
-        opt.zero_grad()
-        value.backward()
-        opt.step()
-    draft.eval()
+def distil(method: str, folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None, steps: int,
+           seed: int = 0, settings: dict | None = None, **shape) -> Path:
+    """`method`'s training recipe around a draft of `shape` (its config fields), trained `steps` steps on the
+    corpus held in memory (random when there is no corpus or no steps) and written to `folder` by the trainer."""
+    from specbench_cli.registry import recipe_class
+    from specbench_cli.training.distill import Corpus
+    from specbench_cli.training.train import TrainSettings, train
 
-
-def eagle3_config(target: torch.nn.Module, *, draft_vocab: int = VOCAB, layout: str = "flat",
-                  head_dim: int = 24, qk_norm: bool = False, norm_before_residual: bool = False) -> Eagle3Config:
-    """A one-layer draft for the tiny target. head_dim 24 × 4 heads ≠ hidden 64: the Qwen3-4B quirk."""
-    L, H = target.config.num_hidden_layers, target.config.hidden_size
-    return Eagle3Config(hidden=H, target_hidden=H, heads=4, kv_heads=2, head_dim=head_dim, intermediate=128,
-                        eps=1e-6, rope_theta=10000.0, rope_scaling=None, draft_vocab=draft_vocab,
-                        vocab=target.config.vocab_size,
-                        capture=default_capture(L), norm_before_residual=norm_before_residual, qk_norm=qk_norm,
-                        layer_prefix="layers.0." if layout == "speculators" else "midlayer.", own_embedding=False)
-
-
-def write_eagle3(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None,
-                 steps: int = 300, seed: int = 0, **config) -> Path:
-    """A random (corpus None) or distilled EAGLE-3 checkpoint in the flat or speculators layout."""
     torch.manual_seed(seed)
-    c = eagle3_config(target, **config)
-    draft = Eagle3Draft(c, target.get_input_embeddings().weight.detach())
-    draft.choose_vocab(corpus or [[0]])
-    if corpus:
-        distill_eagle3(draft, target, corpus, steps)
-    save(folder, *draft.export())
+    sequences = corpus or [[0, 1]]
+    recipe_cls = recipe_class(method)
+    data = Corpus.in_memory(target, sequences, [min(PROMPT, len(seq) - 1) for seq in sequences],
+                            list(range(target.config.num_hidden_layers)), topk=16 if recipe_cls.needs_topk else 0)
+    s = TrainSettings(method=method, steps=steps if corpus else 0, lr=3e-3, warmup=1, holdout=0,
+                      eval_every=max(steps, 1), seed=seed, intermediate=128, **(settings or {}))
+    train(target, data, folder, s, "tests/drafter_fixtures.py", recipe=recipe_cls(target, data, s, **shape))
     return folder
 
 
-def distill_eagle3(draft: Eagle3Draft, target: torch.nn.Module, corpus: list[list[int]], steps: int) -> None:
-    """Feature t with token t+1 -> the target's greedy token after t+1 (EAGLE-3's first TTT step)."""
-    c, to_draft = draft.config, draft.to_draft()
-    data = []
-    for seq in corpus:
-        feats, nxt = target_pass(target, seq, c.capture)
-        data.append((feats[:-1], torch.tensor(seq[1:]), to_draft[nxt[1:]]))
-
-    def loss(step: int) -> torch.Tensor:
-        feats, ids, labels = data[step % len(data)]
-        n = ids.shape[0]
-        out, _ = draft.step(feats, ids, torch.arange(n), mask=causal_mask(n, 0, feats.device))
-        return torch.nn.functional.cross_entropy(draft.logits(out), labels, ignore_index=-100)
-
-    train(draft, target, steps, loss)
+def write_eagle3(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None, steps: int = 300,
+                 seed: int = 0, draft_vocab: int = VOCAB, layout: str = "flat", head_dim: int = 24,
+                 qk_norm: bool = False, norm_before_residual: bool = False) -> Path:
+    """A random or distilled EAGLE-3 checkpoint in the flat or speculators layout. head_dim 24 × 4 heads ≠
+    hidden 64: the Qwen3-4B quirk. Distilled with the first training-time-test step only (a few CPU seconds)."""
+    return distil("eagle3", folder, target, corpus, steps, seed, {"ttt": 3, "draft_vocab": draft_vocab},
+                  head_dim=head_dim, qk_norm=qk_norm, norm_before_residual=norm_before_residual,
+                  layer_prefix="layers.0." if layout == "speculators" else "midlayer.")
 
 
 def write_dflash(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None, steps: int = 300,
                  block_size: int = 8, seed: int = 0) -> Path:
     """A 2-layer DFlash drafter over target layers (1, 2, 3) with mask token VOCAB-1, random or distilled."""
-    torch.manual_seed(seed)
-    H = target.config.hidden_size
-    c = DFlashConfig(hidden=H, heads=4, kv_heads=2, head_dim=16, intermediate=128, layers=2, eps=1e-6,
-                     rope_theta=10000.0, rope_scaling=None, capture=[1, 2, 3], block_size=block_size,
-                     mask_token_id=VOCAB - 1)
-    draft = DFlashDraft(c, target)
-    if corpus:
-        distill_dflash(draft, target, corpus, steps)
-    save(folder, *draft.export(target.config.num_hidden_layers))
-    return folder
-
-
-def distill_dflash(draft: DFlashDraft, target: torch.nn.Module, corpus: list[list[int]], steps: int,
-                   prompt_len: int = 24) -> None:
-    """Block training: context = features before an anchor s, block = [token s, masks]; labels = tokens s+1..."""
-    c = draft.config
-    data = [(target_pass(target, seq, c.capture)[0], torch.tensor(seq)) for seq in corpus]
-    gen = torch.Generator().manual_seed(0)
-
-    def loss(step: int) -> torch.Tensor:
-        feats, seq = data[step % len(data)]
-        s = int(torch.randint(prompt_len, seq.shape[0] - c.block_size, (1,), generator=gen))
-        block = torch.full((c.block_size,), c.mask_token_id)
-        block[0] = seq[s]
-        hidden, _ = draft(feats[:s], 0, block, s)
-        return torch.nn.functional.cross_entropy(draft.logits(hidden[1:]), seq[s + 1: s + c.block_size])
-
-    train(draft, target, steps, loss)
+    return distil("dflash", folder, target, corpus, steps, seed, {"draft_layers": 2, "block_size": block_size},
+                  capture=[1, 2, 3], mask_token_id=VOCAB - 1)
 
 
 def write_dart(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None, steps: int = 300,
                draft_length: int = 4, seed: int = 0) -> Path:
-    """A DART checkpoint (EAGLE-3 flat layout + midlayer.mask_rep + draft_length) and a .trie of the corpus."""
-    from methods.dart import DartDraft
-    from methods.ngram import Trie
-
-    torch.manual_seed(seed)
-    c = eagle3_config(target)
-    c.mask_slots = draft_length
-    draft = DartDraft(c, target.get_input_embeddings().weight.detach())
-    with torch.no_grad():
-        draft.midlayer.mask_rep.normal_(0, 1)
-    if corpus:
-        distill_dart(draft, target, corpus, steps)
-        (folder / "ngram").mkdir(parents=True, exist_ok=True)
-        Trie.build([seq + [VOCAB - 1] for seq in corpus]).save(folder / "ngram" / "small.trie")
-    save(folder, *draft.export())
-    return folder
-
-
-def distill_dart(draft: Eagle3Draft, target: torch.nn.Module, corpus: list[list[int]], steps: int,
-                 prompt_len: int = 24, gamma: float = 0.6) -> None:
-    """Context up to a random cut n; the last real position and the D slots predict tokens n+1 ... n+D+1,
-    weighted gamma^level (the DART seed's annealed weights, here on cross-entropy)."""
-    c = draft.config
-    D = c.mask_slots
-    data = [(target_pass(target, seq, c.capture)[0], torch.tensor(seq)) for seq in corpus]
-    weights = gamma ** torch.arange(D + 1, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(0)
-
-    def loss(step: int) -> torch.Tensor:
-        feats, seq = data[step % len(data)]
-        n = int(torch.randint(prompt_len, seq.shape[0] - D - 1, (1,), generator=gen))
-        out, _ = draft.step(feats[:n], seq[1:n + 1], torch.arange(n + D), mask=causal_mask(n + D, 0, feats.device))
-        losses = torch.nn.functional.cross_entropy(draft.logits(draft.norm(out)), seq[n + 1: n + D + 2], reduction="none")
-        return (losses * weights).sum() / weights.sum()
-
-    train(draft, target, steps, loss)
+    """A DART checkpoint (EAGLE-3 flat layout + midlayer.mask_rep + draft_length) and the corpus' small.trie."""
+    return distil("dart", folder, target, corpus, steps, seed, {"slots": draft_length}, head_dim=24)
 
 
 def write_confu(folder: Path, target: torch.nn.Module, corpus: list[list[int]] | None = None, steps: int = 300,
-                scale: float = 0.02, seed: int = 0) -> Path:
-    """Our ConFu format: an EAGLE-3 flat checkpoint (distilled when a corpus is given) plus random ConFu parts."""
-    from methods.confu import ConFuConfig, new_parts
+                scale: float | None = None, seed: int = 0) -> Path:
+    """Our ConFu format (an EAGLE-3 flat checkpoint plus the ConFu parts), random or distilled; `scale` redraws
+    the parts at that standard deviation (large parts make the future token change the drafts)."""
+    distil("confu", folder, target, corpus, steps, seed, {"ttt": 3}, head_dim=24)
+    if scale is not None:
+        generator = torch.Generator().manual_seed(seed)
 
-    torch.manual_seed(seed)
-    c = eagle3_config(target)
-    draft = Eagle3Draft(c, target.get_input_embeddings().weight.detach())
-    if corpus:
-        distill_eagle3(draft, target, corpus, steps)
-    config, tensors = draft.export()
-    parts = new_parts(target, draft, ConFuConfig(soft_prompt_tokens=4, experts=4, top_experts=2), scale)
-    config["confu"] = {"soft_prompt_tokens": 4, "experts": 4, "top_experts": 2}
-    save(folder, config, {**tensors, **parts.export()})
+        def redraw(tensors: dict[str, torch.Tensor]) -> None:
+            for name, t in tensors.items():
+                if name.startswith("confu.") and t.is_floating_point():
+                    tensors[name] = (torch.randn(t.shape, generator=generator) * scale).to(t.dtype)
+
+        edit_checkpoint(folder, tensors=redraw)
     return folder
 
 
@@ -202,9 +122,9 @@ def write_confu(folder: Path, target: torch.nn.Module, corpus: list[list[int]] |
 # prompt from its corpus within a few CPU seconds.
 WRITERS = {
     "eagle3": (write_eagle3, {"steps": 400, "draft_vocab": 64}),
-    "dflash": (write_dflash, {"steps": 600}),
-    "dart": (write_dart, {"steps": 500}),
-    "confu": (write_confu, {"steps": 400}),
+    "dflash": (write_dflash, {"steps": 300}),
+    "dart": (write_dart, {"steps": 300}),
+    "confu": (write_confu, {"steps": 300}),
 }
 
 
@@ -221,6 +141,8 @@ class Distilled:
             from tests.conftest import tiny_model
 
             model = tiny_model(arch, layers=6)
+            with torch.no_grad():  # see SHARPEN
+                model.lm_head.weight.mul_(SHARPEN)
             self.targets[arch] = (model, greedy_corpus(model, n=4, new=150))
         return self.targets[arch]
 
@@ -237,8 +159,7 @@ def make_method(name: str, target: torch.nn.Module, folder: Path, **opts):
     from specbench_cli.registry import method_class
 
     cls = method_class(name)
-    trie = folder / "ngram" if (folder / "ngram").is_dir() else folder  # the fixtures' layout, or the trainer's
-    drafters = {name: str(folder), **({"dart_ngram": str(trie)} if name == "dart" else {})}
+    drafters = {name: str(folder), **({"dart_ngram": str(folder)} if name == "dart" else {})}
     return cls(cls.Options(**opts), loaded(target), drafters)
 
 

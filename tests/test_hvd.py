@@ -16,7 +16,7 @@ from methods.hvd import CLASSES, FEATURES, History, Hvd, HvdFreq, features, toke
 from methods.predictors import PayoffPredictor
 from specbench_cli.calibration.calibrate import Latency
 from specbench_cli.calibration.hvd import CacheTurn, frequency_rule, quality, rollout, simulated
-from tests.drafter_fixtures import loaded
+from tests.drafter_fixtures import SAMPLING_TEMPERATURE, loaded
 from tests.helpers import assert_lossless, assert_multi_turn_lossless, run_method, sampling_p_value
 
 SMALL = {"depth": 4, "top_k": 4, "total_token": 16}  # a CPU-sized EAGLE-3 tree
@@ -69,7 +69,7 @@ def test_multi_turn_is_lossless(setup, median_score, tmp_path):
 def test_sampling_keeps_the_target_distribution(setup):
     target, corpus, _ = setup
     make = lambda: freq(setup, threshold=0.0, depth=3, total_token=10)  # noqa: E731  cache whenever it has a draft
-    assert sampling_p_value(target, make, corpus[0][:24]) > 1e-3
+    assert sampling_p_value(target, make, corpus[0][:24], SAMPLING_TEMPERATURE) > 1e-3
 
 
 def write_predictor(folder, threshold: float, seed: int = 0):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.drafter_fixtures import make_method
+from tests.drafter_fixtures import SAMPLING_TEMPERATURE, make_method
 from tests.helpers import assert_lossless, assert_multi_turn_lossless, sampling_p_value
 
 ARCHS = ("llama", "qwen3")
@@ -51,4 +51,4 @@ def test_multi_turn_is_lossless(distilled, method, arch):
 def test_sampling_keeps_the_target_distribution(distilled, method, opts):
     target, corpus, folder = distilled(method, "llama")
     make = lambda: make_method(method, target, folder, **opts)  # noqa: E731
-    assert sampling_p_value(target, make, corpus[0][:24]) > 1e-3
+    assert sampling_p_value(target, make, corpus[0][:24], SAMPLING_TEMPERATURE) > 1e-3

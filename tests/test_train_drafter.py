@@ -174,3 +174,14 @@ def test_an_interrupted_export_never_leaves_a_loadable_half_drafter(tmp_path, mo
     (staging2 / "model.safetensors").write_bytes(b"new")
     training.publish(staging2, out)
     assert json.loads((out / "config.json").read_text()) == {"new": True} and not staging2.exists()
+
+
+def test_a_corpus_in_memory_holds_what_its_folder_holds(corpus):
+    """The fixtures train on `Corpus.in_memory`; it must give the trainer the same records as the folder."""
+    target, data = corpus
+    held = Corpus.in_memory(target, data.sequences, data.prompt_lens, data.layers, topk=8)
+    assert held.folder is None and held.where == "in memory" and held.has_topk and held.tokens == data.tokens
+    for i in (0, len(data.sequences) - 1):
+        assert torch.equal(held.feats(i, [3, 1]), data.feats(i, [3, 1]))
+        assert torch.equal(held.next(i), data.next(i))
+        assert all(torch.equal(a, b) for a, b in zip(held.topk(i), data.topk(i)))

@@ -53,13 +53,16 @@ def training_prompts(limit: int, seed: int = 0) -> list[str]:
 
 @dataclass
 class Corpus:
-    folder: Path
+    """A corpus folder, memory-mapped (`load`), or a small corpus held in memory (`in_memory`, for tests)."""
+
+    folder: Path | None  # None: held in memory
     sequences: list[list[int]]  # prompt + greedy response (cut after the first stop token)
     prompt_lens: list[int]
     layers: list[int]  # target decoder layers whose outputs `features` holds, in column order
     features: np.ndarray  # [tokens, len(layers) * H] float16 (memory-mapped)
     next_token: np.ndarray  # [tokens] the target's greedy token after each position
     offsets: np.ndarray  # [len(sequences) + 1] start of each sequence in the token arrays
+    topk_held: tuple[np.ndarray, np.ndarray] | None = None  # an in-memory corpus' top-k arrays
 
     def feats(self, i: int, layers: list[int]) -> torch.Tensor:
         """Features of sequence i for the given layers (a subset of `self.layers`), as float32 [T, k*H]."""
@@ -80,11 +83,17 @@ class Corpus:
     @cached_property
     def _topk_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Memory-mapped once, on the first `topk` call (the files exist only after `cache_topk`)."""
+        if self.topk_held is not None:
+            return self.topk_held
         return tuple(np.load(self.folder / name, mmap_mode="r") for name in ("topk_ids.npy", "topk_probs.npy"))
 
     @property
     def has_topk(self) -> bool:
-        return (self.folder / "topk_probs.npy").exists()
+        return self.topk_held is not None or (self.folder is not None and (self.folder / "topk_probs.npy").exists())
+
+    @property
+    def where(self) -> str:
+        return "in memory" if self.folder is None else str(self.folder)
 
     @property
     def tokens(self) -> int:
@@ -93,9 +102,45 @@ class Corpus:
     @classmethod
     def load(cls, folder: Path) -> Corpus:
         meta = json.loads((folder / "corpus.json").read_text())
-        offsets = np.concatenate(([0], np.cumsum([len(s) for s in meta["sequences"]])))
         return cls(folder, meta["sequences"], meta["prompt_lens"], meta["layers"],
-                   np.load(folder / "features.npy", mmap_mode="r"), np.load(folder / "next.npy"), offsets)
+                   np.load(folder / "features.npy", mmap_mode="r"), np.load(folder / "next.npy"),
+                   _offsets(meta["sequences"]))
+
+    @classmethod
+    @torch.inference_mode()
+    def in_memory(cls, target: torch.nn.Module, sequences: list[list[int]], prompt_lens: list[int],
+                  layers: list[int], topk: int = 0) -> Corpus:
+        """The same records as a corpus folder, computed into memory (small corpora: tests' tiny drafters)."""
+        rows = [teacher_pass(target, seq, layers) for seq in sequences]
+        features = np.concatenate([f for f, _ in rows])
+        held = None
+        if topk:
+            tops = [topk_rows(target, seq, topk) for seq in sequences]
+            held = (np.concatenate([i for i, _ in tops]), np.concatenate([p for _, p in tops]))
+        return cls(None, sequences, prompt_lens, layers, features, np.concatenate([n for _, n in rows]),
+                   _offsets(sequences), held)
+
+
+def _offsets(sequences: list[list[int]]) -> np.ndarray:
+    return np.concatenate(([0], np.cumsum([len(s) for s in sequences]))).astype(np.int64)
+
+
+def teacher_pass(target: torch.nn.Module, seq: list[int], layers: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """One teacher-forced pass: the given layers' outputs [T, len(layers) × H] (fp16) and the greedy next
+    token of every position [T] (int32)."""
+    device = next(target.parameters()).device
+    out = target(torch.tensor([seq], device=device), output_hidden_states=True)
+    features = torch.cat([out.hidden_states[l + 1][0] for l in layers], -1).half().cpu().numpy()
+    return features, out.logits[0].argmax(-1).cpu().numpy().astype(np.int32)
+
+
+def topk_rows(target: torch.nn.Module, seq: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The target's k most likely next tokens at every position [T, k] (int32) and their probabilities under
+    its full softmax [T, k] (fp16)."""
+    device = next(target.parameters()).device
+    logits = target(torch.tensor([seq], device=device)).logits[0].float()
+    top = torch.softmax(logits, -1).topk(k, dim=-1)
+    return top.indices.cpu().numpy().astype(np.int32), top.values.cpu().numpy().astype(np.float16)
 
 
 @torch.inference_mode()
@@ -136,16 +181,13 @@ def cache_features(target: torch.nn.Module, sequences: list[list[int]], prompt_l
                    layers: list[int], meta: dict | None = None) -> Corpus:
     """One teacher-forced pass per sequence: layer outputs (fp16) and the greedy next token of every position."""
     folder.mkdir(parents=True, exist_ok=True)
-    device = next(target.parameters()).device
     total = sum(len(s) for s in sequences)
     width = target.config.hidden_size * len(layers)
     features = np.lib.format.open_memmap(folder / "features.npy", mode="w+", dtype=np.float16, shape=(total, width))
     nxt = np.zeros(total, dtype=np.int32)
     at = 0
     for seq in sequences:
-        out = target(torch.tensor([seq], device=device), output_hidden_states=True)
-        features[at:at + len(seq)] = torch.cat([out.hidden_states[l + 1][0] for l in layers], -1).half().cpu().numpy()
-        nxt[at:at + len(seq)] = out.logits[0].argmax(-1).cpu().numpy()
+        features[at:at + len(seq)], nxt[at:at + len(seq)] = teacher_pass(target, seq, layers)
         at += len(seq)
     features.flush()
     np.save(folder / "next.npy", nxt)
@@ -157,16 +199,12 @@ def cache_features(target: torch.nn.Module, sequences: list[list[int]], prompt_l
 @torch.inference_mode()
 def cache_topk(target: torch.nn.Module, corpus: Corpus, k: int = 16, progress=None) -> None:
     """Add the target's top-k next-token distribution per position (the KL targets) to a corpus folder."""
-    device = next(target.parameters()).device
     ids = np.lib.format.open_memmap(corpus.folder / "topk_ids.tmp.npy", mode="w+", dtype=np.int32, shape=(corpus.tokens, k))
     probs = np.lib.format.open_memmap(corpus.folder / "topk_probs.tmp.npy", mode="w+", dtype=np.float16,
                                       shape=(corpus.tokens, k))
     for i, seq in enumerate(corpus.sequences):
-        logits = target(torch.tensor([seq], device=device)).logits[0].float()
-        top = torch.softmax(logits, -1).topk(k, dim=-1)
         rows = slice(corpus.offsets[i], corpus.offsets[i + 1])
-        ids[rows] = top.indices.cpu().numpy()
-        probs[rows] = top.values.cpu().numpy()
+        ids[rows], probs[rows] = topk_rows(target, seq, k)
         if progress is not None:
             progress(1)
     for array in (ids, probs):

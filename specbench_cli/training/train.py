@@ -33,7 +33,7 @@ class TrainSettings:
     lr: float = 1e-3
     warmup: int = 100
     max_len: int = 384  # tokens per training sequence (longer ones are cut)
-    holdout: float = 0.05
+    holdout: float = 0.05  # share of sequences held out for evaluation (0: none, nothing evaluated)
     eval_every: int = 200
     seed: int = 0
     # draft shapes (recipes ignore what does not apply to them)
@@ -50,16 +50,18 @@ class TrainSettings:
 
 
 def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, command: str, progress=None,
-          resume: bool = False) -> dict:
+          resume: bool = False, recipe: Recipe | None = None) -> dict:
+    """Train `s.method`'s recipe (or `recipe`, built by the caller around a draft of another shape) and
+    publish the drafter in `out`."""
     torch.manual_seed(s.seed)
     target.requires_grad_(False)
-    recipe = recipe_class(s.method)(target, corpus, s)
+    recipe = recipe or recipe_class(s.method)(target, corpus, s)
     draft = recipe.model
     if recipe.needs_topk and not corpus.has_topk:
-        raise UsageError(f"corpus {corpus.folder} has no top-k target distributions; build them with cache_topk")
+        raise UsageError(f"corpus {corpus.where} has no top-k target distributions; build them with cache_topk")
     order = list(range(len(corpus.sequences)))
     random.Random(s.seed).shuffle(order)
-    n_hold = max(1, int(len(order) * s.holdout))
+    n_hold = max(1, int(len(order) * s.holdout)) if s.holdout > 0 else 0
     held, train_ids = order[:n_hold], order[n_hold:]
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=s.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / max(1, s.warmup)))
@@ -105,9 +107,9 @@ def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, 
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".export-"))
     recipe.export(staging)
     card = {"method": s.method, "settings": asdict(s), "command": command,
-            "data": {"corpus": str(corpus.folder), "sequences": len(corpus.sequences), "tokens": corpus.tokens,
+            "data": {"corpus": corpus.where, "sequences": len(corpus.sequences), "tokens": corpus.tokens,
                      "train_sequences": len(train_ids), "heldout_sequences": len(held)},
-            "steps": step, "wall_seconds": round(seconds, 1), "heldout_top1_per_position": history[-1]["heldout_top1"],
+            "steps": step, "wall_seconds": round(seconds, 1), "heldout_top1_per_position": history[-1]["heldout_top1"] if history else None,
             "history": history, "dtype": "float16"}
     (staging / "card.json").write_text(json.dumps(card, indent=2))
     publish(staging, out)

@@ -1,6 +1,7 @@
 """Training recipes for `specbench train-drafter`: one module per drafter, one interface for the loop.
 
-A recipe builds the trainable drafter for a target (`model`), turns one corpus sequence into a loss and
+A recipe builds the trainable drafter for a target (`model`; constructors take `(target, corpus, settings)`,
+and the feature drafters' also config fields to set by keyword), turns one corpus sequence into a loss and
 per-position top-1 counts (`loss`), and writes the drafter in its method's loader format (`export`). The
 loop in `specbench_cli/training/train.py` owns everything else: data split, optimiser, evaluation, resume
 state and the card.
@@ -48,7 +49,7 @@ def check_layers(corpus: Corpus, layers: list[int]) -> None:
     """The corpus must hold the features of every target layer a drafter reads."""
     missing = [l for l in layers if l not in corpus.layers]
     if missing:
-        raise UsageError(f"corpus {corpus.folder} has no features for target layers {missing}")
+        raise UsageError(f"corpus {corpus.where} has no features for target layers {missing}")
 
 
 def pick_anchors(first: int, last: int, count: int, training: bool) -> torch.Tensor:

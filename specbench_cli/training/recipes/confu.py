@@ -30,13 +30,13 @@ REPLICATE = 3  # draft positions that share one anchor's f
 
 
 class ConFuRecipe(Recipe):
-    def __init__(self, target: torch.nn.Module, corpus: Corpus, s) -> None:
+    def __init__(self, target: torch.nn.Module, corpus: Corpus, s, **shape) -> None:
         if s.init:
             self.model = Eagle3Draft.load(Checkpoint.read(s.init, "eagle3"), target).float().train()
             check_layers(corpus, self.model.config.capture)
         else:
             self.model = new_draft(target, corpus, s.draft_vocab, s.intermediate,
-                                   default_capture(target.config.num_hidden_layers))
+                                   default_capture(target.config.num_hidden_layers), **shape)
         self.parts = new_parts(target, self.model, ConFuConfig())
         self.model.confu = self.parts  # registered on the draft so the loop's optimiser and state see it
         self.target = target

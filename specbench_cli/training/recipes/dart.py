@@ -33,9 +33,9 @@ TRIE_ORDER = 3  # the reference ngram_build.py default
 class DartRecipe(Recipe):
     needs_topk = True
 
-    def __init__(self, target: torch.nn.Module, corpus: Corpus, s) -> None:
+    def __init__(self, target: torch.nn.Module, corpus: Corpus, s, **shape) -> None:
         self.model = new_draft(target, corpus, s.draft_vocab, s.intermediate,
-                               default_capture(target.config.num_hidden_layers), DartDraft, s.slots)
+                               default_capture(target.config.num_hidden_layers), DartDraft, s.slots, **shape)
         self.corpus = corpus
         self.layers = self.model.config.capture
         self.positions = s.slots + 1

@@ -14,6 +14,7 @@ target's, frozen, as for the released drafters' special mask token).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,7 +34,8 @@ def unused_token(corpus: Corpus, vocab: int) -> int:
 
 
 class DFlashRecipe(Recipe):
-    def __init__(self, target: torch.nn.Module, corpus: Corpus, s) -> None:
+    def __init__(self, target: torch.nn.Module, corpus: Corpus, s, **shape) -> None:
+        """`shape`: DFlashConfig fields set instead of these choices (tests pin the mask token and layers)."""
         t = target.config
         head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
         c = DFlashConfig(hidden=t.hidden_size, heads=t.num_attention_heads, kv_heads=t.num_key_value_heads,
@@ -41,6 +43,7 @@ class DFlashRecipe(Recipe):
                          eps=t.rms_norm_eps, rope_theta=float(getattr(t, "rope_theta", None) or 10000.0),
                          rope_scaling=None, capture=default_capture(t.num_hidden_layers), block_size=s.block_size,
                          mask_token_id=unused_token(corpus, t.vocab_size))
+        c = replace(c, **shape)
         check_layers(corpus, c.capture)
         self.model = DFlashDraft(c, target)
         self.target_layers = t.num_hidden_layers

@@ -10,6 +10,7 @@ as the node would have.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,9 +23,10 @@ from specbench_cli.training.recipes import Recipe, Sample, check_layers, half, t
 
 
 def new_draft(target: torch.nn.Module, corpus: Corpus, draft_vocab: int, intermediate: int, capture: list[int],
-              draft_class: type[Eagle3Draft] = Eagle3Draft, mask_slots: int = 0) -> Eagle3Draft:
+              draft_class: type[Eagle3Draft] = Eagle3Draft, mask_slots: int = 0, **shape) -> Eagle3Draft:
     """A one-layer EAGLE-3-layout draft for this target (DART's class adds mask slots); its vocabulary = the
-    corpus' most frequent tokens, ascending."""
+    corpus' most frequent tokens, ascending. `shape`: Eagle3Config fields set instead of these choices (the
+    tests' format variants: speculators layout, head dims unlike the target's, q/k norm)."""
     t = target.config
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     vocab = t.vocab_size
@@ -33,6 +35,7 @@ def new_draft(target: torch.nn.Module, corpus: Corpus, draft_vocab: int, interme
                      eps=t.rms_norm_eps, rope_theta=float(getattr(t, "rope_theta", None) or 10000.0), rope_scaling=None,
                      draft_vocab=min(draft_vocab, vocab), vocab=vocab, capture=capture, norm_before_residual=False,
                      qk_norm=False, layer_prefix="midlayer.", own_embedding=False, mask_slots=mask_slots)
+    c = replace(c, **shape)
     check_layers(corpus, c.capture)
     draft = draft_class(c, target.get_input_embeddings().weight.detach())
     draft.choose_vocab(corpus.sequences)
@@ -40,9 +43,9 @@ def new_draft(target: torch.nn.Module, corpus: Corpus, draft_vocab: int, interme
 
 
 class Eagle3Recipe(Recipe):
-    def __init__(self, target: torch.nn.Module, corpus: Corpus, s) -> None:
+    def __init__(self, target: torch.nn.Module, corpus: Corpus, s, **shape) -> None:
         self.model = new_draft(target, corpus, s.draft_vocab, s.intermediate,
-                               default_capture(target.config.num_hidden_layers))
+                               default_capture(target.config.num_hidden_layers), **shape)
         self.layers = self.model.config.capture
         self.positions = s.ttt
         self.to_draft = self.model.to_draft()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbench_cli.core.errors import UsageError, unknown
-from specbench_cli.hub_datasets import GROUPS, HUB, load_hub
+from specbench_cli.hub_datasets import GROUPS, HUB, Member, load_hub
 from specbench_cli.resources import resource_dir
 
 DATASET_DIR = resource_dir("datasets")
@@ -138,13 +138,13 @@ def _normalise(dataset: str, row: dict, where: str, index: int, subtask: str | N
 def load_suite(name: str, files: dict[str, list[Path]] | None = None) -> list[Prompt]:
     """A hub dataset, or a paper's suite of them (ids prefixed with their dataset, which is also each prompt's
     subtask; the category is the paper's). `files`: local files in each dataset's hub schema (tests)."""
-    members = GROUPS.get(name, (name,))
+    members = GROUPS.get(name, (Member(name),))
     prompts = []
     for member in members:
-        for row_id, category, turns in load_hub(member, (files or {}).get(member)):
-            pid = row_id if len(members) == 1 else f"{member}/{row_id}"
-            prompts.append(_normalise(name, {"id": pid, "category": category, "turns": turns}, f"{member} row {row_id}",
-                                      len(prompts), subtask=member))
+        for row_id, category, turns in load_hub(member, (files or {}).get(member.name)):
+            pid = row_id if len(members) == 1 else f"{member.name}/{row_id}"
+            prompts.append(_normalise(name, {"id": pid, "category": category, "turns": turns},
+                                      f"{member.name} row {row_id}", len(prompts), subtask=member.name))
     _check_unique(prompts, Path(name))
     return prompts
 

@@ -6,7 +6,9 @@ use and which paper category it belongs to. The prompt construction and the subs
 (`model/utils.py` `load_and_process_dataset` and `benchmark.py` at its first commit bb48ef9): a dataset
 larger than its size is shuffled with seed 0 and cut (`Dataset.shuffle(seed=0).select(range(size))`). The
 sizes are WhiFlash's Appendix A table, which equals DFlash's run_benchmark.sh. WhiFlash does not publish
-its loader; that it uses DFlash's construction is our assumption, said in `--list`.
+its loader; that it uses DFlash's construction is our assumption, said in `--list`. Datasets no released
+code constructs (WhiFlash's UltraChat, WildChat, AgentInstruct; DART's CodeAlpaca; HVD's sets) have
+`source=OURS`: the construction is ours, and `--list` and the README say so.
 
 Tests never touch the network: `load_hub(name, files=...)` reads a local file in the dataset's real schema
 through the same `datasets` builder and the same mapping.
@@ -25,6 +27,10 @@ from specbench_cli.core.errors import UsageError
 BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 DFLASH = "z-lab/dflash@bb48ef9 model/utils.py"
 LCB_REVISION = "0fe84c3912ea0c4d4a78037083943e8f0c4dd505"  # SPEED-Bench's pin of livecodebench (specdec_bench speed.py)
+# Revisions seen pinned in public code (not checked against the hub from here): WildChat-1M's by scripts that
+# download its shards, SWE-bench Verified's by an evaluation harness.
+WILDCHAT_REVISION = "7d6490e462285cf85d91eabea0f9a954fbddcd1f"
+SWE_VERIFIED_REVISION = "78f471bf655a3137b2e8a75af1501690ec009ec3"
 
 
 @dataclass(frozen=True)
@@ -37,8 +43,22 @@ class HubDataset:
     licence: str
     turns: Callable[[dict], list[str]]  # a row's user turns
     config: str | None = None
-    files: tuple[str, ...] = ()  # json files of the repo to read instead of its configs (livecodebench)
-    source: str = DFLASH  # where the prompt construction comes from
+    files: tuple[str, ...] = ()  # files of the repo (json lines or parquet) read instead of its configs
+    source: str = DFLASH  # where the prompt construction comes from ("ours" where no paper gives one)
+    keep: Callable[[dict], bool] | None = None  # rows eligible before the subset is drawn (None: all)
+
+
+@dataclass(frozen=True)
+class Member:
+    """A dataset inside a paper's suite, with the paper's own size and category where they differ."""
+
+    name: str
+    size: int | None = None  # None: the dataset's
+    category: str | None = None
+
+    @property
+    def entry(self) -> HubDataset:
+        return HUB[self.name]
 
 
 def _alpaca(row: dict) -> list[str]:
@@ -56,6 +76,41 @@ def _livecodebench(row: dict) -> list[str]:
     return [f"{intro}\n\n### Question:\n{row['question_content']}\n\n{fmt}\n{code}\n\n"
             "### Answer: (use the provided format with backticks)"]
 
+
+def _with_paragraphs(paragraphs: list[tuple[str, str]], question: str) -> list[str]:
+    """Multi-hop QA: every given paragraph as "title: text", then the question (ours)."""
+    text = "\n\n".join(f"{title}: {body}" for title, body in paragraphs)
+    return [f"{text}\n\nAnswer the question using the paragraphs above.\nQuestion: {question}"]
+
+
+def _hotpotqa(row: dict) -> list[str]:
+    context = row["context"]
+    return _with_paragraphs([(t, "".join(s)) for t, s in zip(context["title"], context["sentences"])], row["question"])
+
+
+def _musique(row: dict) -> list[str]:
+    return _with_paragraphs([(p["title"], p["paragraph_text"]) for p in row["paragraphs"]], row["question"])
+
+
+def _first_user_turn(row: dict) -> str:
+    return row["conversation"][0]["content"] if row["conversation"] else ""
+
+
+def _wildchat_keep(row: dict) -> bool:
+    """English, not flagged toxic, opened by a non-empty user turn."""
+    return row["language"] == "English" and not row["toxic"] and bool(row["conversation"]) \
+        and row["conversation"][0]["role"] == "user" and bool(_first_user_turn(row).strip())
+
+
+def _agent_turns(row: dict) -> list[str]:
+    """The trajectory's first two human turns: the environment's instructions, then the task or first
+    observation (its later human turns answer the recorded agent's actions, which our model did not take)."""
+    return [c["value"] for c in row["conversations"] if c["from"] == "human"][:2]
+
+
+OURS = "ours (no published construction; see the README's dataset notes)"
+def _swe_bench(row: dict) -> list[str]:
+    return [f"Problem Statement:\n{row['problem_statement']}\nPlease fix the issue described above."]
 
 HUB: dict[str, HubDataset] = {
     "gsm8k": HubDataset("openai/gsm8k", "test", "cc7b047b6e5bb11b4f1af84efc572db110a51b3c", "math", 128, "MIT",
@@ -78,32 +133,73 @@ HUB: dict[str, HubDataset] = {
                                 "see the dataset card", _livecodebench,
                                 files=tuple(f"test{n}.jsonl" for n in ("", "2", "3", "4", "5", "6"))),
     "swe-bench": HubDataset("princeton-nlp/SWE-bench_Lite", "test", None, "agentic", 128, "see the dataset card",
-                            lambda r: [f"Problem Statement:\n{r['problem_statement']}\nPlease fix the issue described above."]),
+                            _swe_bench),
+    # WhiFlash's other chat and agentic sets (its Appendix A sizes); no released code gives their prompts.
+    "ultrachat": HubDataset("HuggingFaceH4/ultrachat_200k", "test_sft", None, "chat", 80, "MIT",
+                            lambda r: [r["prompt"]], source=OURS),
+    "wildchat": HubDataset("allenai/WildChat-1M", "train", WILDCHAT_REVISION, "chat", 80, "ODC-BY 1.0",
+                           lambda r: [_first_user_turn(r)], files=("data/train-00000-of-00014.parquet",),
+                           source=OURS, keep=_wildchat_keep),
+    "agentinstruct": HubDataset("THUDM/AgentInstruct", "os+db+alfworld+webshop+kg+mind2web", None, "agentic", 80,
+                                "see the dataset card", _agent_turns, source=OURS),
+    # DART's CodeAlpaca (its Table 1); size ours
+    "codealpaca": HubDataset("sahil2801/CodeAlpaca-20k", "train", None, "coding", 128, "see the dataset card", _alpaca,
+                             source=OURS),
+    # HVD's further sets (its Table 8; 20 prompts each inside hvd-suite)
+    "swe-bench-verified": HubDataset("SWE-bench/SWE-bench_Verified", "test", SWE_VERIFIED_REVISION, "agentic", 128,
+                                     "see the dataset card", _swe_bench, source=OURS),
+    "magicoder": HubDataset("ise-uiuc/Magicoder-Evol-Instruct-110K", "train", None, "coding", 128,
+                            "see the dataset card", lambda r: [r["instruction"]], source=OURS),
+    "cnn-dailymail": HubDataset("abisee/cnn_dailymail", "test", None, "summarization", 128, "Apache-2.0",
+                                lambda r: [f"Summarize the following news article.\n\n{r['article']}"], config="3.0.0",
+                                source=OURS),
+    "govreport": HubDataset("ccdv/govreport-summarization", "test", None, "summarization", 128, "see the dataset card",
+                            lambda r: [f"Summarize the following government report.\n\n{r['report']}"], source=OURS),
+    "hotpotqa": HubDataset("hotpotqa/hotpot_qa", "validation", None, "qa", 128, "CC BY-SA 4.0", _hotpotqa,
+                           config="distractor", source=OURS),
+    "musique": HubDataset("dgslibisey/MuSiQue", "validation", None, "qa", 128,
+                          "CC BY 4.0 (the authors'; the hub copy states none)", _musique, source=OURS),
 }
+
+
+def _members(*names: str, size: int | None = None, category: str | None = None) -> tuple[Member, ...]:
+    return tuple(Member(n, size, category) for n in names)
+
 
 # A paper's suite, run as one dataset (--dataset whiflash-math): each prompt's subtask is its dataset.
-# WhiFlash's categories also hold UltraChat, WildChat (chat), Tau-Bench, AgentBench and AgentInstruct
-# (agentic), whose prompt construction no released code gives: not registered yet.
-GROUPS: dict[str, tuple[str, ...]] = {
-    "whiflash-chat": ("mt-bench-prompts", "alpaca"),
-    "whiflash-math": ("gsm8k", "math500", "aime24-h4", "aime25-matharena"),
-    "whiflash-coding": ("humaneval", "mbpp", "livecodebench"),
-    "whiflash-agentic": ("swe-bench",),
+# Not registered (no hub copy of the prompts an agent sees without its environment): WhiFlash's Tau-Bench and
+# AgentBench; HVD's Delegate-52, FineEdit, RepoBench, BFCL, Spider, 2WikiMultiHopQA, InfiniteBench.
+GROUPS: dict[str, tuple[Member, ...]] = {
+    "whiflash-chat": _members("mt-bench-prompts", "alpaca", "ultrachat", "wildchat"),
+    "whiflash-math": _members("gsm8k", "math500", "aime24-h4", "aime25-matharena"),
+    "whiflash-coding": _members("humaneval", "mbpp", "livecodebench"),
+    "whiflash-agentic": _members("swe-bench", "agentinstruct"),
 }
-GROUPS["whiflash-all"] = tuple(d for g in list(GROUPS.values()) for d in g)
-GROUPS["dflash-suite"] = GROUPS["whiflash-all"]  # DFlash's run_benchmark.sh: the same ten
+GROUPS["whiflash-all"] = tuple(m for g in list(GROUPS.values()) for m in g)
+GROUPS["dflash-suite"] = _members("mt-bench-prompts", "alpaca", "gsm8k", "math500", "aime24-h4", "aime25-matharena",
+                                  "humaneval", "mbpp", "livecodebench", "swe-bench")  # DFlash's run_benchmark.sh
+GROUPS["dart-suite"] = _members("mt-bench-prompts", "humaneval", "alpaca", "math500", "codealpaca", "livecodebench",
+                                "mbpp")  # DART's Table 1 datasets; sizes are DFlash's (DART states none)
+# HVD's Table 8: 20 prompts per dataset, its six workload families as categories (the registered 11 of 16)
+GROUPS["hvd-suite"] = (*_members("swe-bench-verified", "magicoder", "mbpp", size=20, category="code"),
+                       *_members("hotpotqa", "musique", size=20, category="multi-hop-qa"),
+                       *_members("cnn-dailymail", "govreport", size=20, category="long-context"),
+                       *_members("alpaca", "mt-bench-prompts", size=20, category="chat"))
 
 
-def load_hub(name: str, files: list[Path] | None = None) -> list[tuple[str, str, list[str]]]:
+def load_hub(member: Member, files: list[Path] | None = None) -> list[tuple[str, str, list[str]]]:
     """(row id, category, turns) for the dataset's selected prompts; `files` reads local files in the hub's
     schema instead (tests)."""
-    entry = HUB[name]
-    rows = _select(_read(name, entry, files), entry.size)
-    ids = ("task_id", "instance_id", "question_id", "unique_id", "id", "problem_idx", "prompt_id")
+    entry = member.entry
+    data = _read(member.name, entry, files)
+    if entry.keep is not None:
+        data = data.filter(entry.keep)
+    rows = _select(data, member.size or entry.size)
+    ids = ("task_id", "instance_id", "question_id", "unique_id", "id", "problem_idx", "prompt_id", "conversation_hash")
     out = []
     for row in rows:
         key = next((k for k in ids if row.get(k) is not None), "_row")
-        out.append((str(row[key]), entry.category, entry.turns(row)))
+        out.append((str(row[key]), member.category or entry.category, entry.turns(row)))
     return out
 
 
@@ -115,16 +211,20 @@ def _read(name: str, entry: HubDataset, files: list[Path] | None):
     datasets.disable_progress_bars()
     try:
         if files is not None:
-            builder = "parquet" if files[0].suffix == ".parquet" else "json"
-            data = datasets.load_dataset(builder, data_files={"test": [str(f) for f in files]}, split="test")
+            data = _read_files(datasets, [str(f) for f in files])
         elif entry.files:
             base = f"https://huggingface.co/datasets/{entry.hub_id}/resolve/{entry.revision or 'main'}/"
-            data = datasets.load_dataset("json", data_files={"test": [base + f for f in entry.files]}, split="test")
+            data = _read_files(datasets, [base + f for f in entry.files])
         else:
             data = datasets.load_dataset(entry.hub_id, entry.config, split=entry.split, revision=entry.revision)
     except Exception as err:  # offline, gated, moved: `datasets` raises many kinds
         raise UsageError(_unavailable(name, entry, err)) from None
     return data.add_column("_row", list(range(len(data))))
+
+
+def _read_files(datasets, files: list[str]):
+    builder = "parquet" if files[0].endswith(".parquet") else "json"
+    return datasets.load_dataset(builder, data_files={"test": files}, split="test")
 
 
 def _select(data, size: int) -> list[dict]:

@@ -222,7 +222,7 @@ def _component_profile(config, threads: int | None, reps: int, warmup_reps: int,
 def train_drafter(
     method: Annotated[str, typer.Option(help="Drafter to train: eagle3, dflash, dart, confu or sps (sps also serves flashhead).")] = "eagle3",
     model: Annotated[str, typer.Option(help="Registered target model (see run --list).")] = "smollm2-135m",
-    out: Annotated[Optional[Path], typer.Option(help="Checkpoint folder to write. Default: drafters/<model>/<method>.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Checkpoint folder to write. Default: the project's drafters/<model>/<method> (the checkout's or the installed package's; the user cache if not writable).")] = None,
     corpus: Annotated[Optional[Path], typer.Option(help="Self-distillation corpus folder; built there if missing. Default: ~/.cache/specbench/distill/<model>.")] = None,
     prompts: Annotated[int, typer.Option(help="Training prompts the target answers when the corpus is built.")] = 800,
     max_new_tokens: Annotated[int, typer.Option(help="Longest answer generated per training prompt.")] = 160,
@@ -244,7 +244,7 @@ def train_drafter(
 ) -> None:
     """Train a drafter for a target on its own answers to datasets/train prompts (self-distillation)."""
     from specbench_cli.inputs import at_least
-    from specbench_cli.models import get_model_spec
+    from specbench_cli.models import drafter_folder, get_model_spec
     from specbench_cli.registry import corpus_layers, recipe_class
 
     try:
@@ -258,7 +258,7 @@ def train_drafter(
             at_least(option, value, low)
         if not (lr > 0 and gamma > 0):
             raise UsageError(f"--lr and --gamma must be > 0 (got {lr:g}, {gamma:g})")
-        out = _training_folder(out or Path("drafters") / model / method, resume)
+        out = _training_folder(out or drafter_folder(model, method), resume)
     except UsageError as err:
         fail(str(err))
     import torch
@@ -378,7 +378,7 @@ def calibrate(
     max_new_tokens: Annotated[int, typer.Option(help="Longest greedy trace per turn.")] = 128,
     steps: Annotated[int, typer.Option(help="whiflash-neural and hvd: optimiser steps (hvd: per rollout, two rollouts).")] = 1500,
     confirm: Annotated[int, typer.Option(help="whiflash-entropy: best simulated thresholds decoded for real per category (0 = trust the simulation).")] = 2,
-    out: Annotated[Optional[Path], typer.Option(help="Artifact folder (run finds it there). Default: drafters/<model>/<method>.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Artifact folder. Default: the project's drafters/<model>/<method>, where run finds a registered model's calibration (the user cache if not writable).")] = None,
     work: Annotated[Optional[Path], typer.Option(help="Replay and timing runs, resumable. Default: results/calibrate_<model>_<method>.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing artifact folder.")] = False,
     threads: Threads = None,
@@ -391,13 +391,13 @@ def calibrate(
 
     try:
         calibrate_with = calibrator(method)  # a method without a calibrator fails here, in one line
-        from specbench_cli.models import get_model_spec
+        from specbench_cli.models import drafter_folder, get_model_spec
 
         get_model_spec(model)
         for option, value, low in (("--prompts", prompts, 1), ("--max-new-tokens", max_new_tokens, 1),
                                    ("--steps", steps, 1), ("--confirm", confirm, 0), ("--threads", threads, 1)):
             at_least(option, value, low)
-        folder = out or Path("drafters") / model / method
+        folder = out or drafter_folder(model, method)
         if folder.exists() and not overwrite:
             raise UsageError(f"{folder} exists; pass --overwrite to replace the calibration or --out for another folder")
         config = cal.CalibrateConfig(method, model, dataset, prompts or (4 if method == "whiflash-entropy" else 96),

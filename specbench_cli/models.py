@@ -144,3 +144,11 @@ def safetensors_problem(path: Path) -> str | None:
 
 def cache_root() -> Path:
     return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench")).expanduser()
+
+
+def drafter_folder(model: str, method: str) -> Path:
+    """Where train-drafter and calibrate write unless told: the project's drafters folder (the checkout's, or
+    the installed package's), where a model's registered drafters live, whatever the current folder; the
+    user cache when that folder is not writable."""
+    base = PROJECT_DRAFTERS if os.access(PROJECT_DRAFTERS, os.W_OK) else cache_root() / "drafters"
+    return base / model / method

@@ -59,6 +59,9 @@ BAD = [
     (["calibrate", "--prompts", "-1"], "--prompts must be at least 1"),
     (["calibrate", "--prompts", "0"], "--prompts must be at least 1"),
     (["calibrate", "--steps", "0"], "--steps must be at least 1"),
+    # defaults write into the project's drafters folder, wherever the command runs (here: a temporary folder)
+    (["calibrate", "--method", "whiflash-entropy"], "drafters/smollm2-135m/whiflash-entropy exists; pass --overwrite"),
+    (["train-drafter", "--method", "eagle3"], "drafters/smollm2-135m/eagle3 exists; pass --resume"),
     (["profile", "--component", "head", "--method", "flashhead", "--reps", "0"], "--reps must be at least 1"),
     (["train-drafter", "--steps", "-5"], "--steps must be at least 1"),
     (["train-drafter", "--resume", "--out", "no/such/drafter"], "no training to continue"),
@@ -191,3 +194,12 @@ def test_python_dash_m_is_the_same_command_line():
     result = subprocess.run([sys.executable, "-m", "specbench_cli", "run", "--method", "sufix"], capture_output=True,
                             text=True, cwd=Path(__file__).parent.parent)
     assert result.returncode == 2 and "did you mean 'suffix'" in result.stderr
+
+
+def test_default_drafter_folder_falls_back_to_the_cache_when_the_project_is_read_only(monkeypatch, tmp_path):
+    import specbench_cli.models as models
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    assert models.drafter_folder("m", "eagle3") == models.PROJECT_DRAFTERS / "m" / "eagle3"
+    monkeypatch.setattr(models.os, "access", lambda path, mode: False)
+    assert models.drafter_folder("m", "eagle3") == tmp_path / "cache" / "drafters" / "m" / "eagle3"

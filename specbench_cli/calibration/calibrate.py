@@ -18,8 +18,9 @@ t + AL + 1 with the chosen drafter, plus catch-up cost after an idle stretch), g
   measured throughputs: EAGLE-3 pays when ΔAL > (L_e / L_d − 1)(ĀL_d + 1). The Table 2 sweep
   threshold_ΔAL ∈ {−1, −0.5, 0, 0.5, 1, 1.5, 2} is simulated on the held-out pairs.
 
-Artifacts land in drafters/<model>/<method>/ (config.json = card with data, settings and metrics;
-router.safetensors for the neural router; sweep.csv) where `run` finds them. HVD's payoff predictor is
+Artifacts land in the project's drafters/<model>/<method>/ unless --out says otherwise (`models.drafter_folder`;
+config.json = card with data, settings and metrics; router.safetensors for the neural router; sweep.csv),
+where `run` finds them. HVD's payoff predictor is
 calibrated from the same pieces (replay, measured latencies, simulation, `fit`) in `calibration/hvd.py`.
 """
 

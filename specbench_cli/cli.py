@@ -224,10 +224,12 @@ def train_drafter(
     model: Annotated[str, typer.Option(help="Registered target model (see run --list).")] = "smollm2-135m",
     out: Annotated[Optional[Path], typer.Option(help="Checkpoint folder to write. Default: the project's drafters/<model>/<method> (the checkout's or the installed package's; the user cache if not writable).")] = None,
     corpus: Annotated[Optional[Path], typer.Option(help="Self-distillation corpus folder; built there if missing. Default: ~/.cache/specbench/distill/<model>.")] = None,
-    prompts: Annotated[int, typer.Option(help="Training prompts the target answers when the corpus is built.")] = 800,
+    prompts: Annotated[Optional[int], typer.Option(help="Training prompts the target answers when the corpus is built. Default: all 13,061 (the training files less their calibration share; hours on a laptop CPU, minutes on a GPU).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Longest answer generated per training prompt.")] = 160,
     batch_size: Annotated[int, typer.Option(help="Prompts generated together.")] = 16,
     steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 2000,
+    eval_every: Annotated[int, typer.Option(help="Steps between held-out evaluations (and saved training states).")] = 200,
+    minutes: Annotated[float, typer.Option(help="Stop at the first held-out evaluation after this many minutes of training, if --steps are not done by then (0: no limit).")] = 0.0,
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate (linear warm-up).")] = 1e-3,
     ttt: Annotated[int, typer.Option(help="EAGLE-3 training-time-test steps.")] = 3,
     draft_vocab: Annotated[int, typer.Option(help="eagle3/dart draft vocabulary size (most frequent corpus tokens).")] = 4096,
@@ -241,6 +243,7 @@ def train_drafter(
     seed: Annotated[int, typer.Option(help="Seed for the split, the order and the initialisation.")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue a training run in --out from its saved state.")] = False,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")] = None,
+    device: Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu, cuda or cuda:N: where the target answers, and the drafter trains (float32 either way).")] = "auto",
 ) -> None:
     """Train a drafter for a target on its own answers to datasets/train prompts (self-distillation)."""
     from specbench_cli.inputs import at_least
@@ -254,7 +257,8 @@ def train_drafter(
                                    ("--max-new-tokens", max_new_tokens, 1), ("--batch-size", batch_size, 1),
                                    ("--ttt", ttt, 1), ("--draft-vocab", draft_vocab, 1), ("--anchors", anchors, 1),
                                    ("--intermediate", intermediate, 1), ("--draft-layers", draft_layers, 0),
-                                   ("--block-size", block_size, 2), ("--slots", slots, 1)):
+                                   ("--block-size", block_size, 2), ("--slots", slots, 1), ("--minutes", minutes, 0),
+                                   ("--eval-every", eval_every, 1)):
             at_least(option, value, low)
         if not (lr > 0 and gamma > 0):
             raise UsageError(f"--lr and --gamma must be > 0 (got {lr:g}, {gamma:g})")
@@ -263,7 +267,7 @@ def train_drafter(
         fail(str(err))
     import torch
 
-    from specbench_cli.loading import load_model, resolve_device, resolve_dtype
+    from specbench_cli.loading import load_model, resolve_device
     from specbench_cli.models import cache_root
     from specbench_cli.runner import progress_bar
     from specbench_cli.training.train import TrainSettings, command_line, train
@@ -273,15 +277,15 @@ def train_drafter(
         # Gradients that travel back through a frozen target (ConFu) become denormal floats, which x86 CPUs
         # handle ~10x slower; flushing them to zero changes nothing a drafter learns.
         torch.set_flush_denormal(True)
-        device = resolve_device("auto")
-        loaded = load_model(spec, device, resolve_dtype("auto", device))
+        loaded = load_model(spec, resolve_device(device), torch.float32)
         folder = corpus or cache_root() / "distill" / model
         layers = corpus_layers(loaded.model.config.num_hidden_layers)  # one corpus serves every recipe
         with progress_bar(console) as bar:
             data = _corpus(loaded, folder, layers, prompts, max_new_tokens, batch_size, seed, recipe.needs_topk, bar)
             settings = TrainSettings(method=method, steps=steps, lr=lr, ttt=ttt, draft_vocab=draft_vocab,
                                      intermediate=intermediate, draft_layers=draft_layers, block_size=block_size,
-                                     anchors=anchors, slots=slots, gamma=gamma, seed=seed,
+                                     anchors=anchors, slots=slots, gamma=gamma, seed=seed, minutes=minutes,
+                                     eval_every=eval_every,
                                      init="" if init == "none" else init or spec.drafters.get("eagle3", ""))
             task = bar.add_task(f"training {method}", total=steps, stats="")
 
@@ -313,8 +317,8 @@ def _corpus(loaded, folder: Path, layers: list[int], prompts: int, max_new_token
     if (folder / "corpus.json").exists():
         data = distill.Corpus.load(folder)
     else:
-        task = bar.add_task("answering training prompts", total=prompts, stats="")
         texts = distill.training_prompts(prompts, seed)
+        task = bar.add_task("answering training prompts", total=len(texts), stats="")
         data = distill.build(loaded, texts, folder, layers, max_new_tokens, batch_size,
                              lambda n: bar.update(task, advance=n))
     if needs_topk and not data.has_topk:

@@ -64,6 +64,8 @@ BAD = [
     (["train-drafter", "--method", "eagle3"], "drafters/smollm2-135m/eagle3 exists; pass --resume"),
     (["profile", "--component", "head", "--method", "flashhead", "--reps", "0"], "--reps must be at least 1"),
     (["train-drafter", "--steps", "-5"], "--steps must be at least 1"),
+    (["train-drafter", "--minutes", "-1"], "--minutes must be at least 0"),
+    (["train-drafter", "--eval-every", "0"], "--eval-every must be at least 1"),
     (["train-drafter", "--resume", "--out", "no/such/drafter"], "no training to continue"),
     (["report", "fake", "--compare", "fake", "--max-regression", "-5"], "--max-regression must be at least 0"),
     (["report", "fake", "--along", "nosuch"], "unknown method label for --along 'nosuch'"),

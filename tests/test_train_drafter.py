@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from methods.layers import causal_mask
-from specbench_cli.training.distill import Corpus, cache_features, cache_topk, training_prompts
+from specbench_cli.training.distill import Corpus, cache_features, cache_topk, calibration_prompts, training_prompts
 from specbench_cli.core.errors import UsageError
 from specbench_cli.registry import recipe_class
 from specbench_cli.training.recipes import Sample, kl_to_topk
@@ -134,6 +134,17 @@ def test_corpus_round_trip_and_training_prompts(corpus):
     assert again.tokens == data.tokens and again.feats(0, [3, 1]).shape == (len(data.sequences[0]), 128)
     prompts = training_prompts(9)
     assert len(prompts) == 9 and len(set(prompts)) == 9
+    every, held = training_prompts(), calibration_prompts(10**6)
+    assert len(every) + len(held) == 7473 + 1923 + 4535 and len(held) == 870  # 1/16 of each file kept back
+    assert not set(every) & set(held) and set(every[:9]) == set(prompts)
+
+
+def test_minutes_stop_training_at_the_next_evaluation(corpus, tmp_path):
+    target, data = corpus
+    settings = TrainSettings(steps=500, warmup=2, ttt=1, draft_vocab=64, intermediate=64, eval_every=4, minutes=1e-9)
+    card = train(target, data, tmp_path / "d", settings, "x")
+    assert card["steps"] == 4 and [h["step"] for h in card["history"]] == [4]
+    assert (tmp_path / "d" / "config.json").exists()  # stopped early, exported all the same
 
 
 def test_a_method_without_a_drafter_is_a_clear_error(corpus, tmp_path):
@@ -185,3 +196,18 @@ def test_a_corpus_in_memory_holds_what_its_folder_holds(corpus):
         assert torch.equal(held.feats(i, [3, 1]), data.feats(i, [3, 1]))
         assert torch.equal(held.next(i), data.next(i))
         assert all(torch.equal(a, b) for a, b in zip(held.topk(i), data.topk(i)))
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "evaluating"])
+@pytest.mark.parametrize("method", ["eagle3", "dflash", "dart", "sps", "confu"])
+def test_recipes_make_every_tensor_on_the_samples_device(corpus, method, training):
+    """On a GPU the loop trains on CUDA samples; a recipe tensor made without naming a device would land
+    elsewhere. Here the default device is `meta` while the target and the sample stay on the CPU, so any
+    such tensor meets CPU tensors in an op and fails, as it would on a GPU."""
+    target, data = corpus
+    recipe = recipe_class(method)(target, data, TrainSettings(method=method, intermediate=64, draft_vocab=64, anchors=8))
+    recipe.model.train(training)
+    s = sample(data, recipe)
+    with torch.device("meta"):
+        loss, stats = recipe.loss(s)
+    assert loss.device.type == "cpu" and torch.isfinite(loss) and stats

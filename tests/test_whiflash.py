@@ -111,5 +111,6 @@ def test_switching_sweep_measures_catch_up_against_a_round(setup):
     method = entropy_method(setup, threshold=0.0)
     frame, clock = switching_sweep(method, Target(target, torch.device("cpu")), [16, 32, 10_000], [1, 8], reps=2, warmup=1)
     assert clock == "perf_counter_ns" and list(frame.kv_len.unique()) == [16, 32]  # past the context: skipped
-    assert (frame.catchup_ms > 0).all() and (frame.round_ms > frame.catchup_ms).all()
-    assert frame.catchup_pct_of_round.between(0, 100).all()
+    # which one is cheaper is a timing, for benchmarks: on a loaded machine a catch-up can outlast a round
+    assert (frame.catchup_ms > 0).all() and (frame.round_ms > 0).all()
+    assert ((frame.catchup_pct_of_round - 100 * frame.catchup_ms / frame.round_ms).abs() < 0.1).all()

@@ -261,12 +261,12 @@ def write_prompts(path: Path, rows: list[dict]) -> Path:
 
 
 def calibration_prompts(config: CalibrateConfig) -> list[dict]:
-    """whiflash-entropy: each category's last `prompts` prompts; whiflash-neural and hvd: training prompts past
-    the distillation corpus's (which used the first 800 at most), never an evaluation set."""
+    """whiflash-entropy: each category's last `prompts` prompts; whiflash-neural and hvd: the training files'
+    calibration share, which no drafter trains on (and never an evaluation set)."""
     if config.method in ("whiflash-neural", "hvd"):
-        from specbench_cli.training.distill import training_prompts
+        from specbench_cli.training.distill import calibration_prompts as held_prompts
 
-        texts = training_prompts(800 + config.prompts)[800:]
+        texts = held_prompts(config.prompts)
         return [{"id": f"train-{i}", "category": "train", "turns": [t]} for i, t in enumerate(texts)]
     from specbench_cli.datasets import load_dataset
 

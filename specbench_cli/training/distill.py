@@ -34,8 +34,27 @@ TRAIN_FILES = {
 }
 
 
-def training_prompts(limit: int, seed: int = 0) -> list[str]:
-    """`limit` prompts, shuffled within each source and interleaved so every source is represented."""
+CALIBRATION_SHARE = 1 / 16  # of each source, never trained on: the prompts routers and predictors calibrate on
+
+
+def training_prompts(limit: int | None = None, seed: int = 0) -> list[str]:
+    """Up to `limit` (default: all) distillation prompts, the sources interleaved so every one is represented
+    until the smaller ones run out; the calibration share of each source is never among them."""
+    return _interleave([texts[:len(texts) - _held(texts)] for texts in _sources(seed)])[:limit]
+
+
+def calibration_prompts(limit: int, seed: int = 0) -> list[str]:
+    """Up to `limit` prompts no drafter trains on: each source's last `CALIBRATION_SHARE` after the shuffle
+    (the last, so that corpora built before the share existed, from the first prompts, never touch it)."""
+    return _interleave([texts[len(texts) - _held(texts):] for texts in _sources(seed)])[:limit]
+
+
+def _held(texts: list[str]) -> int:
+    return round(len(texts) * CALIBRATION_SHARE)
+
+
+def _sources(seed: int) -> list[list[str]]:
+    """Each training file's prompts, checksummed, then shuffled with `seed`."""
     sources = []
     for name, (sha, kind) in TRAIN_FILES.items():
         path = DATASET_DIR / "train" / name
@@ -47,8 +66,12 @@ def training_prompts(limit: int, seed: int = 0) -> list[str]:
                  for r in rows]
         random.Random(seed).shuffle(texts)
         sources.append(texts)
-    mixed = [t for group in zip(*sources) for t in group]
-    return mixed[:limit]
+    return sources
+
+
+def _interleave(groups: list[list[str]]) -> list[str]:
+    """Round robin over the groups, skipping each one once it is used up."""
+    return [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
 
 
 @dataclass

@@ -33,9 +33,11 @@ class TrainSettings:
     lr: float = 1e-3
     warmup: int = 100
     max_len: int = 384  # tokens per training sequence (longer ones are cut)
-    holdout: float = 0.05  # share of sequences held out for evaluation (0: none, nothing evaluated)
+    holdout: float = 0.05  # share of sequences held out for evaluation (0: none, nothing evaluated) ...
+    holdout_max: int = 256  # ... but at most this many (enough labels; a large corpus need not hold out more)
     eval_every: int = 200
     seed: int = 0
+    minutes: float = 0.0  # stop at the first evaluation after this much training time (0: run all `steps`)
     # draft shapes (recipes ignore what does not apply to them)
     draft_vocab: int = 4096  # eagle3, dart: most frequent corpus tokens
     intermediate: int = 1024  # eagle3, dart, dflash: draft MLP width
@@ -52,7 +54,14 @@ class TrainSettings:
 def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, command: str, progress=None,
           resume: bool = False, recipe: Recipe | None = None) -> dict:
     """Train `s.method`'s recipe (or `recipe`, built by the caller around a draft of another shape) and
-    publish the drafter in `out`."""
+    publish the drafter in `out`. Training runs on the target's device: the recipes build their tensors on
+    the default device, which is set to it here."""
+    device = next(target.parameters()).device
+    with torch.device(device):
+        return _train(target, corpus, out, s, command, progress, resume, recipe, device)
+
+
+def _train(target, corpus, out, s, command, progress, resume, recipe, device) -> dict:
     torch.manual_seed(s.seed)
     target.requires_grad_(False)
     recipe = recipe or recipe_class(s.method)(target, corpus, s)
@@ -61,13 +70,13 @@ def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, 
         raise UsageError(f"corpus {corpus.where} has no top-k target distributions; build them with cache_topk")
     order = list(range(len(corpus.sequences)))
     random.Random(s.seed).shuffle(order)
-    n_hold = max(1, int(len(order) * s.holdout)) if s.holdout > 0 else 0
+    n_hold = min(max(1, int(len(order) * s.holdout)), s.holdout_max) if s.holdout > 0 else 0
     held, train_ids = order[:n_hold], order[n_hold:]
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=s.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / max(1, s.warmup)))
     state_file, step, history, spent = out / "train_state.pt", 0, [], 0.0
     if resume and state_file.exists():
-        state = torch.load(state_file, weights_only=False)
+        state = torch.load(state_file, weights_only=False, map_location=device)
         draft.load_state_dict(state["draft"])
         opt.load_state_dict(state["opt"])
         sched.load_state_dict(state["sched"])
@@ -80,7 +89,8 @@ def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, 
         T = len(seq)
         feats = corpus.feats(i, recipe.layers)[:T] if recipe.layers else torch.empty(T, 0)
         topk = [x[:T] for x in corpus.topk(i)] if recipe.needs_topk else (None, None)
-        return Sample(torch.tensor(seq), corpus.next(i)[:T], feats, corpus.prompt_lens[i], *topk)
+        topk = [x.to(device) if x is not None else None for x in topk]
+        return Sample(torch.tensor(seq), corpus.next(i)[:T].to(device), feats.to(device), corpus.prompt_lens[i], *topk)
 
     window: list[float] = []  # training losses since the last evaluation
     while step < s.steps:
@@ -100,6 +110,8 @@ def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, 
             window = []
             torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
                         "history": history, "seconds": spent + time.perf_counter() - t0}, state_file)
+            if s.minutes and spent + time.perf_counter() - t0 >= 60 * s.minutes:
+                break
         if progress is not None:
             progress(step, float(loss.detach()), history[-1]["heldout_top1"] if history else None)
     seconds = spent + time.perf_counter() - t0

@@ -52,16 +52,21 @@ def check_layers(corpus: Corpus, layers: list[int]) -> None:
         raise UsageError(f"corpus {corpus.where} has no features for target layers {missing}")
 
 
-def pick_anchors(first: int, last: int, count: int, training: bool) -> torch.Tensor:
-    """Up to `count` anchors in [first, last]: random when training, evenly spaced (fixed) when evaluating."""
-    n = last - first + 1
+def pick_anchors(first: int, last: int, count: int, training: bool, device: torch.device) -> torch.Tensor:
+    """Up to `count` anchors in [first, last]: random when training, evenly spaced (fixed) when evaluating.
+
+    Drawn on the CPU from its seeded generator, then moved to `device`: a seed gives the same anchors on every
+    machine, and no CUDA generator is involved. (Recipes name the device of every tensor they make.)"""
+    n, cpu = last - first + 1, torch.device("cpu")
     if n <= 0:
-        return torch.empty(0, dtype=torch.long)
-    if n <= count:
-        return torch.arange(first, last + 1)
-    if training:
-        return first + torch.randperm(n)[:count].sort().values
-    return torch.linspace(first, last, count).round().long().unique()
+        anchors = torch.empty(0, dtype=torch.long, device=cpu)
+    elif n <= count:
+        anchors = torch.arange(first, last + 1, device=cpu)
+    elif training:
+        anchors = first + torch.randperm(n, device=cpu)[:count].sort().values
+    else:
+        anchors = torch.linspace(first, last, count, device=cpu).round().long().unique()
+    return anchors.to(device)
 
 
 def half(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -47,7 +47,7 @@ class ConFuRecipe(Recipe):
 
     def futures(self, sample: Sample, anchors: torch.Tensor) -> torch.Tensor:
         """f [N, H]: final hidden states of contemplate tokens at anchors + 1 (see the module docstring)."""
-        T, N, model = sample.ids.shape[0], anchors.shape[0], self.target
+        T, N, model, device = sample.ids.shape[0], anchors.shape[0], self.target, sample.ids.device
         with torch.no_grad():
             prefix = model(input_ids=sample.ids[None], use_cache=True).past_key_values
         cache = DynamicCache(config=model.config)
@@ -55,21 +55,22 @@ class ConFuRecipe(Recipe):
             layer = prefix.layers[i]
             cache.update(torch.cat((k[None], layer.keys), 2), torch.cat((v[None], layer.values), 2), i)
         S = self.parts.soft_keys.shape[2]
-        allowed = torch.cat((torch.ones(N, S, dtype=torch.bool), torch.arange(T)[None] <= anchors[:, None],
-                             torch.eye(N, dtype=torch.bool)), dim=1)
-        mask = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+        allowed = torch.cat((torch.ones(N, S, dtype=torch.bool, device=device),
+                             torch.arange(T, device=device)[None] <= anchors[:, None],
+                             torch.eye(N, dtype=torch.bool, device=device)), dim=1)
+        mask = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
         embeds = self.parts.contemplate(sample.feats[anchors])
         out = model.base_model(inputs_embeds=embeds[None], position_ids=(anchors + 1)[None],
                                attention_mask=mask[None, None], past_key_values=cache, use_cache=True)
         return out.last_hidden_state[0]
 
     def loss(self, sample: Sample) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-        T = sample.ids.shape[0]
-        anchors = pick_anchors(max(sample.prompt_len - 1, 0), T - 3, self.anchors, self.model.training)
+        T, device = sample.ids.shape[0], sample.ids.device
+        anchors = pick_anchors(max(sample.prompt_len - 1, 0), T - 3, self.anchors, self.model.training, device)
         e_f = self.parts.future(self.futures(sample, anchors))
         cos, sin = self.model.rotary(anchors, e_f.dtype)
         f_kv = self.model.midlayer.token_kv(e_f, e_f, cos, sin)
-        rows = torch.arange(T)[:, None]
+        rows = torch.arange(T, device=device)[:, None]
         sees = (rows >= anchors[None]) & (rows < anchors[None] + REPLICATE)
         return ttt_loss(self.model, sample.feats, sample.ids, sample.nxt, self.positions, self.to_draft, (f_kv, sees))
 

@@ -46,27 +46,28 @@ class DartRecipe(Recipe):
     def level_outputs(self, sample: Sample, anchors: torch.Tensor) -> torch.Tensor:
         """Draft outputs of every context row [T−1 rows] followed by each anchor's `draft_length` slot rows."""
         draft, S = self.model, self.model.config.mask_slots
-        T, N = sample.ids.shape[0] - 1, anchors.shape[0]  # context rows: feature t with token t+1
-        owner = torch.arange(N).repeat_interleave(S)
-        slot = torch.arange(S).repeat(N)
-        positions = torch.cat((torch.arange(T), anchors[owner] + 1 + slot))
-        slot_rows = torch.cat((torch.arange(T)[None] <= anchors[owner][:, None],
+        T, N, device = sample.ids.shape[0] - 1, anchors.shape[0], sample.ids.device  # context rows: feature t, token t+1
+        owner = torch.arange(N, device=device).repeat_interleave(S)
+        slot = torch.arange(S, device=device).repeat(N)
+        positions = torch.cat((torch.arange(T, device=device), anchors[owner] + 1 + slot))
+        slot_rows = torch.cat((torch.arange(T, device=device)[None] <= anchors[owner][:, None],
                                (owner[:, None] == owner[None]) & (slot[None] <= slot[:, None])), dim=1)
-        context_rows = torch.cat((causal_mask(T, 0, positions.device), torch.zeros(T, N * S, dtype=torch.bool)), 1)
+        context_rows = torch.cat((causal_mask(T, 0, device), torch.zeros(T, N * S, dtype=torch.bool, device=device)), 1)
         out, _ = draft.step(sample.feats[:T], sample.ids[1:T + 1], positions, mask=torch.cat((context_rows, slot_rows)),
                             slots=N * S)
         return out
 
     def loss(self, sample: Sample) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         draft, S = self.model, self.model.config.mask_slots
-        T = sample.ids.shape[0] - 1
+        T, device = sample.ids.shape[0] - 1, sample.ids.device
         last = T - 2  # the last row whose level-0 label (the token at t+2) is inside the sequence
         first = min(max(sample.prompt_len - 2, 0), last)
-        anchors = pick_anchors(first, last - 1, self.anchors, draft.training)
+        anchors = pick_anchors(first, last - 1, self.anchors, draft.training, device)
         out = self.level_outputs(sample, anchors)
-        rows = [torch.arange(first, last + 1)] + [T + torch.arange(anchors.shape[0]) * S + (l - 1) for l in range(1, S + 1)]
+        rows = [torch.arange(first, last + 1, device=device)] + [T + torch.arange(anchors.shape[0], device=device) * S + (l - 1)
+                                                                 for l in range(1, S + 1)]
         labels_at = [rows[0] + 1] + [anchors + 1 + l for l in range(1, S + 1)]  # level l of row a: token at a+2+l
-        total, stats = torch.zeros(()), []
+        total, stats = torch.zeros((), device=device), []
         for l, (r, q) in enumerate(zip(rows, labels_at)):
             keep = q <= T - 1  # the target's distribution of the token at q+1 is row q of the corpus
             r, q = r[keep], q[keep]

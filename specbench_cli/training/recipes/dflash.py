@@ -55,25 +55,25 @@ class DFlashRecipe(Recipe):
 
     def block_logits(self, sample: Sample, anchors: torch.Tensor) -> torch.Tensor:
         """Logits [N, B−1, V] of the masked positions of one block per anchor, all in one pass."""
-        c, T, N = self.model.config, sample.ids.shape[0], anchors.shape[0]
+        c, T, N, device = self.model.config, sample.ids.shape[0], anchors.shape[0], sample.ids.device
         B = c.block_size
-        block = torch.full((N, B), c.mask_token_id)
+        block = torch.full((N, B), c.mask_token_id, device=device)
         block[:, 0] = sample.ids[anchors]
-        positions = (anchors[:, None] + torch.arange(B)).reshape(-1)
-        owner = torch.arange(N).repeat_interleave(B)
-        sees_context = torch.arange(T)[None] < anchors[owner][:, None]
+        positions = (anchors[:, None] + torch.arange(B, device=device)).reshape(-1)
+        owner = torch.arange(N, device=device).repeat_interleave(B)
+        sees_context = torch.arange(T, device=device)[None] < anchors[owner][:, None]
         mask = torch.cat((sees_context, owner[:, None] == owner[None]), dim=1)
         hidden, _ = self.model(sample.feats, 0, block.reshape(-1), 0, positions=positions, mask=mask)
         return self.model.logits(hidden.view(N, B, -1)[:, 1:])
 
     def loss(self, sample: Sample) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-        B, T = self.model.config.block_size, sample.ids.shape[0]
-        anchors = pick_anchors(max(sample.prompt_len - 1, 1), T - 2, self.anchors, self.model.training)
+        B, T, device = self.model.config.block_size, sample.ids.shape[0], sample.ids.device
+        anchors = pick_anchors(max(sample.prompt_len - 1, 1), T - 2, self.anchors, self.model.training, device)
         logits = self.block_logits(sample, anchors)
-        where = anchors[:, None] + torch.arange(1, B) - 1  # label of block position j = greedy token after a+j-1
+        where = anchors[:, None] + torch.arange(1, B, device=device) - 1  # label of block position j = greedy token after a+j-1
         labels = torch.where(where <= T - 2, sample.nxt[where.clamp(max=T - 1)], torch.full_like(where, -100))
         ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
-        w = self.weights[None] * (labels >= 0)
+        w = self.weights.to(device)[None] * (labels >= 0)
         loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
         return loss, [top1(logits[:, j], labels[:, j]) for j in range(B - 1)]
 

@@ -45,7 +45,7 @@ class SpsRecipe(Recipe):
     def loss(self, sample: Sample) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         T = sample.ids.shape[0]
         logits = self.model(sample.ids[None]).logits[0].float()
-        rows = torch.arange(max(sample.prompt_len - 1, 0), T - 1)  # positions whose next token is an answer token
+        rows = torch.arange(max(sample.prompt_len - 1, 0), T - 1, device=sample.ids.device)  # positions whose next token is an answer token
         log_q = torch.log_softmax(logits[rows], dim=-1)
         loss = kl_to_topk(log_q, sample.topk_ids[rows], sample.topk_probs[rows])
         return loss, [top1(log_q, sample.nxt[rows])]

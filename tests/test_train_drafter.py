@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -211,3 +212,22 @@ def test_recipes_make_every_tensor_on_the_samples_device(corpus, method, trainin
     with torch.device("meta"):
         loss, stats = recipe.loss(s)
     assert loss.device.type == "cpu" and torch.isfinite(loss) and stats
+
+
+def test_teacher_passes_over_several_sequences_give_what_one_pass_each_gives(corpus, monkeypatch):
+    """Right padding never reaches a real position: grouped passes match a pass per sequence."""
+    from specbench_cli.training import distill
+
+    target, data = corpus
+    seqs = [s[:30 + 17 * i] for i, s in enumerate(data.sequences)]  # unequal lengths: every group is padded
+    monkeypatch.setattr(distill, "tokens_per_pass", lambda device: distill.TOKENS_PER_PASS)  # as on a GPU
+    together = distill.in_order(distill.teacher_rows(target, seqs, [1, 3]))
+    tops = distill.in_order(distill.topk_rows(target, seqs, 4))
+    assert len(distill._length_groups(seqs, distill.TOKENS_PER_PASS)) < len(seqs)
+    monkeypatch.setattr(distill, "tokens_per_pass", lambda device: 1)  # every sequence alone, as on a CPU
+    alone = distill.in_order(distill.teacher_rows(target, seqs, [1, 3]))
+    tops_alone = distill.in_order(distill.topk_rows(target, seqs, 4))
+    for (f, n), (f1, n1), (i, p), (i1, p1), seq in zip(together, alone, tops, tops_alone, seqs):
+        assert f.shape == f1.shape == (len(seq), 2 * target.config.hidden_size) and (n == n1).all()
+        assert np.allclose(f.astype(np.float32), f1.astype(np.float32), atol=2e-3) and (i == i1).all()
+        assert np.allclose(p.astype(np.float32), p1.astype(np.float32), atol=1e-3)

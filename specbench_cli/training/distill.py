@@ -2,7 +2,7 @@
 
 Prompts come from `datasets/train/` (GSM8K train questions, GPTeacher roleplay and code instructions; see
 its SOURCE.md) — never from an evaluation set. The target answers each with its chat template, greedily,
-in batches. One teacher-forced pass then stores, per token, the outputs of every target layer any drafter
+in batches. Teacher-forced passes (several sequences each) then store, per token, the outputs of every target layer any drafter
 reads (fp16, memory-mapped) and the target's greedy next token, so several drafters train from one pass.
 
 Files in the corpus folder: `corpus.json` (token ids, prompt lengths, layers, settings), `features.npy`
@@ -134,11 +134,11 @@ class Corpus:
     def in_memory(cls, target: torch.nn.Module, sequences: list[list[int]], prompt_lens: list[int],
                   layers: list[int], topk: int = 0) -> Corpus:
         """The same records as a corpus folder, computed into memory (small corpora: tests' tiny drafters)."""
-        rows = [teacher_pass(target, seq, layers) for seq in sequences]
+        rows = in_order(teacher_rows(target, sequences, layers))
         features = np.concatenate([f for f, _ in rows])
         held = None
         if topk:
-            tops = [topk_rows(target, seq, topk) for seq in sequences]
+            tops = in_order(topk_rows(target, sequences, topk))
             held = (np.concatenate([i for i, _ in tops]), np.concatenate([p for _, p in tops]))
         return cls(None, sequences, prompt_lens, layers, features, np.concatenate([n for _, n in rows]),
                    _offsets(sequences), held)
@@ -148,22 +148,66 @@ def _offsets(sequences: list[list[int]]) -> np.ndarray:
     return np.concatenate(([0], np.cumsum([len(s) for s in sequences]))).astype(np.int64)
 
 
-def teacher_pass(target: torch.nn.Module, seq: list[int], layers: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """One teacher-forced pass: the given layers' outputs [T, len(layers) × H] (fp16) and the greedy next
-    token of every position [T] (int32)."""
-    device = next(target.parameters()).device
-    out = target(torch.tensor([seq], device=device), output_hidden_states=True)
-    features = torch.cat([out.hidden_states[l + 1][0] for l in layers], -1).half().cpu().numpy()
-    return features, out.logits[0].argmax(-1).cpu().numpy().astype(np.int32)
+TOKENS_PER_PASS = 2048  # padded tokens per teacher forward on a GPU (its fp32 logits: 2048 x vocab x 4 bytes)
 
 
-def topk_rows(target: torch.nn.Module, seq: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The target's k most likely next tokens at every position [T, k] (int32) and their probabilities under
-    its full softmax [T, k] (fp16)."""
+def tokens_per_pass(device: torch.device) -> int:
+    """A GPU runs a small target's pass in the time its kernels take to launch, so several sequences share
+    one; a CPU is busy computing, and padding only adds work there (15% slower, measured on the embedded
+    model), so each sequence goes alone."""
+    return 1 if device.type == "cpu" else TOKENS_PER_PASS
+
+
+def teacher_rows(target: torch.nn.Module, sequences: list[list[int]], layers: list[int]):
+    """Per sequence i: (i, the given layers' outputs [T, len(layers) × H] fp16, the greedy next token of every
+    position [T] int32), from teacher-forced passes over several sequences at once."""
+    for group, out in _passes(target, sequences, hidden=True):
+        features = torch.cat([out.hidden_states[l + 1] for l in layers], -1).half().cpu().numpy()
+        nxt = out.logits.argmax(-1).cpu().numpy().astype(np.int32)
+        for row, i in enumerate(group):
+            yield i, (features[row, :len(sequences[i])], nxt[row, :len(sequences[i])])
+
+
+def topk_rows(target: torch.nn.Module, sequences: list[list[int]], k: int):
+    """Per sequence i: (i, the target's k most likely next tokens at every position [T, k] int32, their
+    probabilities under its full softmax [T, k] fp16)."""
+    for group, out in _passes(target, sequences, hidden=False):
+        top = torch.softmax(out.logits.float(), -1).topk(k, dim=-1)
+        ids, probs = top.indices.cpu().numpy().astype(np.int32), top.values.cpu().numpy().astype(np.float16)
+        for row, i in enumerate(group):
+            yield i, (ids[row, :len(sequences[i])], probs[row, :len(sequences[i])])
+
+
+def in_order(rows) -> list:
+    """The values of (i, value) pairs, by i."""
+    return [value for _, value in sorted(rows, key=lambda row: row[0])]
+
+
+@torch.inference_mode()
+def _passes(target: torch.nn.Module, sequences: list[list[int]], hidden: bool):
+    """(indices, output) of forwards over groups of sequences of similar length, right-padded: causal attention
+    keeps the padding out of every real position, so each sequence gets what a pass of its own would give
+    (up to float rounding), at a fraction of the calls."""
     device = next(target.parameters()).device
-    logits = target(torch.tensor([seq], device=device)).logits[0].float()
-    top = torch.softmax(logits, -1).topk(k, dim=-1)
-    return top.indices.cpu().numpy().astype(np.int32), top.values.cpu().numpy().astype(np.float16)
+    for group in _length_groups(sequences, tokens_per_pass(device)):
+        width = max(len(sequences[i]) for i in group)
+        ids = torch.tensor([sequences[i] + [0] * (width - len(sequences[i])) for i in group], device=device)
+        mask = torch.tensor([[1] * len(sequences[i]) + [0] * (width - len(sequences[i])) for i in group], device=device)
+        padded = len(group) > 1  # a sequence alone is passed as before grouping existed, without a mask
+        yield group, target(input_ids=ids, attention_mask=mask if padded else None, output_hidden_states=hidden)
+
+
+def _length_groups(sequences: list[list[int]], tokens: int) -> list[list[int]]:
+    """Indices grouped by length (longest first) so that a group's padded size stays within `tokens`
+    (a longer sequence goes alone)."""
+    order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and len(sequences[groups[-1][0]]) * (len(groups[-1]) + 1) <= tokens:
+            groups[-1].append(i)  # the group's first sequence is its longest
+        else:
+            groups.append([i])
+    return groups
 
 
 @torch.inference_mode()
@@ -202,16 +246,15 @@ def build(model, prompts: list[str], folder: Path, layers: list[int], max_new_to
 @torch.inference_mode()
 def cache_features(target: torch.nn.Module, sequences: list[list[int]], prompt_lens: list[int], folder: Path,
                    layers: list[int], meta: dict | None = None) -> Corpus:
-    """One teacher-forced pass per sequence: layer outputs (fp16) and the greedy next token of every position."""
+    """Teacher-forced passes: layer outputs (fp16) and the greedy next token of every position, per sequence."""
     folder.mkdir(parents=True, exist_ok=True)
     total = sum(len(s) for s in sequences)
     width = target.config.hidden_size * len(layers)
     features = np.lib.format.open_memmap(folder / "features.npy", mode="w+", dtype=np.float16, shape=(total, width))
     nxt = np.zeros(total, dtype=np.int32)
-    at = 0
-    for seq in sequences:
-        features[at:at + len(seq)], nxt[at:at + len(seq)] = teacher_pass(target, seq, layers)
-        at += len(seq)
+    offsets = _offsets(sequences)
+    for i, (f, n) in teacher_rows(target, sequences, layers):
+        features[offsets[i]:offsets[i + 1]], nxt[offsets[i]:offsets[i + 1]] = f, n
     features.flush()
     np.save(folder / "next.npy", nxt)
     (folder / "corpus.json").write_text(json.dumps({"sequences": sequences, "prompt_lens": prompt_lens,
@@ -225,9 +268,9 @@ def cache_topk(target: torch.nn.Module, corpus: Corpus, k: int = 16, progress=No
     ids = np.lib.format.open_memmap(corpus.folder / "topk_ids.tmp.npy", mode="w+", dtype=np.int32, shape=(corpus.tokens, k))
     probs = np.lib.format.open_memmap(corpus.folder / "topk_probs.tmp.npy", mode="w+", dtype=np.float16,
                                       shape=(corpus.tokens, k))
-    for i, seq in enumerate(corpus.sequences):
+    for i, (top_ids, top_probs) in topk_rows(target, corpus.sequences, k):
         rows = slice(corpus.offsets[i], corpus.offsets[i + 1])
-        ids[rows], probs[rows] = topk_rows(target, seq, k)
+        ids[rows], probs[rows] = top_ids, top_probs
         if progress is not None:
             progress(1)
     for array in (ids, probs):

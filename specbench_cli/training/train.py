@@ -54,14 +54,15 @@ class TrainSettings:
 def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, command: str, progress=None,
           resume: bool = False, recipe: Recipe | None = None) -> dict:
     """Train `s.method`'s recipe (or `recipe`, built by the caller around a draft of another shape) and
-    publish the drafter in `out`. Training runs on the target's device: the recipes build their tensors on
-    the default device, which is set to it here."""
+    publish the drafter in `out`. Training runs on the target's device: recipes build their drafts with it as
+    the default device (set here), and their losses make every tensor on the samples' device."""
     device = next(target.parameters()).device
     with torch.device(device):
         return _train(target, corpus, out, s, command, progress, resume, recipe, device)
 
 
-def _train(target, corpus, out, s, command, progress, resume, recipe, device) -> dict:
+def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, command: str, progress,
+           resume: bool, recipe: Recipe | None, device: torch.device) -> dict:
     torch.manual_seed(s.seed)
     target.requires_grad_(False)
     recipe = recipe or recipe_class(s.method)(target, corpus, s)
@@ -90,7 +91,7 @@ def _train(target, corpus, out, s, command, progress, resume, recipe, device) ->
         feats = corpus.feats(i, recipe.layers)[:T] if recipe.layers else torch.empty(T, 0)
         topk = [x[:T] for x in corpus.topk(i)] if recipe.needs_topk else (None, None)
         topk = [x.to(device) if x is not None else None for x in topk]
-        return Sample(torch.tensor(seq), corpus.next(i)[:T].to(device), feats.to(device), corpus.prompt_lens[i], *topk)
+        return Sample(torch.tensor(seq, device=device), corpus.next(i)[:T].to(device), feats.to(device), corpus.prompt_lens[i], *topk)
 
     window: list[float] = []  # training losses since the last evaluation
     while step < s.steps:

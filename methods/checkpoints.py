@@ -7,7 +7,9 @@ Released drafters ship as safetensors (single or sharded with an index) or as `p
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -49,6 +51,32 @@ def locate_file(ref: str, filename: str, what: str) -> Path:
         return Path(hf_hub_download(ref, filename))
     except Exception as err:
         raise UsageError(f"cannot fetch {what} '{ref}/{filename}': {_first_line(err)}") from None
+
+
+def fingerprint(folder: Path) -> str:
+    """A short hash of a checkpoint folder's weight files. Calibration cards record the drafters they were
+    measured with by it, so that a run can tell when a drafter has changed under its calibration."""
+    digest = hashlib.sha256()
+    for f in sorted(p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern)):
+        digest.update(f.name.encode())
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def stale_drafters(card: dict, refs: dict[str, str]) -> list[str]:
+    """Drafters in `refs` (name -> checkpoint) whose weights differ from those `card["drafters"]` was made
+    with. Cards written before fingerprints were recorded name none, and nothing is reported for them."""
+    made = card.get("drafters") or {}
+    return [name for name, ref in refs.items() if name in made and fingerprint(locate(ref, name)) != made[name]]
+
+
+def warn_if_stale(card: dict, refs: dict[str, str], what: str, model: str) -> None:
+    """One warning line when a calibration was measured with other drafters than this run loads: its
+    thresholds and predictions describe those drafters, not these (the run itself stays lossless)."""
+    stale = stale_drafters(card, refs)
+    if stale:
+        print(f"warning: {what} was calibrated with another {' and '.join(stale)} drafter than this run loads; "
+              f"re-run `specbench calibrate --method {what} --model {model}` for one that fits", file=sys.stderr)
 
 
 def _first_line(err: Exception) -> str:

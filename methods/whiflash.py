@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from specbench_cli.core.method import DecodeState, Method, Route
-from methods.checkpoints import CheckpointError, locate
+from methods.checkpoints import CheckpointError, locate, warn_if_stale
 from methods.dflash import DFlash
 from methods.eagle3 import Eagle3
 from methods.layers import causal_mask
@@ -88,7 +88,9 @@ class WhiFlash(Method):
                                   f"calibrate --method {self.name} --model {self.model.spec.name}`"
                                   + ("" if self.needs_artifact else " or pass --opt threshold=T"))
         self.calibration_folder = locate(ref, self.calibration)
-        return json.loads((self.calibration_folder / "config.json").read_text())
+        card = json.loads((self.calibration_folder / "config.json").read_text())
+        warn_if_stale(card, {n: self.drafter_ref(n) for n in self.drafter_names}, self.name, self.model.spec.name)
+        return card
 
     # ------------------------------------------------------------------------------------ proposer plumbing
     def attach(self, target: Target) -> None:

@@ -245,6 +245,7 @@ def test_oracle_calibrate_and_the_neural_router(tmp_path):
     assert result.exit_code == 0, result.output
     card = json.loads((cal / "config.json").read_text())
     assert card["train_pairs"] > 0 and card["latency"]["eagle3_round_ms"] > 0 and (cal / "router.safetensors").exists()
+    assert set(card["drafters"]) == {"eagle3", "dflash"}  # the fingerprints a run compares with what it loads
     assert len(pd.read_csv(cal / "sweep.csv")) >= 7 and (cal / "sensitivity.png").exists()
     run_cli("--method", "whiflash-neural", "--drafter", f"whiflash-neural={cal}", "--limit", "1", "--max-new-tokens", "24",
             "--warmup", "0", "--out", str(tmp_path / "wn"))

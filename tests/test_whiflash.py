@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
 
-from methods.checkpoints import CheckpointError
+from methods.checkpoints import CheckpointError, fingerprint
 from methods.predictors import Router
 from methods.whiflash import WhiFlashEntropy, WhiFlashNeural
 from tests.drafter_fixtures import SAMPLING_TEMPERATURE, loaded
@@ -101,6 +102,19 @@ def test_neural_router_switches_losslessly_and_needs_its_artifact(setup, tmp_pat
         WhiFlashNeural(WhiFlashNeural.Options(**SMALL), loaded(target), drafters)
     with pytest.raises(CheckpointError, match="or pass --opt threshold=T"):
         WhiFlashEntropy(WhiFlashEntropy.Options(**SMALL), loaded(target), drafters)
+
+
+def test_a_calibration_made_with_other_drafters_is_flagged(setup, tmp_path, capsys):
+    """Calibration cards name the drafters they were measured with; a run that loads others warns once."""
+    target, _, drafters = setup
+    prints = {name: fingerprint(Path(ref)) for name, ref in drafters.items()}
+    for label, made in (("same", prints), ("other", {**prints, "dflash": "0" * 16})):
+        folder = tmp_path / label
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"threshold": 1.0, "drafters": made}))
+        WhiFlashEntropy(WhiFlashEntropy.Options(**SMALL), loaded(target), {**drafters, "whiflash-entropy": str(folder)})
+        err = capsys.readouterr().err
+        assert ("calibrated with another dflash drafter" in err) == (label == "other"), err
 
 
 def test_switching_sweep_measures_catch_up_against_a_round(setup):

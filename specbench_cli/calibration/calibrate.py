@@ -220,12 +220,18 @@ def round_ms(run_dir: Path) -> float:
     return float(read_table(run_dir, "rounds").wall_ms.mean())
 
 
-def card(method: str, model: str, **fields) -> dict:
+def card(method: str, model: str, drafters: tuple[str, ...], **fields) -> dict:
+    """The artifact's config.json. `drafters`: the model's registered drafters the calibration measured;
+    their fingerprints let a run warn when it loads other weights than these."""
+    from methods.checkpoints import fingerprint, locate
     from specbench_cli.hardware import environment
+    from specbench_cli.models import get_model_spec
     from specbench_cli.training.train import command_line
 
+    refs = get_model_spec(model).drafters
     return {"method": method, "model": model, "created": dt.datetime.now().isoformat(timespec="seconds"),
-            "command": command_line(), "environment": environment(torch.device("cpu")), **fields}
+            "command": command_line(), "environment": environment(torch.device("cpu")),
+            "drafters": {name: fingerprint(locate(refs[name], name)) for name in drafters}, **fields}
 
 
 def write_artifact(folder: Path, config: dict, sweep: pd.DataFrame, module=None) -> None:
@@ -325,7 +331,7 @@ def calibrate_entropy(config: CalibrateConfig, console: Console) -> dict:
         top = g.sort_values("tokens_per_s", ascending=False).head(max(config.confirm, 1))
         best[category] = confirm_live(config, prompts_file, category, top.threshold.tolist(), console) \
             if config.confirm and category != "overall" else float(top.threshold.iloc[0])
-    config_json = card(config.method, config.model, threshold=best.pop("overall"), thresholds=best,
+    config_json = card(config.method, config.model, ("eagle3", "dflash"), threshold=best.pop("overall"), thresholds=best,
                        latency=lat.as_dict(), dataset=config.dataset, prompts=[p["id"] for p in prompts],
                        max_new_tokens=config.max_new_tokens, confirm=config.confirm,
                        simulated_best=_best_rows(sweep))
@@ -382,7 +388,7 @@ def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
                      "eagle3_share": float(np.mean(np.concatenate([predict[i] > threshold for i in test.index])))})
     statics = {name: throughput([(r.al_e, r.al_d, np.full(len(r.al_e), name == "eagle3")) for r in test.itertuples()], lat)
                for name in ("eagle3", "dflash")}
-    config_json = card(config.method, config.model, hidden_size=int(x.shape[1]), dropout=0.1, threshold=tau, latency=lat.as_dict(), steps=config.steps, lr=1e-3,
+    config_json = card(config.method, config.model, ("eagle3", "dflash"), hidden_size=int(x.shape[1]), dropout=0.1, threshold=tau, latency=lat.as_dict(), steps=config.steps, lr=1e-3,
                        train_pairs=int(len(y)), validation_pairs=int(len(pairs(val)[1])) if len(val) else 0, heldout_pairs=int(len(truth)),
                        heldout_mse=float(np.mean((guess - truth) ** 2)),
                        heldout_mse_of_mean=float(np.mean((y.mean() - truth) ** 2)),

@@ -192,9 +192,10 @@ def _passes(target: torch.nn.Module, sequences: list[list[int]], hidden: bool):
     for group in _length_groups(sequences, tokens_per_pass(device)):
         width = max(len(sequences[i]) for i in group)
         ids = torch.tensor([sequences[i] + [0] * (width - len(sequences[i])) for i in group], device=device)
-        mask = torch.tensor([[1] * len(sequences[i]) + [0] * (width - len(sequences[i])) for i in group], device=device)
-        padded = len(group) > 1  # a sequence alone is passed as before grouping existed, without a mask
-        yield group, target(input_ids=ids, attention_mask=mask if padded else None, output_hidden_states=hidden)
+        mask = None  # a sequence alone is passed as before grouping existed, without a mask
+        if len(group) > 1:
+            mask = torch.tensor([[1] * len(sequences[i]) + [0] * (width - len(sequences[i])) for i in group], device=device)
+        yield group, target(input_ids=ids, attention_mask=mask, output_hidden_states=hidden)
 
 
 def _length_groups(sequences: list[list[int]], tokens: int) -> list[list[int]]:

@@ -231,6 +231,7 @@ def train_drafter(
     eval_every: Annotated[int, typer.Option(help="Steps between held-out evaluations (and saved training states).")] = 200,
     minutes: Annotated[float, typer.Option(help="Stop at the first held-out evaluation after this many minutes of training, if --steps are not done by then (0: no limit).")] = 0.0,
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate (linear warm-up).")] = 1e-3,
+    anneal: Annotated[int, typer.Option(help="Over the last N steps the learning rate falls to 0 along a half cosine (N = --steps − 100 is SpecForge's warm-up + cosine schedule; with --resume and more --steps, a run continued at a constant rate ends annealed). 0: constant after the warm-up, as the committed drafters were trained.")] = 0,
     ttt: Annotated[int, typer.Option(help="EAGLE-3 training-time-test steps.")] = 3,
     draft_vocab: Annotated[int, typer.Option(help="eagle3/dart draft vocabulary size (most frequent corpus tokens).")] = 4096,
     intermediate: Annotated[int, typer.Option(help="eagle3/dart/dflash draft MLP width.")] = 1024,
@@ -258,8 +259,10 @@ def train_drafter(
                                    ("--ttt", ttt, 1), ("--draft-vocab", draft_vocab, 1), ("--anchors", anchors, 1),
                                    ("--intermediate", intermediate, 1), ("--draft-layers", draft_layers, 0),
                                    ("--block-size", block_size, 2), ("--slots", slots, 1), ("--minutes", minutes, 0),
-                                   ("--eval-every", eval_every, 1)):
+                                   ("--eval-every", eval_every, 1), ("--anneal", anneal, 0)):
             at_least(option, value, low)
+        if anneal > steps:
+            raise UsageError(f"--anneal must be at most --steps ({steps}), got {anneal}")
         if not (lr > 0 and gamma > 0):
             raise UsageError(f"--lr and --gamma must be > 0 (got {lr:g}, {gamma:g})")
         out = _training_folder(out or drafter_folder(model, method), resume)
@@ -285,7 +288,7 @@ def train_drafter(
             settings = TrainSettings(method=method, steps=steps, lr=lr, ttt=ttt, draft_vocab=draft_vocab,
                                      intermediate=intermediate, draft_layers=draft_layers, block_size=block_size,
                                      anchors=anchors, slots=slots, gamma=gamma, seed=seed, minutes=minutes,
-                                     eval_every=eval_every,
+                                     eval_every=eval_every, anneal=anneal,
                                      init="" if init == "none" else init or spec.drafters.get("eagle3", ""))
             task = bar.add_task(f"training {method}", total=steps, stats="")
 

@@ -66,6 +66,7 @@ BAD = [
     (["train-drafter", "--steps", "-5"], "--steps must be at least 1"),
     (["train-drafter", "--minutes", "-1"], "--minutes must be at least 0"),
     (["train-drafter", "--eval-every", "0"], "--eval-every must be at least 1"),
+    (["train-drafter", "--steps", "100", "--anneal", "101"], "--anneal must be at most --steps (100)"),
     (["train-drafter", "--resume", "--out", "no/such/drafter"], "no training to continue"),
     (["report", "fake", "--compare", "fake", "--max-regression", "-5"], "--max-regression must be at least 0"),
     (["report", "fake", "--along", "nosuch"], "unknown method label for --along 'nosuch'"),

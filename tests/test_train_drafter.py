@@ -16,7 +16,7 @@ from specbench_cli.training.distill import Corpus, cache_features, cache_topk, c
 from specbench_cli.core.errors import UsageError
 from specbench_cli.registry import recipe_class
 from specbench_cli.training.recipes import Sample, kl_to_topk
-from specbench_cli.training.train import TrainSettings, train
+from specbench_cli.training.train import TrainSettings, lr_factor, train
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import greedy_corpus, make_method
 from tests.helpers import assert_lossless
@@ -127,6 +127,26 @@ def test_resume_continues_from_the_saved_state(corpus, tmp_path):
     train(target, data, tmp_path / "d", settings, "x")
     card = train(target, data, tmp_path / "d", TrainSettings(**{**settings.__dict__, "steps": 30}), "x", resume=True)
     assert [h["step"] for h in card["history"]] == [10, 20, 30]
+
+
+def test_learning_rate_warms_up_holds_and_anneals_to_zero():
+    flat = TrainSettings(steps=100, warmup=10)
+    assert [lr_factor(k, flat) for k in (0, 9, 50, 99)] == [0.1, 1.0, 1.0, 1.0]
+    annealed = TrainSettings(steps=100, warmup=10, anneal=40)
+    assert lr_factor(59, annealed) == 1.0 and lr_factor(60, annealed) == 1.0  # the anneal starts at step 60
+    assert lr_factor(80, annealed) == pytest.approx(0.5) and lr_factor(100, annealed) == pytest.approx(0.0)
+    factors = [lr_factor(k, annealed) for k in range(60, 101)]
+    assert all(a > b for a, b in zip(factors, factors[1:]))
+
+
+def test_resume_with_more_steps_ends_annealed(corpus, tmp_path):
+    """A run continued with --resume, more --steps and --anneal finishes at a learning rate of 0."""
+    target, data = corpus
+    settings = TrainSettings(steps=10, warmup=2, ttt=2, draft_vocab=64, intermediate=64, eval_every=10)
+    train(target, data, tmp_path / "d", settings, "x")
+    train(target, data, tmp_path / "d", TrainSettings(**{**settings.__dict__, "steps": 20, "anneal": 10}), "x", resume=True)
+    state = torch.load(tmp_path / "d" / "train_state.pt", weights_only=False)
+    assert state["step"] == 20 and state["opt"]["param_groups"][0]["lr"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_corpus_round_trip_and_training_prompts(corpus):

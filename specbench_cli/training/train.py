@@ -1,7 +1,7 @@
 """`specbench train-drafter`: train a drafter on a self-distillation corpus and write it in its loader's format.
 
 The objectives live in `specbench_cli/training/recipes/` (one module per method); this module is the loop they share:
-a seeded held-out split of the corpus, AdamW with linear warm-up and gradient clipping, held-out top-1
+a seeded held-out split of the corpus, AdamW with linear warm-up (and an optional cosine anneal at the end) and gradient clipping, held-out top-1
 accuracy per draft position every `eval_every` steps, a resumable state file, and a JSON card with the data,
 steps, wall time, accuracies and the exact command.
 """
@@ -9,6 +9,7 @@ steps, wall time, accuracies and the exact command.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -32,6 +33,7 @@ class TrainSettings:
     steps: int = 2000
     lr: float = 1e-3
     warmup: int = 100
+    anneal: int = 0  # last steps over which the learning rate falls to 0 (half cosine); 0: constant after warm-up
     max_len: int = 384  # tokens per training sequence (longer ones are cut)
     holdout: float = 0.05  # share of sequences held out for evaluation (0: none, nothing evaluated) ...
     holdout_max: int = 256  # ... but at most this many (enough labels; a large corpus need not hold out more)
@@ -74,7 +76,7 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
     n_hold = min(max(1, int(len(order) * s.holdout)), s.holdout_max) if s.holdout > 0 else 0
     held, train_ids = order[:n_hold], order[n_hold:]
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=s.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / max(1, s.warmup)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, s))
     state_file, step, history, spent = out / "train_state.pt", 0, [], 0.0
     if resume and state_file.exists():
         state = torch.load(state_file, weights_only=False, map_location=device)
@@ -127,6 +129,18 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
     (staging / "card.json").write_text(json.dumps(card, indent=2))
     publish(staging, out)
     return card
+
+
+def lr_factor(step: int, s: TrainSettings) -> float:
+    """The learning rate at `step` as a share of `s.lr`: a linear warm-up, then constant, then over the last
+    `s.anneal` steps a half cosine down to 0. `anneal = steps − warmup` is SpecForge's schedule (linear
+    warm-up, cosine to 0: `CosineAnnealingWarmupLR` in its train_eagle3.py); a short anneal after a constant
+    phase lets a run be continued (`--resume` with more `--steps`) and still end annealed."""
+    warm = min(1.0, (step + 1) / max(1, s.warmup))
+    into = step - (s.steps - s.anneal)
+    if s.anneal <= 0 or into < 0:
+        return warm
+    return warm * 0.5 * (1 + math.cos(math.pi * min(into, s.anneal) / s.anneal))
 
 
 def publish(staging: Path, out: Path) -> None:

@@ -125,8 +125,9 @@ def test_resume_continues_from_the_saved_state(corpus, tmp_path):
     target, data = corpus
     settings = TrainSettings(steps=20, warmup=2, ttt=2, draft_vocab=64, intermediate=64, eval_every=10)
     train(target, data, tmp_path / "d", settings, "x")
-    card = train(target, data, tmp_path / "d", TrainSettings(**{**settings.__dict__, "steps": 30}), "x", resume=True)
+    card = train(target, data, tmp_path / "d", TrainSettings(**{**settings.__dict__, "steps": 30}), "y", resume=True)
     assert [h["step"] for h in card["history"]] == [10, 20, 30]
+    assert card["command"] == "y" and card["earlier_commands"] == ["x"]  # the card names every session's command
 
 
 def test_learning_rate_warms_up_holds_and_anneals_to_zero():

@@ -77,13 +77,14 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
     held, train_ids = order[:n_hold], order[n_hold:]
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=s.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, s))
-    state_file, step, history, spent = out / "train_state.pt", 0, [], 0.0
+    state_file, step, history, spent, earlier = out / "train_state.pt", 0, [], 0.0, []
     if resume and state_file.exists():
         state = torch.load(state_file, weights_only=False, map_location=device)
         draft.load_state_dict(state["draft"])
         opt.load_state_dict(state["opt"])
         sched.load_state_dict(state["sched"])
         step, history, spent = state["step"], state["history"], state["seconds"]
+        earlier = state.get("commands", [])  # the sessions that trained it so far (a resumed run has several)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
@@ -112,7 +113,8 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
             history.append({"step": step, "loss": round(sum(window) / len(window), 5), "heldout_top1": acc})
             window = []
             torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
-                        "history": history, "seconds": spent + time.perf_counter() - t0}, state_file)
+                        "history": history, "seconds": spent + time.perf_counter() - t0, "commands": [*earlier, command]},
+                       state_file)
             if s.minutes and spent + time.perf_counter() - t0 >= 60 * s.minutes:
                 break
         if progress is not None:
@@ -121,7 +123,7 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
     draft.eval()
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".export-"))
     recipe.export(staging)
-    card = {"method": s.method, "settings": asdict(s), "command": command,
+    card = {"method": s.method, "settings": asdict(s), "command": command, "earlier_commands": earlier,
             "data": {"corpus": corpus.where, "sequences": len(corpus.sequences), "tokens": corpus.tokens,
                      "train_sequences": len(train_ids), "heldout_sequences": len(held)},
             "steps": step, "wall_seconds": round(seconds, 1), "heldout_top1_per_position": history[-1]["heldout_top1"] if history else None,

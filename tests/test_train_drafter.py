@@ -150,6 +150,25 @@ def test_resume_with_more_steps_ends_annealed(corpus, tmp_path):
     assert state["step"] == 20 and state["opt"]["param_groups"][0]["lr"] == pytest.approx(0.0, abs=1e-12)
 
 
+def test_resume_takes_this_sessions_learning_rate(corpus, tmp_path, monkeypatch):
+    """A warm restart: a run annealed to 0 and continued with another --lr trains at that rate from its first
+    resumed step (the saved state alone would keep the old peak and the last rate, 0)."""
+    target, data = corpus
+    settings = TrainSettings(steps=10, warmup=2, anneal=5, ttt=2, draft_vocab=64, intermediate=64, eval_every=10)
+    train(target, data, tmp_path / "d", settings, "x")
+    seen = []
+    original = torch.optim.AdamW.step
+
+    def record(opt, *args, **kwargs):
+        seen.append(opt.param_groups[0]["lr"])
+        return original(opt, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", record)
+    train(target, data, tmp_path / "d", TrainSettings(**{**settings.__dict__, "steps": 12, "anneal": 0, "lr": 3e-4}),
+          "y", resume=True)
+    assert seen == [pytest.approx(3e-4), pytest.approx(3e-4)]
+
+
 def test_corpus_round_trip_and_training_prompts(corpus):
     _, data = corpus
     again = Corpus.load(data.folder)

@@ -85,6 +85,7 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
         sched.load_state_dict(state["sched"])
         step, history, spent = state["step"], state["history"], state["seconds"]
         earlier = state.get("commands", [])  # the sessions that trained it so far (a resumed run has several)
+        _schedule_from(s, opt, sched, step)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
@@ -131,6 +132,16 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
     (staging / "card.json").write_text(json.dumps(card, indent=2))
     publish(staging, out)
     return card
+
+
+def _schedule_from(s: TrainSettings, opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR,
+                   step: int) -> None:
+    """Make a resumed run follow this session's `--lr` and schedule from `step` on. The saved scheduler state
+    carries the first session's peak rate and the optimiser the last rate it used (0 at the end of an anneal),
+    so without this a changed `--lr` would be ignored and the first resumed step would take the old rate."""
+    sched.base_lrs = [s.lr] * len(opt.param_groups)
+    for group in opt.param_groups:
+        group["initial_lr"], group["lr"] = s.lr, s.lr * lr_factor(step, s)
 
 
 def lr_factor(step: int, s: TrainSettings) -> float:

@@ -33,6 +33,7 @@ def colour(i: int, n: int) -> tuple:
 
 
 LABELLED = 6  # bar values are printed up to this many series per group; beyond, they overlap (see the tables)
+LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "pad": 0.3, "alpha": 0.8}  # a value stays legible over the 1.0 line
 
 
 def _legend(ax: plt.Axes, title: str) -> None:
@@ -59,7 +60,8 @@ def per_category(rows: dict[str, pd.DataFrame], by: str, dataset: str) -> plt.Fi
             values = table.set_index(by)[metric].reindex(groups)
             bars = ax.bar(x + (i - (len(rows) - 1) / 2) * width, values, width, label=label, color=colour(i, len(rows)))
             if len(rows) <= LABELLED:
-                ax.bar_label(bars, labels=[f"{v:.2f}" if v == v else "" for v in values], fontsize="x-small", padding=1)
+                ax.bar_label(bars, labels=[f"{v:.2f}" if v == v else "" for v in values], fontsize="x-small", padding=1,
+                             bbox=LABEL_BOX)
         if metric == "speedup":
             ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.axvline(x[-1] - 0.75, color="grey", linewidth=0.8)

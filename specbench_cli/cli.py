@@ -224,7 +224,7 @@ def train_drafter(
     model: Annotated[str, typer.Option(help="Registered target model (see run --list).")] = "smollm2-135m",
     out: Annotated[Optional[Path], typer.Option(help="Checkpoint folder to write. Default: the project's drafters/<model>/<method> (the checkout's or the installed package's; the user cache if not writable).")] = None,
     corpus: Annotated[Optional[Path], typer.Option(help="Self-distillation corpus folder; built there if missing. Default: ~/.cache/specbench/distill/<model>.")] = None,
-    prompts: Annotated[Optional[int], typer.Option(help="Training prompts the target answers when the corpus is built. Default: all 13,061 (the training files less their calibration share; hours on a laptop CPU, minutes on a GPU).")] = None,
+    prompts: Annotated[Optional[int], typer.Option(help="Training prompts in the corpus: it is built with N, grown to N when it holds fewer (only the new prompts are answered), or trained on its first N. Default: the corpus as it is; when it is built, all 13,061 (the training files less their calibration share; hours on a laptop CPU, minutes on a GPU).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Longest answer generated per training prompt.")] = 160,
     batch_size: Annotated[int, typer.Option(help="Prompts generated together.")] = 16,
     steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 2000,
@@ -311,23 +311,29 @@ def _training_folder(out: Path, resume: bool) -> Path:
     return out
 
 
-def _corpus(loaded, folder: Path, layers: list[int], prompts: int, max_new_tokens: int, batch_size: int, seed: int,
-            needs_topk: bool, bar):
-    """The self-distillation corpus in `folder`: loaded if built before, else the target answers the training
-    prompts; with the target's top-k distributions added when the recipe needs them."""
+def _corpus(loaded, folder: Path, layers: list[int], prompts: int | None, max_new_tokens: int, batch_size: int,
+            seed: int, needs_topk: bool, bar):
+    """The self-distillation corpus in `folder` with `prompts` sequences: built if missing, grown if it holds
+    fewer (the target answers only the new prompts), its first `prompts` if it holds more; as it is when
+    `prompts` is None. The target's top-k distributions are added when the recipe needs them."""
     from specbench_cli.training import distill
 
-    if (folder / "corpus.json").exists():
-        data = distill.Corpus.load(folder)
+    def answering(n: int):
+        task = bar.add_task("answering training prompts", total=n, stats="")
+        return lambda k: bar.update(task, advance=k)
+
+    texts = distill.training_prompts(prompts, seed)
+    if not (folder / "corpus.json").exists():
+        data = distill.build(loaded, texts, folder, layers, max_new_tokens, batch_size, seed, answering(len(texts)))
     else:
-        texts = distill.training_prompts(prompts, seed)
-        task = bar.add_task("answering training prompts", total=len(texts), stats="")
-        data = distill.build(loaded, texts, folder, layers, max_new_tokens, batch_size,
-                             lambda n: bar.update(task, advance=n))
-    if needs_topk and not data.has_topk:
+        data = distill.Corpus.load(folder)
+        if prompts is not None and len(texts) > len(data.sequences):
+            data = distill.extend(loaded, data, texts, max_new_tokens, batch_size, seed,
+                                  answering(len(texts) - len(data.sequences)))
+    if needs_topk and not data.has_topk:  # for the whole folder, so that its files fit every later use
         task = bar.add_task("target top-k distributions", total=len(data.sequences), stats="")
         distill.cache_topk(loaded.model, data, progress=lambda n: bar.update(task, advance=n))
-    return data
+    return data if prompts is None else data.first(len(texts))
 
 
 @app.command()

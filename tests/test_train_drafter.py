@@ -169,6 +169,30 @@ def test_resume_takes_this_sessions_learning_rate(corpus, tmp_path, monkeypatch)
     assert seen == [pytest.approx(3e-4), pytest.approx(3e-4)]
 
 
+def test_a_run_resumed_on_a_grown_corpus_keeps_its_choices_and_its_held_out_set(corpus, tmp_path):
+    """After the corpus grows, --resume keeps the draft's corpus-derived choices (DFlash's mask token, picked
+    among tokens the first corpus never uses) and never moves a sequence it trained on into the held-out set."""
+    from specbench_cli.training.recipes.dflash import unused_token
+    from specbench_cli.training.train import split
+
+    target, data = corpus
+    mask = unused_token(data.first(4), 96)
+    grown = Corpus.in_memory(target, data.sequences[:4] + [[mask] + data.sequences[5], data.sequences[4]],
+                             data.prompt_lens[:4] + [25, 24], data.layers)  # the new rows use the old mask token
+    settings = TrainSettings(method="dflash", steps=4, warmup=2, intermediate=64, anchors=8, eval_every=4, holdout=0.25)
+    train(target, grown.first(4), tmp_path / "d", settings, "x")
+    longer = TrainSettings(**{**settings.__dict__, "steps": 8})
+    card = train(target, grown, tmp_path / "d", longer, "y", resume=True)
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert config["dflash_config"]["mask_token_id"] == mask != unused_token(grown, 96)
+    assert card["data"]["grown_from"] == [4] and card["data"]["sequences"] == 6 and card["steps"] == 8
+    held_before, trained_before = split([4], settings)
+    held, trained = split([4, 6], settings)
+    assert set(held_before) <= set(held) <= set(held_before) | {4, 5} and set(trained_before) <= set(trained)
+    with pytest.raises(UsageError, match="trained on 6 corpus sequences and the corpus now gives 5"):
+        train(target, grown.first(5), tmp_path / "d", longer, "z", resume=True)
+
+
 def test_corpus_round_trip_and_training_prompts(corpus):
     _, data = corpus
     again = Corpus.load(data.folder)
@@ -271,3 +295,26 @@ def test_teacher_passes_over_several_sequences_give_what_one_pass_each_gives(cor
         assert f.shape == f1.shape == (len(seq), 2 * target.config.hidden_size) and (n == n1).all()
         assert np.allclose(f.astype(np.float32), f1.astype(np.float32), atol=2e-3) and (i == i1).all()
         assert np.allclose(p.astype(np.float32), p1.astype(np.float32), atol=1e-3)
+
+
+def test_a_grown_corpus_holds_what_a_build_of_all_its_prompts_holds(embedded, tmp_path):
+    """`--prompts` past a corpus' size answers only the new prompts; the grown folder must hold what building
+    all of them at once gives (the batches line up), its first rows untouched, and its old top-k files gone."""
+    from specbench_cli.training import distill
+
+    texts, layers = training_prompts(4), [1, 8]
+    grown = distill.build(embedded, texts[:2], tmp_path / "grown", layers, max_new_tokens=6, batch_size=2)
+    np.save(tmp_path / "grown" / "topk_probs.npy", np.zeros(3))  # stale: must not survive the growth
+    small = grown
+    grown = distill.extend(embedded, grown, texts, max_new_tokens=6, batch_size=2)
+    whole = distill.build(embedded, texts, tmp_path / "whole", layers, max_new_tokens=6, batch_size=2)
+    assert grown.sequences == whole.sequences and grown.prompt_lens == whole.prompt_lens and not grown.has_topk
+    assert np.array_equal(grown.features, whole.features) and np.array_equal(grown.next_token, whole.next_token)
+    assert np.array_equal(small.features, grown.features[:small.tokens])  # the old memory map still reads
+    first = distill.Corpus.load(tmp_path / "grown").first(2)
+    assert first.sequences == small.sequences and first.tokens == small.tokens
+    assert torch.equal(first.feats(1, [8]), small.feats(1, [8]))
+    with pytest.raises(UsageError, match="built with --max-new-tokens 6 --seed 0"):
+        distill.extend(embedded, grown, training_prompts(5), max_new_tokens=7, batch_size=2)
+    with pytest.raises(UsageError, match="other prompts than the first 4"):
+        distill.extend(embedded, grown, training_prompts(5)[::-1], max_new_tokens=6, batch_size=2)

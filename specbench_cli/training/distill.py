@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -86,6 +86,7 @@ class Corpus:
     next_token: np.ndarray  # [tokens] the target's greedy token after each position
     offsets: np.ndarray  # [len(sequences) + 1] start of each sequence in the token arrays
     topk_held: tuple[np.ndarray, np.ndarray] | None = None  # an in-memory corpus' top-k arrays
+    built_with: dict = field(default_factory=dict)  # the folder's build settings (max_new_tokens, seed)
 
     def feats(self, i: int, layers: list[int]) -> torch.Tensor:
         """Features of sequence i for the given layers (a subset of `self.layers`), as float32 [T, k*H]."""
@@ -114,6 +115,12 @@ class Corpus:
     def has_topk(self) -> bool:
         return self.topk_held is not None or (self.folder is not None and (self.folder / "topk_probs.npy").exists())
 
+    def first(self, n: int) -> Corpus:
+        """The corpus' first n sequences (what a build of n prompts holds); the arrays stay whole."""
+        if n >= len(self.sequences):
+            return self
+        return replace(self, sequences=self.sequences[:n], prompt_lens=self.prompt_lens[:n], offsets=self.offsets[:n + 1])
+
     @property
     def where(self) -> str:
         return "in memory" if self.folder is None else str(self.folder)
@@ -127,7 +134,8 @@ class Corpus:
         meta = json.loads((folder / "corpus.json").read_text())
         return cls(folder, meta["sequences"], meta["prompt_lens"], meta["layers"],
                    np.load(folder / "features.npy", mmap_mode="r"), np.load(folder / "next.npy"),
-                   _offsets(meta["sequences"]))
+                   _offsets(meta["sequences"]),
+                   built_with={k: v for k, v in meta.items() if k not in ("sequences", "prompt_lens", "layers")})
 
     @classmethod
     @torch.inference_mode()
@@ -238,28 +246,67 @@ def generate(model, prompts: list[str], max_new_tokens: int, batch_size: int, pr
 
 
 def build(model, prompts: list[str], folder: Path, layers: list[int], max_new_tokens: int, batch_size: int,
-          progress=None) -> Corpus:
+          seed: int = 0, progress=None) -> Corpus:
     """Generate the answers, then cache features for them."""
     sequences, prompt_lens = generate(model, prompts, max_new_tokens, batch_size, progress)
-    return cache_features(model.model, sequences, prompt_lens, folder, layers, {"max_new_tokens": max_new_tokens})
+    return cache_features(model.model, sequences, prompt_lens, folder, layers,
+                          {"max_new_tokens": max_new_tokens, "seed": seed})
+
+
+def extend(model, corpus: Corpus, prompts: list[str], max_new_tokens: int, batch_size: int, seed: int = 0,
+           progress=None) -> Corpus:
+    """Grow a corpus folder to `prompts` (the whole list, its first ones being the corpus' own): only the new
+    prompts are answered and passed through the teacher; the old rows are copied first, unchanged, so a run
+    on the smaller corpus still sees what it saw. The answers are those a build of all `prompts` would give
+    when the corpus' size is a multiple of `batch_size` (the generation batches then line up)."""
+    have, built = len(corpus.sequences), {"max_new_tokens": 160, "seed": 0, **corpus.built_with}
+    if (built["max_new_tokens"], built["seed"]) != (max_new_tokens, seed):
+        raise UsageError(f"{corpus.where} was built with --max-new-tokens {built['max_new_tokens']} --seed "
+                         f"{built['seed']}; extend it with the same, or pass another --corpus")
+    own = [model.encode_chat([{"role": "user", "content": p}]) for p in prompts[:have]]
+    if own != [s[:n] for s, n in zip(corpus.sequences, corpus.prompt_lens)]:
+        raise UsageError(f"{corpus.where} holds other prompts than the first {have} training prompts "
+                         "(other training files or --seed); pass another --corpus")
+    sequences, prompt_lens = generate(model, prompts[have:], max_new_tokens, batch_size, progress)
+    return cache_features(model.model, corpus.sequences + sequences, corpus.prompt_lens + prompt_lens,
+                          corpus.folder, corpus.layers, built, known=corpus)
+
+
+COPY_ROWS = 1 << 16  # feature rows copied at a time when a corpus grows (~75 MB of the embedded model's)
 
 
 @torch.inference_mode()
 def cache_features(target: torch.nn.Module, sequences: list[list[int]], prompt_lens: list[int], folder: Path,
-                   layers: list[int], meta: dict | None = None) -> Corpus:
-    """Teacher-forced passes: layer outputs (fp16) and the greedy next token of every position, per sequence."""
+                   layers: list[int], meta: dict | None = None, known: Corpus | None = None) -> Corpus:
+    """Teacher-forced passes: layer outputs (fp16) and the greedy next token of every position, per sequence.
+    `known`: this folder's corpus, whose sequences begin `sequences`; its rows are copied, not computed.
+
+    The arrays are written beside the old ones and renamed over them, the top-k files (now too short) are
+    dropped, and `corpus.json` goes last. Because old rows come first, a folder left between two renames
+    still reads as the old corpus."""
     folder.mkdir(parents=True, exist_ok=True)
     total = sum(len(s) for s in sequences)
     width = target.config.hidden_size * len(layers)
-    features = np.lib.format.open_memmap(folder / "features.npy", mode="w+", dtype=np.float16, shape=(total, width))
+    features = np.lib.format.open_memmap(folder / "features.tmp.npy", mode="w+", dtype=np.float16, shape=(total, width))
     nxt = np.zeros(total, dtype=np.int32)
     offsets = _offsets(sequences)
-    for i, (f, n) in teacher_rows(target, sequences, layers):
-        features[offsets[i]:offsets[i + 1]], nxt[offsets[i]:offsets[i + 1]] = f, n
+    done = 0 if known is None else len(known.sequences)
+    for start in range(0, int(offsets[done]), COPY_ROWS):
+        rows = slice(start, min(start + COPY_ROWS, int(offsets[done])))
+        features[rows], nxt[rows] = known.features[rows], known.next_token[rows]
+    for i, (f, n) in teacher_rows(target, sequences[done:], layers):
+        rows = slice(offsets[done + i], offsets[done + i + 1])
+        features[rows], nxt[rows] = f, n
     features.flush()
-    np.save(folder / "next.npy", nxt)
-    (folder / "corpus.json").write_text(json.dumps({"sequences": sequences, "prompt_lens": prompt_lens,
-                                                    "layers": layers, **(meta or {})}))
+    del features
+    np.save(folder / "next.tmp.npy", nxt)
+    for name in ("topk_ids", "topk_probs"):  # `cache_topk` computes them again, for every row, when needed
+        (folder / f"{name}.npy").unlink(missing_ok=True)
+    for name in ("features", "next"):
+        (folder / f"{name}.tmp.npy").replace(folder / f"{name}.npy")
+    (folder / "corpus.tmp.json").write_text(json.dumps({"sequences": sequences, "prompt_lens": prompt_lens,
+                                                        "layers": layers, **(meta or {})}))
+    (folder / "corpus.tmp.json").replace(folder / "corpus.json")
     return Corpus.load(folder)
 
 

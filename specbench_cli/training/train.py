@@ -67,19 +67,19 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
            resume: bool, recipe: Recipe | None, device: torch.device) -> dict:
     torch.manual_seed(s.seed)
     target.requires_grad_(False)
-    recipe = recipe or recipe_class(s.method)(target, corpus, s)
+    state_file, step, history, spent, earlier = out / "train_state.pt", 0, [], 0.0, []
+    state = torch.load(state_file, weights_only=False, map_location=device) if resume and state_file.exists() else None
+    sizes = corpus_sizes(state, out, len(corpus.sequences))
+    # The draft's corpus-derived choices (EAGLE-3's vocabulary, DFlash's mask token) come from the corpus the
+    # run began on, so that a state saved before the corpus grew still means what it meant.
+    recipe = recipe or recipe_class(s.method)(target, corpus.first(sizes[0]), s)
     draft = recipe.model
     if recipe.needs_topk and not corpus.has_topk:
         raise UsageError(f"corpus {corpus.where} has no top-k target distributions; build them with cache_topk")
-    order = list(range(len(corpus.sequences)))
-    random.Random(s.seed).shuffle(order)
-    n_hold = min(max(1, int(len(order) * s.holdout)), s.holdout_max) if s.holdout > 0 else 0
-    held, train_ids = order[:n_hold], order[n_hold:]
+    held, train_ids = split(sizes, s)
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=s.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, s))
-    state_file, step, history, spent, earlier = out / "train_state.pt", 0, [], 0.0, []
-    if resume and state_file.exists():
-        state = torch.load(state_file, weights_only=False, map_location=device)
+    if state is not None:
         draft.load_state_dict(state["draft"])
         opt.load_state_dict(state["opt"])
         sched.load_state_dict(state["sched"])
@@ -114,7 +114,8 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
             history.append({"step": step, "loss": round(sum(window) / len(window), 5), "heldout_top1": acc})
             window = []
             torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
-                        "history": history, "seconds": spent + time.perf_counter() - t0, "commands": [*earlier, command]},
+                        "history": history, "seconds": spent + time.perf_counter() - t0, "commands": [*earlier, command],
+                        "corpus_sizes": sizes},
                        state_file)
             if s.minutes and spent + time.perf_counter() - t0 >= 60 * s.minutes:
                 break
@@ -126,12 +127,41 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
     recipe.export(staging)
     card = {"method": s.method, "settings": asdict(s), "command": command, "earlier_commands": earlier,
             "data": {"corpus": corpus.where, "sequences": len(corpus.sequences), "tokens": corpus.tokens,
-                     "train_sequences": len(train_ids), "heldout_sequences": len(held)},
+                     "train_sequences": len(train_ids), "heldout_sequences": len(held),
+                     **({"grown_from": sizes[:-1]} if len(sizes) > 1 else {})},
             "steps": step, "wall_seconds": round(seconds, 1), "heldout_top1_per_position": history[-1]["heldout_top1"] if history else None,
             "history": history, "dtype": "float16"}
     (staging / "card.json").write_text(json.dumps(card, indent=2))
     publish(staging, out)
     return card
+
+
+def corpus_sizes(state: dict | None, out: Path, now: int) -> list[int]:
+    """The corpus sizes a run has trained on, ending with `now`: a resumed run's saved list (or, for a state
+    saved before the list was kept, the size its card in `out` reports), grown by `now` if the corpus grew."""
+    if state is None:
+        return [now]
+    card = out / "card.json"
+    before = state.get("corpus_sizes") or [json.loads(card.read_text())["data"]["sequences"] if card.exists() else now]
+    if now < before[-1]:
+        raise UsageError(f"--resume: this run trained on {before[-1]} corpus sequences and the corpus now gives "
+                         f"{now}; pass --prompts {before[-1]} or more")
+    return before if now == before[-1] else [*before, now]
+
+
+def split(sizes: list[int], s: TrainSettings) -> tuple[list[int], list[int]]:
+    """Held-out and training sequence ids: a seeded share of the corpus is held out. The sequences a corpus
+    gained while a run trained (each block between two of `sizes`) are split on their own, so no sequence the
+    run has trained on is ever moved into its held-out set."""
+    held, train_ids = [], []
+    for start, end in zip([0, *sizes], sizes):
+        order = list(range(start, end))
+        random.Random(s.seed).shuffle(order)
+        n_hold = min(max(1, int(len(order) * s.holdout)), s.holdout_max) if s.holdout > 0 else 0
+        held, train_ids = held + order[:n_hold], train_ids + order[n_hold:]
+    if len(sizes) > 1:  # old and new sequences mixed, not one block after the other
+        random.Random(s.seed).shuffle(train_ids)
+    return held, train_ids
 
 
 def _schedule_from(s: TrainSettings, opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR,

@@ -229,7 +229,7 @@ def train_drafter(
     batch_size: Annotated[int, typer.Option(help="Prompts generated together.")] = 16,
     steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 2000,
     eval_every: Annotated[int, typer.Option(help="Steps between held-out evaluations (and saved training states).")] = 200,
-    minutes: Annotated[float, typer.Option(help="Stop at the first held-out evaluation after this many minutes of training, if --steps are not done by then (0: no limit).")] = 0.0,
+    minutes: Annotated[float, typer.Option(help="Stop at the first held-out evaluation after this many minutes of training in this session (a resumed run's earlier sessions do not count), if --steps are not done by then (0: no limit).")] = 0.0,
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate (linear warm-up).")] = 1e-3,
     anneal: Annotated[int, typer.Option(help="Over the last N steps the learning rate falls to 0 along a half cosine (N = --steps − 100 is SpecForge's warm-up + cosine schedule; with --resume and more --steps, a run continued at a constant rate ends annealed). 0: constant after the warm-up, as the committed drafters were trained.")] = 0,
     ttt: Annotated[int, typer.Option(help="EAGLE-3 training-time-test steps.")] = 3,

@@ -212,6 +212,18 @@ def test_minutes_stop_training_at_the_next_evaluation(corpus, tmp_path):
     assert (tmp_path / "d" / "config.json").exists()  # stopped early, exported all the same
 
 
+def test_minutes_count_this_sessions_training_only(corpus, tmp_path):
+    """A resumed run's --minutes limit this session: hours spent by earlier sessions must not stop it at once."""
+    target, data = corpus
+    settings = TrainSettings(steps=4, warmup=2, ttt=1, draft_vocab=64, intermediate=64, eval_every=4)
+    train(target, data, tmp_path / "d", settings, "x")
+    state = torch.load(tmp_path / "d" / "train_state.pt", weights_only=False)
+    torch.save({**state, "seconds": 3600.0}, tmp_path / "d" / "train_state.pt")
+    card = train(target, data, tmp_path / "d", TrainSettings(**{**settings.__dict__, "steps": 12, "minutes": 30}), "y",
+                 resume=True)
+    assert [h["step"] for h in card["history"]] == [4, 8, 12]
+
+
 def test_a_method_without_a_drafter_is_a_clear_error(corpus, tmp_path):
     target, data = corpus
     with pytest.raises(UsageError, match="no training recipe for it; trainable: eagle3, dflash, dart, confu, sps"):

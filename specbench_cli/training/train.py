@@ -117,7 +117,7 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
                         "history": history, "seconds": spent + time.perf_counter() - t0, "commands": [*earlier, command],
                         "corpus_sizes": sizes},
                        state_file)
-            if s.minutes and spent + time.perf_counter() - t0 >= 60 * s.minutes:
+            if s.minutes and time.perf_counter() - t0 >= 60 * s.minutes:  # this session's minutes, not the run's
                 break
         if progress is not None:
             progress(step, float(loss.detach()), history[-1]["heldout_top1"] if history else None)

@@ -6,6 +6,7 @@ give exactly what the inference path computes for one anchor."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -222,6 +223,23 @@ def test_minutes_count_this_sessions_training_only(corpus, tmp_path):
     card = train(target, data, tmp_path / "d", TrainSettings(**{**settings.__dict__, "steps": 12, "minutes": 30}), "y",
                  resume=True)
     assert [h["step"] for h in card["history"]] == [4, 8, 12]
+
+
+def test_a_run_killed_while_saving_its_state_keeps_the_last_one(corpus, tmp_path, monkeypatch):
+    target, data = corpus
+    settings = TrainSettings(steps=4, warmup=2, ttt=1, draft_vocab=64, intermediate=64, eval_every=4)
+    train(target, data, tmp_path / "d", settings, "x")
+    original = torch.save
+
+    def killed_halfway(obj, path):
+        Path(path).write_bytes(b"half a state")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        train(target, data, tmp_path / "d", TrainSettings(**{**settings.__dict__, "steps": 8}), "y", resume=True)
+    monkeypatch.setattr(torch, "save", original)
+    assert torch.load(tmp_path / "d" / "train_state.pt", weights_only=False)["step"] == 4
 
 
 def test_a_method_without_a_drafter_is_a_clear_error(corpus, tmp_path):

@@ -113,10 +113,9 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
             acc = evaluate(recipe, [sample(i) for i in held])
             history.append({"step": step, "loss": round(sum(window) / len(window), 5), "heldout_top1": acc})
             window = []
-            torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
+            save_state({"draft": draft.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
                         "history": history, "seconds": spent + time.perf_counter() - t0, "commands": [*earlier, command],
-                        "corpus_sizes": sizes},
-                       state_file)
+                        "corpus_sizes": sizes}, state_file)
             if s.minutes and time.perf_counter() - t0 >= 60 * s.minutes:  # this session's minutes, not the run's
                 break
         if progress is not None:
@@ -134,6 +133,12 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
     (staging / "card.json").write_text(json.dumps(card, indent=2))
     publish(staging, out)
     return card
+
+
+def save_state(state: dict, path: Path) -> None:
+    """Written beside the old state and renamed over it: a run killed while saving keeps a state to resume."""
+    torch.save(state, path.with_name(path.name + ".tmp"))
+    os.replace(path.with_name(path.name + ".tmp"), path)
 
 
 def corpus_sizes(state: dict | None, out: Path, now: int) -> list[int]:

@@ -322,18 +322,20 @@ def _corpus(loaded, folder: Path, layers: list[int], prompts: int | None, max_ne
         task = bar.add_task("answering training prompts", total=n, stats="")
         return lambda k: bar.update(task, advance=k)
 
-    texts = distill.training_prompts(prompts, seed)
     if not (folder / "corpus.json").exists():
+        texts = distill.training_prompts(prompts, seed)
         data = distill.build(loaded, texts, folder, layers, max_new_tokens, batch_size, seed, answering(len(texts)))
     else:
         data = distill.Corpus.load(folder)
-        if prompts is not None and len(texts) > len(data.sequences):
-            data = distill.extend(loaded, data, texts, max_new_tokens, batch_size, seed,
-                                  answering(len(texts) - len(data.sequences)))
+        if prompts is not None and prompts > len(data.sequences):
+            texts = distill.training_prompts(prompts, seed)
+            if len(texts) > len(data.sequences):  # there are only so many training prompts
+                data = distill.extend(loaded, data, texts, max_new_tokens, batch_size, seed,
+                                      answering(len(texts) - len(data.sequences)))
     if needs_topk and not data.has_topk:  # for the whole folder, so that its files fit every later use
         task = bar.add_task("target top-k distributions", total=len(data.sequences), stats="")
         distill.cache_topk(loaded.model, data, progress=lambda n: bar.update(task, advance=n))
-    return data if prompts is None else data.first(len(texts))
+    return data if prompts is None else data.first(prompts)
 
 
 @app.command()

@@ -259,7 +259,7 @@ def extend(model, corpus: Corpus, prompts: list[str], max_new_tokens: int, batch
     prompts are answered and passed through the teacher; the old rows are copied first, unchanged, so a run
     on the smaller corpus still sees what it saw. The answers are those a build of all `prompts` would give
     when the corpus' size is a multiple of `batch_size` (the generation batches then line up)."""
-    have, built = len(corpus.sequences), {"max_new_tokens": 160, "seed": 0, **corpus.built_with}
+    have, built = len(corpus.sequences), {"seed": 0, **corpus.built_with}  # corpora from before `seed`: 0
     if (built["max_new_tokens"], built["seed"]) != (max_new_tokens, seed):
         raise UsageError(f"{corpus.where} was built with --max-new-tokens {built['max_new_tokens']} --seed "
                          f"{built['seed']}; extend it with the same, or pass another --corpus")

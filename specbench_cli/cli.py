@@ -240,7 +240,7 @@ def train_drafter(
     anchors: Annotated[int, typer.Option(help="dflash/dart/confu: anchor positions sampled per sequence.")] = 64,
     slots: Annotated[int, typer.Option(help="dart: mask slots (draft_length).")] = 4,
     gamma: Annotated[float, typer.Option(help="dart: KL weight of level l is gamma^l.")] = 0.6,
-    init: Annotated[Optional[str], typer.Option(help="confu: EAGLE-3 checkpoint (folder or hub id) the draft starts from. Default: the model's registered eagle3 drafter; 'none' = from scratch.")] = None,
+    init: Annotated[Optional[str], typer.Option(help="eagle3, dflash, confu: checkpoint (folder or hub id) the draft starts from, fine-tuned with a fresh optimiser; its shape and vocabulary (mask token) replace the shape options. ConFu starts from an EAGLE-3 one. Default: from scratch; for confu, the model's registered eagle3 drafter ('none' = from scratch). A checkpoint trained on the same corpus keeps its held-out split.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for the split, the order and the initialisation.")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue a training run in --out from its saved state.")] = False,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")] = None,
@@ -263,6 +263,8 @@ def train_drafter(
             at_least(option, value, low)
         if anneal > steps:
             raise UsageError(f"--anneal must be at most --steps ({steps}), got {anneal}")
+        if init is not None and method not in WARM_STARTS:
+            raise UsageError(f"--init applies to {', '.join(WARM_STARTS)}, not to {method}")
         if not (lr > 0 and gamma > 0):
             raise UsageError(f"--lr and --gamma must be > 0 (got {lr:g}, {gamma:g})")
         out = _training_folder(out or drafter_folder(model, method), resume)
@@ -289,7 +291,7 @@ def train_drafter(
                                      intermediate=intermediate, draft_layers=draft_layers, block_size=block_size,
                                      anchors=anchors, slots=slots, gamma=gamma, seed=seed, minutes=minutes,
                                      eval_every=eval_every, anneal=anneal,
-                                     init="" if init == "none" else init or spec.drafters.get("eagle3", ""))
+                                     init=_init(init, method, spec))
             task = bar.add_task(f"training {method}", total=steps, stats="")
 
             def progress(step: int, loss: float, acc) -> None:
@@ -301,6 +303,17 @@ def train_drafter(
                       f"held-out top-1 per position: {card['heldout_top1_per_position']}")
     except UsageError as err:
         fail(str(err))
+
+
+WARM_STARTS = ("eagle3", "dflash", "confu")  # recipes that can start from a checkpoint (--init)
+
+
+def _init(init: str | None, method: str, spec) -> str:
+    """The checkpoint a run starts from: --init as given ('none': from scratch); by default ConFu starts
+    from the model's registered EAGLE-3 drafter and the others from scratch."""
+    if init == "none":
+        return ""
+    return init or (spec.drafters.get("eagle3", "") if method == "confu" else "")
 
 
 def _training_folder(out: Path, resume: bool) -> Path:

@@ -68,6 +68,7 @@ BAD = [
     (["train-drafter", "--eval-every", "0"], "--eval-every must be at least 1"),
     (["train-drafter", "--steps", "100", "--anneal", "101"], "--anneal must be at most --steps (100)"),
     (["train-drafter", "--resume", "--out", "no/such/drafter"], "no training to continue"),
+    (["train-drafter", "--method", "dart", "--init", "drafters/smollm2-135m/dart"], "--init applies to eagle3, dflash, confu, not to dart"),
     (["report", "fake", "--compare", "fake", "--max-regression", "-5"], "--max-regression must be at least 0"),
     (["report", "fake", "--along", "nosuch"], "unknown method label for --along 'nosuch'"),
     # method options out of range, refused before the model loads

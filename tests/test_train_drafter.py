@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from methods.checkpoints import Checkpoint
 from methods.layers import causal_mask
 from specbench_cli.training.distill import Corpus, cache_features, cache_topk, calibration_prompts, training_prompts
 from specbench_cli.core.errors import UsageError
@@ -192,6 +193,33 @@ def test_a_run_resumed_on_a_grown_corpus_keeps_its_choices_and_its_held_out_set(
     assert set(held_before) <= set(held) <= set(held_before) | {4, 5} and set(trained_before) <= set(trained)
     with pytest.raises(UsageError, match="trained on 6 corpus sequences and the corpus now gives 5"):
         train(target, grown.first(5), tmp_path / "d", longer, "z", resume=True)
+
+
+@pytest.mark.parametrize("method", ["eagle3", "dflash"])
+def test_a_run_started_from_a_checkpoint_keeps_its_weights_choices_and_held_out_set(corpus, tmp_path, method):
+    """--init: the draft starts from the checkpoint's weights, shape and vocabulary (not the settings'), and
+    when the checkpoint trained on the same corpus its held-out sequences stay held out."""
+    from specbench_cli.training.train import split
+
+    target, data = corpus
+    first = TrainSettings(method=method, steps=4, warmup=2, ttt=2, draft_vocab=64, intermediate=64, anchors=8,
+                          eval_every=4, holdout=0.25)
+    train(target, data.first(4), tmp_path / "a", first, "x")
+    warm = TrainSettings(**{**first.__dict__, "lr": 1e-30, "intermediate": 32, "draft_vocab": 32,
+                            "init": str(tmp_path / "a")})  # a rate too small to move fp16 weights
+    card = train(target, data, tmp_path / "b", warm, "y")
+    assert card["init"] == {"from": str(tmp_path / "a"), "steps": 4, "commands": ["x"]}
+    assert card["data"]["grown_from"] == [4] and card["data"]["sequences"] == 6
+    assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json").read_text()
+    before, after = (Checkpoint.read(str(tmp_path / f), method).tensors for f in "ab")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    held_a, trained_a = split([4], first)
+    held_b, _ = split([4, 6], warm)
+    assert set(held_a) <= set(held_b) and not set(held_b) & set(trained_a)
+    with pytest.raises(UsageError, match="trained on this corpus with --seed 0; pass the same seed"):
+        train(target, data, tmp_path / "c", TrainSettings(**{**warm.__dict__, "seed": 1}), "z")
+    with pytest.raises(UsageError, match="--init: the checkpoint trained on 4 corpus sequences and the corpus now gives 3"):
+        train(target, data.first(3), tmp_path / "d", warm, "z")
 
 
 def test_corpus_round_trip_and_training_prompts(corpus):

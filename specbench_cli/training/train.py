@@ -50,7 +50,7 @@ class TrainSettings:
     anchors: int = 64  # dflash, dart, confu: anchor positions sampled per sequence
     slots: int = 4  # dart draft_length (mask slots)
     gamma: float = 0.6  # dart: KL weight of level l is gamma^l (the DART seed's Table 4)
-    init: str = ""  # confu: EAGLE-3 checkpoint the draft starts from ("" = from scratch)
+    init: str = ""  # eagle3, dflash, confu: checkpoint the draft starts from ("" = from scratch; confu reads an EAGLE-3)
 
 
 def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, command: str, progress=None,
@@ -69,7 +69,8 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
     target.requires_grad_(False)
     state_file, step, history, spent, earlier = out / "train_state.pt", 0, [], 0.0, []
     state = torch.load(state_file, weights_only=False, map_location=device) if resume and state_file.exists() else None
-    sizes = corpus_sizes(state, out, len(corpus.sequences))
+    start = init_card(s)
+    sizes = corpus_sizes(state, out, len(corpus.sequences), trained_blocks(start, corpus, s))
     # The draft's corpus-derived choices (EAGLE-3's vocabulary, DFlash's mask token) come from the corpus the
     # run began on, so that a state saved before the corpus grew still means what it meant.
     recipe = recipe or recipe_class(s.method)(target, corpus.first(sizes[0]), s)
@@ -128,6 +129,7 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
             "data": {"corpus": corpus.where, "sequences": len(corpus.sequences), "tokens": corpus.tokens,
                      "train_sequences": len(train_ids), "heldout_sequences": len(held),
                      **({"grown_from": sizes[:-1]} if len(sizes) > 1 else {})},
+            **({"init": {"from": s.init, "steps": start.get("steps"), "commands": commands_of(start)}} if s.init else {}),
             "steps": step, "wall_seconds": round(seconds, 1), "heldout_top1_per_position": history[-1]["heldout_top1"] if history else None,
             "history": history, "dtype": "float16"}
     (staging / "card.json").write_text(json.dumps(card, indent=2))
@@ -141,17 +143,46 @@ def save_state(state: dict, path: Path) -> None:
     os.replace(path.with_name(path.name + ".tmp"), path)
 
 
-def corpus_sizes(state: dict | None, out: Path, now: int) -> list[int]:
+def corpus_sizes(state: dict | None, out: Path, now: int, init: list[int]) -> list[int]:
     """The corpus sizes a run has trained on, ending with `now`: a resumed run's saved list (or, for a state
-    saved before the list was kept, the size its card in `out` reports), grown by `now` if the corpus grew."""
-    if state is None:
+    saved before the list was kept, the size its card in `out` reports), grown by `now` if the corpus grew.
+    A new run that starts from a checkpoint trained on this corpus (`init`, its card) begins with that
+    checkpoint's sizes, so the sequences it held out stay held out."""
+    if state is not None:
+        card = out / "card.json"
+        before = state.get("corpus_sizes") or [json.loads(card.read_text())["data"]["sequences"] if card.exists() else now]
+        what = "--resume: this run"
+    elif init:
+        before, what = init, "--init: the checkpoint"
+    else:
         return [now]
-    card = out / "card.json"
-    before = state.get("corpus_sizes") or [json.loads(card.read_text())["data"]["sequences"] if card.exists() else now]
     if now < before[-1]:
-        raise UsageError(f"--resume: this run trained on {before[-1]} corpus sequences and the corpus now gives "
+        raise UsageError(f"{what} trained on {before[-1]} corpus sequences and the corpus now gives "
                          f"{now}; pass --prompts {before[-1]} or more")
     return before if now == before[-1] else [*before, now]
+
+
+def init_card(s: TrainSettings) -> dict:
+    """The card of the checkpoint a run starts from (`s.init`), {} when there is none (a hub checkpoint)."""
+    card = Path(s.init).expanduser() / "card.json" if s.init else None
+    return json.loads(card.read_text()) if card is not None and card.is_file() else {}
+
+
+def commands_of(card: dict) -> list[str]:
+    """Every session's command that trained the drafter a card describes, first to last."""
+    return [*card.get("earlier_commands", []), *([card["command"]] if "command" in card else [])]
+
+
+def trained_blocks(start: dict, corpus: Corpus, s: TrainSettings) -> list[int]:
+    """The corpus sizes the starting checkpoint (its card `start`) trained on, when it trained on this very
+    corpus folder ([] otherwise). Its held-out split can then be kept, which takes the same --seed."""
+    data = start.get("data") or {}
+    if corpus.folder is None or "corpus" not in data or Path(data["corpus"]).resolve() != corpus.folder.resolve():
+        return []
+    if start["settings"]["seed"] != s.seed:
+        raise UsageError(f"--init {s.init} was trained on this corpus with --seed {start['settings']['seed']}; "
+                         f"pass the same seed so that the sequences it held out stay held out")
+    return [*data.get("grown_from", []), data["sequences"]]
 
 
 def split(sizes: list[int], s: TrainSettings) -> tuple[list[int], list[int]]:

@@ -19,24 +19,18 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from methods.checkpoints import Checkpoint, save
+from methods.checkpoints import save
 from methods.confu import ConFuConfig, new_parts
-from methods.eagle3 import Eagle3Draft, default_capture
 from specbench_cli.training.distill import Corpus
-from specbench_cli.training.recipes import Recipe, Sample, check_layers, half, pick_anchors
-from specbench_cli.training.recipes.eagle3 import new_draft, ttt_loss
+from specbench_cli.training.recipes import Recipe, Sample, half, pick_anchors
+from specbench_cli.training.recipes.eagle3 import start_draft, ttt_loss
 
 REPLICATE = 3  # draft positions that share one anchor's f
 
 
 class ConFuRecipe(Recipe):
     def __init__(self, target: torch.nn.Module, corpus: Corpus, s, **shape) -> None:
-        if s.init:
-            self.model = Eagle3Draft.load(Checkpoint.read(s.init, "eagle3"), target).float().train()
-            check_layers(corpus, self.model.config.capture)
-        else:
-            self.model = new_draft(target, corpus, s.draft_vocab, s.intermediate,
-                                   default_capture(target.config.num_hidden_layers), **shape)
+        self.model = start_draft(target, corpus, s, **shape)
         self.parts = new_parts(target, self.model, ConFuConfig())
         self.model.confu = self.parts  # registered on the draft so the loop's optimiser and state see it
         self.target = target

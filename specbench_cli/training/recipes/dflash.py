@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from methods.checkpoints import save
+from methods.checkpoints import Checkpoint, save
 from methods.dflash import DFlashConfig, DFlashDraft, default_capture
 from specbench_cli.training.distill import Corpus
 from specbench_cli.training.recipes import Recipe, Sample, check_layers, half, pick_anchors, top1
@@ -33,19 +33,28 @@ def unused_token(corpus: Corpus, vocab: int) -> int:
     return int((~seen).nonzero()[0])
 
 
+def new_config(target: torch.nn.Module, corpus: Corpus, s, **shape) -> DFlashConfig:
+    t = target.config
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    c = DFlashConfig(hidden=t.hidden_size, heads=t.num_attention_heads, kv_heads=t.num_key_value_heads,
+                     head_dim=head_dim, intermediate=s.intermediate, layers=s.draft_layers or 1,
+                     eps=t.rms_norm_eps, rope_theta=float(getattr(t, "rope_theta", None) or 10000.0),
+                     rope_scaling=None, capture=default_capture(t.num_hidden_layers), block_size=s.block_size,
+                     mask_token_id=unused_token(corpus, t.vocab_size))
+    return replace(c, **shape)
+
+
 class DFlashRecipe(Recipe):
     def __init__(self, target: torch.nn.Module, corpus: Corpus, s, **shape) -> None:
-        """`shape`: DFlashConfig fields set instead of these choices (tests pin the mask token and layers)."""
+        """`shape`: DFlashConfig fields set instead of these choices (tests pin the mask token and layers).
+        With `s.init` the draft starts from that checkpoint: its shape and mask token, trainable in float32."""
         t = target.config
-        head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
-        c = DFlashConfig(hidden=t.hidden_size, heads=t.num_attention_heads, kv_heads=t.num_key_value_heads,
-                         head_dim=head_dim, intermediate=s.intermediate, layers=s.draft_layers or 1,
-                         eps=t.rms_norm_eps, rope_theta=float(getattr(t, "rope_theta", None) or 10000.0),
-                         rope_scaling=None, capture=default_capture(t.num_hidden_layers), block_size=s.block_size,
-                         mask_token_id=unused_token(corpus, t.vocab_size))
-        c = replace(c, **shape)
+        if s.init:
+            self.model = DFlashDraft.load(Checkpoint.read(s.init, "dflash"), target).float().train()
+        else:
+            self.model = DFlashDraft(new_config(target, corpus, s, **shape), target)
+        c = self.model.config
         check_layers(corpus, c.capture)
-        self.model = DFlashDraft(c, target)
         self.target_layers = t.num_hidden_layers
         self.layers = c.capture
         self.positions = c.block_size - 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from methods.checkpoints import save
+from methods.checkpoints import Checkpoint, save
 from methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
 from methods.layers import causal_mask
 from specbench_cli.training.distill import Corpus
@@ -42,10 +42,20 @@ def new_draft(target: torch.nn.Module, corpus: Corpus, draft_vocab: int, interme
     return draft
 
 
+def start_draft(target: torch.nn.Module, corpus: Corpus, s, **shape) -> Eagle3Draft:
+    """The draft a run starts from: the checkpoint `s.init` (its shape and vocabulary, trainable in float32)
+    when one is given, else a new one shaped by `s` and `shape`."""
+    if not s.init:
+        return new_draft(target, corpus, s.draft_vocab, s.intermediate,
+                         default_capture(target.config.num_hidden_layers), **shape)
+    draft = Eagle3Draft.load(Checkpoint.read(s.init, "eagle3"), target).float().train()
+    check_layers(corpus, draft.config.capture)
+    return draft
+
+
 class Eagle3Recipe(Recipe):
     def __init__(self, target: torch.nn.Module, corpus: Corpus, s, **shape) -> None:
-        self.model = new_draft(target, corpus, s.draft_vocab, s.intermediate,
-                               default_capture(target.config.num_hidden_layers), **shape)
+        self.model = start_draft(target, corpus, s, **shape)
         self.layers = self.model.config.capture
         self.positions = s.ttt
         self.to_draft = self.model.to_draft()

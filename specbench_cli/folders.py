@@ -23,6 +23,15 @@ from specbench_cli.core.errors import UsageError
 LOCK = ".lock"
 
 
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """Write `path` whole or not at all: `write` fills a hidden file beside it (`.NAME.tmp`, which a resumed run
+    clears away), renamed over `path` in one step, so a killed process never leaves half a file where a reader
+    or a resume looks."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
 @contextmanager
 def claim(folder: Path, resume: bool, note: Callable[[str], None] = print) -> Iterator[Path]:
     """Own `folder` for the duration of the block. A folder this call created and that holds nothing when the

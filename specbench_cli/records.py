@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from specbench_cli.folders import write_atomically
 
 NAN = float("nan")
 
@@ -105,9 +106,7 @@ class RunWriter:
         self.write_json("run.json", config)
 
     def write_json(self, name: str, payload: dict) -> None:
-        tmp = self.dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(payload, indent=2, default=str))
-        os.replace(tmp, self.dir / name)
+        write_atomically(self.dir / name, lambda tmp: tmp.write_text(json.dumps(payload, indent=2, default=str)))
 
     def finished(self) -> set[int]:
         """Selection indices whose prompts part exists; stray rounds parts of unfinished prompts are removed."""
@@ -126,9 +125,7 @@ class RunWriter:
     @staticmethod
     def _write(folder: Path, index: int, cls: type, rows: list) -> None:
         table = pa.Table.from_pylist([dataclasses.asdict(r) for r in rows], schema=schema(cls))
-        tmp = folder / f".part-{index:05d}.parquet.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, folder / f"part-{index:05d}.parquet")
+        write_atomically(folder / f"part-{index:05d}.parquet", lambda tmp: pq.write_table(table, tmp))
 
 
 def read_table(run_dir: Path, name: str) -> pd.DataFrame:

@@ -28,7 +28,7 @@ from specbench_cli.core.method import Method, drafter_ref, parse_options
 from specbench_cli import hardware
 from specbench_cli.core.errors import UsageError
 from specbench_cli.datasets import dataset_slug
-from specbench_cli.folders import claim
+from specbench_cli.folders import claim, write_atomically
 from specbench_cli.models import checkpoint_ref
 from specbench_cli.oracle.replay import Trace, replay_turn
 from specbench_cli.inputs import RunConfig
@@ -176,6 +176,4 @@ def _write_prompt(out: Path, index: int, traces: list[Trace], turns: list) -> No
              "traces": pd.DataFrame([dict(index=index, prompt_id=tr.prompt_id, turn=tr.turn, output_ids=tr.output_ids)
                                      for tr in traces])}
     for name, frame in parts.items():  # traces last: a prompt counts as finished when its trace part exists
-        tmp = out / f"{name}.parquet" / f".part-{index:05d}.tmp"
-        frame.to_parquet(tmp)
-        os.replace(tmp, out / f"{name}.parquet" / f"part-{index:05d}.parquet")
+        write_atomically(out / f"{name}.parquet" / f"part-{index:05d}.parquet", frame.to_parquet)

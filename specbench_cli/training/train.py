@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from specbench_cli.folders import write_atomically
 from specbench_cli.training.distill import Corpus
 from specbench_cli.core.errors import UsageError
 from specbench_cli.registry import recipe_class
@@ -139,8 +140,7 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
 
 def save_state(state: dict, path: Path) -> None:
     """Written beside the old state and renamed over it: a run killed while saving keeps a state to resume."""
-    torch.save(state, path.with_name(path.name + ".tmp"))
-    os.replace(path.with_name(path.name + ".tmp"), path)
+    write_atomically(path, lambda tmp: torch.save(state, tmp))
 
 
 def corpus_sizes(state: dict | None, out: Path, now: int, init: list[int]) -> list[int]:

@@ -16,7 +16,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -70,6 +70,8 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
     target.requires_grad_(False)
     state_file, step, history, spent, earlier = out / "train_state.pt", 0, [], 0.0, []
     state = torch.load(state_file, weights_only=False, map_location=device) if resume and state_file.exists() else None
+    if state is not None and "init" in state:  # a resumed run is rebuilt on the checkpoint it started from
+        s = replace(s, init=state["init"])
     start = init_card(s)
     sizes = corpus_sizes(state, out, len(corpus.sequences), trained_blocks(start, corpus, s))
     # The draft's corpus-derived choices (EAGLE-3's vocabulary, DFlash's mask token) come from the corpus the
@@ -117,7 +119,7 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
             window = []
             save_state({"draft": draft.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "step": step,
                         "history": history, "seconds": spent + time.perf_counter() - t0, "commands": [*earlier, command],
-                        "corpus_sizes": sizes}, state_file)
+                        "corpus_sizes": sizes, "init": s.init}, state_file)
             if s.minutes and time.perf_counter() - t0 >= 60 * s.minutes:  # this session's minutes, not the run's
                 break
         if progress is not None:

@@ -208,7 +208,8 @@ def test_a_run_started_from_a_checkpoint_keeps_its_weights_choices_and_held_out_
     warm = TrainSettings(**{**first.__dict__, "lr": 1e-30, "intermediate": 32, "draft_vocab": 32,
                             "init": str(tmp_path / "a")})  # a rate too small to move fp16 weights
     card = train(target, data, tmp_path / "b", warm, "y")
-    assert card["init"] == {"from": str(tmp_path / "a"), "steps": 4, "commands": ["x"]}
+    assert card["init"] == {"from": str(tmp_path / "a"), "steps": 4, "commands": ["x"],
+                            "heldout_top1_per_position": json.loads((tmp_path / "a" / "card.json").read_text())["heldout_top1_per_position"]}
     assert card["data"]["grown_from"] == [4] and card["data"]["sequences"] == 6
     assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json").read_text()
     before, after = (Checkpoint.read(str(tmp_path / f), method).tensors for f in "ab")

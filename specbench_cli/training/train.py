@@ -132,7 +132,8 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
             "data": {"corpus": corpus.where, "sequences": len(corpus.sequences), "tokens": corpus.tokens,
                      "train_sequences": len(train_ids), "heldout_sequences": len(held),
                      **({"grown_from": sizes[:-1]} if len(sizes) > 1 else {})},
-            **({"init": {"from": s.init, "steps": start.get("steps"), "commands": commands_of(start)}} if s.init else {}),
+            **({"init": {"from": s.init, "steps": start.get("steps"), "commands": commands_of(start),
+                         "heldout_top1_per_position": start.get("heldout_top1_per_position")}} if s.init else {}),
             "steps": step, "wall_seconds": round(seconds, 1), "heldout_top1_per_position": history[-1]["heldout_top1"] if history else None,
             "history": history, "dtype": "float16"}
     (staging / "card.json").write_text(json.dumps(card, indent=2))

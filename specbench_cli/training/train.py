@@ -149,8 +149,8 @@ def save_state(state: dict, path: Path) -> None:
 def corpus_sizes(state: dict | None, out: Path, now: int, init: list[int]) -> list[int]:
     """The corpus sizes a run has trained on, ending with `now`: a resumed run's saved list (or, for a state
     saved before the list was kept, the size its card in `out` reports), grown by `now` if the corpus grew.
-    A new run that starts from a checkpoint trained on this corpus (`init`, its card) begins with that
-    checkpoint's sizes, so the sequences it held out stay held out."""
+    A new run that starts from a checkpoint trained on this corpus begins with that checkpoint's sizes
+    (`init`, from `trained_blocks`), so the sequences it held out stay held out."""
     if state is not None:
         card = out / "card.json"
         before = state.get("corpus_sizes") or [json.loads(card.read_text())["data"]["sequences"] if card.exists() else now]

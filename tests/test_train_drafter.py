@@ -380,3 +380,44 @@ def test_a_grown_corpus_holds_what_a_build_of_all_its_prompts_holds(embedded, tm
         distill.extend(embedded, grown, training_prompts(5), max_new_tokens=7, batch_size=2)
     with pytest.raises(UsageError, match="other prompts than the first 4"):
         distill.extend(embedded, grown, training_prompts(5)[::-1], max_new_tokens=6, batch_size=2)
+
+
+def test_a_killed_build_resumes_from_its_answers_and_a_shipped_corpus_is_not_generated_again(embedded, tmp_path,
+                                                                                           monkeypatch):
+    """Finished answer batches are logged, so a killed build generates only the rest (a batch cut mid-write
+    is dropped); answers shipped with the drafters (a gzipped corpus.json) are not generated at all; either
+    must give the corpus an uninterrupted build gives, and answers to other prompts are refused."""
+    import gzip
+
+    from specbench_cli.training import distill
+
+    texts, layers = training_prompts(6), [1, 8]
+    whole = distill.build(embedded, texts, tmp_path / "whole", layers, max_new_tokens=6, batch_size=2)
+    assert not (tmp_path / "whole" / distill.ANSWERS).exists()  # corpus.json holds them now
+    calls = []
+    real = embedded.model.generate
+    monkeypatch.setattr(embedded.model, "generate", lambda **kw: calls.append(len(kw["input_ids"])) or real(**kw))
+
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    distill.generate(embedded, texts[:4], 6, 2, log=killed / distill.ANSWERS)  # two batches finished...
+    with (killed / distill.ANSWERS).open("a") as f:
+        f.write('{"max_new_tokens": 6, "prompt_le')  # ...and a third cut by the kill
+    calls.clear()
+    resumed = distill.build(embedded, texts, killed, layers, max_new_tokens=6, batch_size=2)
+    assert calls == [2] and resumed.sequences == whole.sequences
+    assert np.array_equal(resumed.features, whole.features)
+
+    shipped = tmp_path / "corpus.json.gz"
+    shipped.write_bytes(gzip.compress((tmp_path / "whole" / "corpus.json").read_bytes()))
+    calls.clear()
+    small = distill.build(embedded, texts[:3], tmp_path / "first", layers, 6, 2, shipped=shipped)
+    grown = distill.extend(embedded, small, texts, 6, 2, shipped=shipped)
+    assert calls == [] and grown.sequences == whole.sequences and small.sequences == whole.sequences[:3]
+    other = distill.build(embedded, texts[:2], tmp_path / "other", layers, 7, 2, shipped=shipped)
+    assert calls == [2] and len(other.sequences[0]) > 0  # built with another --max-new-tokens: generated
+
+    (tmp_path / "wrong").mkdir()
+    distill.generate(embedded, texts[::-1][:2], 6, 2, log=tmp_path / "wrong" / distill.ANSWERS)
+    with pytest.raises(UsageError, match="answers to other prompts; delete it"):
+        distill.build(embedded, texts, tmp_path / "wrong", layers, 6, 2)

@@ -13,6 +13,7 @@ k most likely next tokens at each position and their probabilities under its ful
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import random
@@ -219,12 +220,22 @@ def _length_groups(sequences: list[list[int]], tokens: int) -> list[list[int]]:
     return groups
 
 
+ANSWERS = "answers.jsonl"  # a build's finished answer batches, so that a killed build resumes from them
+
+
 @torch.inference_mode()
-def generate(model, prompts: list[str], max_new_tokens: int, batch_size: int, progress=None) -> tuple[list[list[int]], list[int]]:
-    """Greedy answers in left-padded batches; each sequence is prompt + answer up to its first stop token."""
-    sequences, prompt_lens = [], []
+def generate(model, prompts: list[str], max_new_tokens: int, batch_size: int, progress=None,
+             log: Path | None = None) -> tuple[list[list[int]], list[int]]:
+    """Greedy answers in left-padded batches; each sequence is prompt + answer up to its first stop token.
+
+    With `log`, every finished batch is appended to that file, and the answers it already holds (a killed
+    build of the same prompts) are read back, not generated again; since whole batches are logged, the
+    batches after them line up with those of an uninterrupted build."""
+    sequences, prompt_lens = _logged(model, prompts, max_new_tokens, log) if log else ([], [])
+    if progress is not None and sequences:
+        progress(len(sequences))
     pad = next(iter(sorted(model.stop_ids)), 0)
-    for start in range(0, len(prompts), batch_size):
+    for start in range(len(sequences), len(prompts), batch_size):
         batch = [model.encode_chat([{"role": "user", "content": p}]) for p in prompts[start:start + batch_size]]
         width = max(len(b) for b in batch)
         ids = torch.tensor([[pad] * (width - len(b)) + b for b in batch], device=model.device)
@@ -232,6 +243,7 @@ def generate(model, prompts: list[str], max_new_tokens: int, batch_size: int, pr
         out = model.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                                    eos_token_id=sorted(model.stop_ids), pad_token_id=pad, temperature=None, top_p=None,
                                    top_k=None)
+        lines = []
         for b, row in zip(batch, out[:, width:].tolist()):
             answer = []
             for t in row:
@@ -240,21 +252,78 @@ def generate(model, prompts: list[str], max_new_tokens: int, batch_size: int, pr
                     break
             sequences.append(b + answer)
             prompt_lens.append(len(b))
+            lines.append(_answer_line(max_new_tokens, len(b), b + answer))
+        if log is not None:
+            with log.open("a") as f:  # one write per batch: a kill leaves at most a cut last line
+                f.write("".join(line + "\n" for line in lines))
         if progress is not None:
             progress(len(batch))
     return sequences, prompt_lens
 
 
+def _answer_line(max_new_tokens: int, prompt_len: int, sequence: list[int]) -> str:
+    return json.dumps({"max_new_tokens": max_new_tokens, "prompt_len": prompt_len, "sequence": sequence})
+
+
+def _shipped_answers(shipped: Path | None, log: Path, start: int, stop: int, max_new_tokens: int, seed: int) -> int:
+    """Start a build's answer log with the answers to prompts start..stop-1 that a shipped corpus
+    (`drafters/<model>/corpus.json.gz`, gzipped `corpus.json`) holds, when it was built with the same
+    settings and no log is there yet; returns how many. Answers are then only generated past them, and the
+    committed drafters' corpus is the same on every machine, even one whose float rounding would change
+    a greedy answer. They are checked against the training prompts like any logged answer."""
+    if shipped is None or not shipped.exists() or log.exists():
+        return 0
+    meta = json.loads(gzip.decompress(shipped.read_bytes()))
+    if (meta["max_new_tokens"], meta.get("seed", 0)) != (max_new_tokens, seed):
+        return 0
+    rows = list(zip(meta["prompt_lens"], meta["sequences"]))[start:stop]
+    log.write_text("".join(_answer_line(max_new_tokens, n, seq) + "\n" for n, seq in rows))
+    return len(rows)
+
+
+def _logged(model, prompts: list[str], max_new_tokens: int, log: Path) -> tuple[list[list[int]], list[int]]:
+    """The answers `log` holds (none if it is missing), checked against `prompts`; a cut last line is dropped."""
+    if not log.exists():
+        return [], []
+    rows = []
+    for line in log.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # the batch being written when the build was killed
+    rows = rows[:len(prompts)]  # a killed build of more prompts serves a smaller one
+    sequences, prompt_lens = [r["sequence"] for r in rows], [r["prompt_len"] for r in rows]
+    if any(r["max_new_tokens"] != max_new_tokens for r in rows):
+        raise UsageError(f"{log} holds answers of up to {rows[0]['max_new_tokens']} tokens; build with that "
+                         "--max-new-tokens, or delete it")
+    _check_prompts(model, sequences, prompt_lens, prompts, f"{log} holds answers to other prompts; delete it")
+    with log.open("w") as f:  # without the cut line, so that the next batch starts on a line of its own
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    return sequences, prompt_lens
+
+
+def _check_prompts(model, sequences: list[list[int]], prompt_lens: list[int], prompts: list[str], why: str) -> None:
+    """Refuse, with `why`, sequences whose prompts are not the first of `prompts` (in their chat template)."""
+    own = [model.encode_chat([{"role": "user", "content": p}]) for p in prompts[:len(sequences)]]
+    if len(sequences) > len(prompts) or own != [s[:n] for s, n in zip(sequences, prompt_lens)]:
+        raise UsageError(why)
+
+
 def build(model, prompts: list[str], folder: Path, layers: list[int], max_new_tokens: int, batch_size: int,
-          seed: int = 0, progress=None) -> Corpus:
-    """Generate the answers, then cache features for them."""
-    sequences, prompt_lens = generate(model, prompts, max_new_tokens, batch_size, progress)
-    return cache_features(model.model, sequences, prompt_lens, folder, layers,
-                          {"max_new_tokens": max_new_tokens, "seed": seed})
+          seed: int = 0, progress=None, shipped: Path | None = None, teaching=None) -> Corpus:
+    """Generate the answers (after those of a killed build, and those `shipped` holds), then cache features
+    for them. `progress` counts answered prompts, `teaching` sequences through the teacher."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _shipped_answers(shipped, folder / ANSWERS, 0, len(prompts), max_new_tokens, seed)
+    sequences, prompt_lens = generate(model, prompts, max_new_tokens, batch_size, progress, folder / ANSWERS)
+    corpus = cache_features(model.model, sequences, prompt_lens, folder, layers,
+                            {"max_new_tokens": max_new_tokens, "seed": seed}, progress=teaching)
+    (folder / ANSWERS).unlink(missing_ok=True)  # corpus.json holds them now
+    return corpus
 
 
 def extend(model, corpus: Corpus, prompts: list[str], max_new_tokens: int, batch_size: int, seed: int = 0,
-           progress=None) -> Corpus:
+           progress=None, shipped: Path | None = None, teaching=None) -> Corpus:
     """Grow a corpus folder to `prompts` (the whole list, its first ones being the corpus' own): only the new
     prompts are answered and passed through the teacher; the old rows are copied first, unchanged, so a run
     on the smaller corpus still sees what it saw. The answers are those a build of all `prompts` would give
@@ -263,13 +332,16 @@ def extend(model, corpus: Corpus, prompts: list[str], max_new_tokens: int, batch
     if (built["max_new_tokens"], built["seed"]) != (max_new_tokens, seed):
         raise UsageError(f"{corpus.where} was built with --max-new-tokens {built['max_new_tokens']} --seed "
                          f"{built['seed']}; extend it with the same, or pass another --corpus")
-    own = [model.encode_chat([{"role": "user", "content": p}]) for p in prompts[:have]]
-    if own != [s[:n] for s, n in zip(corpus.sequences, corpus.prompt_lens)]:
-        raise UsageError(f"{corpus.where} holds other prompts than the first {have} training prompts "
-                         "(other training files or --seed); pass another --corpus")
-    sequences, prompt_lens = generate(model, prompts[have:], max_new_tokens, batch_size, progress)
-    return cache_features(model.model, corpus.sequences + sequences, corpus.prompt_lens + prompt_lens,
-                          corpus.folder, corpus.layers, built, known=corpus)
+    _check_prompts(model, corpus.sequences, corpus.prompt_lens, prompts,
+                   f"{corpus.where} holds other prompts than the first {have} training prompts (other training "
+                   "files or --seed); pass another --corpus")
+    _shipped_answers(shipped, corpus.folder / ANSWERS, have, len(prompts), max_new_tokens, seed)
+    sequences, prompt_lens = generate(model, prompts[have:], max_new_tokens, batch_size, progress,
+                                      corpus.folder / ANSWERS)
+    grown = cache_features(model.model, corpus.sequences + sequences, corpus.prompt_lens + prompt_lens,
+                           corpus.folder, corpus.layers, built, known=corpus, progress=teaching)
+    (corpus.folder / ANSWERS).unlink(missing_ok=True)
+    return grown
 
 
 COPY_ROWS = 1 << 16  # feature rows copied at a time when a corpus grows (~75 MB of the embedded model's)
@@ -277,9 +349,11 @@ COPY_ROWS = 1 << 16  # feature rows copied at a time when a corpus grows (~75 MB
 
 @torch.inference_mode()
 def cache_features(target: torch.nn.Module, sequences: list[list[int]], prompt_lens: list[int], folder: Path,
-                   layers: list[int], meta: dict | None = None, known: Corpus | None = None) -> Corpus:
+                   layers: list[int], meta: dict | None = None, known: Corpus | None = None,
+                   progress=None) -> Corpus:
     """Teacher-forced passes: layer outputs (fp16) and the greedy next token of every position, per sequence.
     `known`: this folder's corpus, whose sequences begin `sequences`; its rows are copied, not computed.
+    `progress` is called with 1 for every sequence computed.
 
     The arrays are written beside the old ones and renamed over them, the top-k files (now too short) are
     dropped, and `corpus.json` goes last. Because old rows come first, a folder left between two renames
@@ -297,6 +371,8 @@ def cache_features(target: torch.nn.Module, sequences: list[list[int]], prompt_l
     for i, (f, n) in teacher_rows(target, sequences[done:], layers):
         rows = slice(offsets[done + i], offsets[done + i + 1])
         features[rows], nxt[rows] = f, n
+        if progress is not None:
+            progress(1)
     features.flush()
     del features
     np.save(folder / "next.tmp.npy", nxt)

@@ -223,7 +223,7 @@ def train_drafter(
     method: Annotated[str, typer.Option(help="Drafter to train: eagle3, dflash, dart, confu or sps (sps also serves flashhead).")] = "eagle3",
     model: Annotated[str, typer.Option(help="Registered target model (see run --list).")] = "smollm2-135m",
     out: Annotated[Optional[Path], typer.Option(help="Checkpoint folder to write. Default: the project's drafters/<model>/<method> (the checkout's or the installed package's; the user cache if not writable).")] = None,
-    corpus: Annotated[Optional[Path], typer.Option(help="Self-distillation corpus folder; built there if missing. A killed build resumes from the answers it logged (answers.jsonl); answers shipped with the model's committed drafters (drafters/<model>/corpus.json.gz, same --max-new-tokens and --seed) are taken, not generated. Default: ~/.cache/specbench/distill/<model>.")] = None,
+    corpus: Annotated[Optional[Path], typer.Option(help="Self-distillation corpus folder; built there if missing. A killed build resumes from the answers it logged (answers.jsonl); the answers the model's committed drafters trained on (datasets/train/distilled/<model>.corpus.json.gz, when built with the same --max-new-tokens and --seed) are taken, not generated. Default: ~/.cache/specbench/distill/<model>.")] = None,
     prompts: Annotated[Optional[int], typer.Option(help="Training prompts in the corpus: it is built with N, grown to N when it holds fewer (only the new prompts are answered), or trained on its first N. Default: the corpus as it is; when it is built, all 13,061 (the training files less their calibration share; hours on a laptop CPU, minutes on a GPU).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Longest answer generated per training prompt.")] = 160,
     batch_size: Annotated[int, typer.Option(help="Prompts generated together.")] = 16,
@@ -329,10 +329,9 @@ def _corpus(loaded, folder: Path, layers: list[int], prompts: int | None, max_ne
     """The self-distillation corpus in `folder` with `prompts` sequences: built if missing, grown if it holds
     fewer (the target answers only the new prompts), its first `prompts` if it holds more; as it is when
     `prompts` is None. The target's top-k distributions are added when the recipe needs them."""
-    from specbench_cli.models import shipped_corpus
     from specbench_cli.training import distill
 
-    shipped = shipped_corpus(loaded.spec.name)
+    shipped = distill.shipped_corpus(loaded.spec.name)
 
     def counter(what: str, n: int):
         task = bar.add_task(what, total=n, stats="")

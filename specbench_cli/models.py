@@ -146,12 +146,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench")).expanduser()
 
 
-def shipped_corpus(model: str) -> Path:
-    """The self-distillation answers a model's committed drafters trained on (a gzipped corpus.json), which
-    train-drafter starts a corpus from instead of generating them again; it may not exist."""
-    return PROJECT_DRAFTERS / model / "corpus.json.gz"
-
-
 def drafter_folder(model: str, method: str) -> Path:
     """Where train-drafter and calibrate write unless told: the project's drafters folder (the checkout's, or
     the installed package's), where a model's registered drafters live, whatever the current folder; the

@@ -211,6 +211,8 @@ def test_a_run_started_from_a_checkpoint_keeps_its_weights_choices_and_held_out_
     assert card["init"] == {"from": str(tmp_path / "a"), "steps": 4, "commands": ["x"],
                             "heldout_top1_per_position": json.loads((tmp_path / "a" / "card.json").read_text())["heldout_top1_per_position"]}
     assert card["data"]["grown_from"] == [4] and card["data"]["sequences"] == 6
+    assert [h["step"] for h in card["history"]] == [0, 4]  # the checkpoint scored on this run's held-out set first
+    assert len(card["history"][0]["heldout_top1"]) == len(card["heldout_top1_per_position"])
     assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json").read_text()
     before, after = (Checkpoint.read(str(tmp_path / f), method).tensors for f in "ab")
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)

@@ -70,6 +70,12 @@ def _sources(seed: int) -> list[list[str]]:
     return sources
 
 
+def shipped_corpus(model: str) -> Path:
+    """The answers a model's committed drafters trained on (its corpus.json, gzipped; see
+    datasets/train/SOURCE.md), from which a build starts instead of generating them again; it may not exist."""
+    return DATASET_DIR / "train" / "distilled" / f"{model}.corpus.json.gz"
+
+
 def _interleave(groups: list[list[str]]) -> list[str]:
     """Round robin over the groups, skipping each one once it is used up."""
     return [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
@@ -266,11 +272,11 @@ def _answer_line(max_new_tokens: int, prompt_len: int, sequence: list[int]) -> s
 
 
 def _shipped_answers(shipped: Path | None, log: Path, start: int, stop: int, max_new_tokens: int, seed: int) -> int:
-    """Start a build's answer log with the answers to prompts start..stop-1 that a shipped corpus
-    (`drafters/<model>/corpus.json.gz`, gzipped `corpus.json`) holds, when it was built with the same
-    settings and no log is there yet; returns how many. Answers are then only generated past them, and the
-    committed drafters' corpus is the same on every machine, even one whose float rounding would change
-    a greedy answer. They are checked against the training prompts like any logged answer."""
+    """Start a build's answer log with the answers to prompts start..stop-1 that a shipped corpus holds
+    (`shipped_corpus`: gzipped `corpus.json`), when it was built with the same settings and no log is there
+    yet; returns how many. Answers are then only generated past them, and the committed drafters' corpus is
+    the same on every machine, even one whose float rounding would change a greedy answer. They are checked
+    against the training prompts like any logged answer."""
     if shipped is None or not shipped.exists() or log.exists():
         return 0
     meta = json.loads(gzip.decompress(shipped.read_bytes()))

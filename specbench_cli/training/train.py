@@ -90,8 +90,6 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
         step, history, spent = state["step"], state["history"], state["seconds"]
         earlier = state.get("commands", [])  # the sessions that trained it so far (a resumed run has several)
         _schedule_from(s, opt, sched, step)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
 
     def sample(i: int) -> Sample:
         seq = corpus.sequences[i][: s.max_len]
@@ -100,6 +98,12 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
         topk = [x[:T] for x in corpus.topk(i)] if recipe.needs_topk else (None, None)
         topk = [x.to(device) if x is not None else None for x in topk]
         return Sample(torch.tensor(seq, device=device), corpus.next(i)[:T].to(device), feats.to(device), corpus.prompt_lens[i], *topk)
+
+    if s.init and state is None:  # the checkpoint scored on this run's held-out set: the mark to beat
+        history.append({"step": 0, "loss": None, "heldout_top1": evaluate_apart(recipe, [sample(i) for i in held],
+                                                                                 s.seed)})
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
 
     window: list[float] = []  # training losses since the last evaluation
     while step < s.steps:
@@ -247,6 +251,14 @@ def evaluate(recipe: Recipe, samples: list[Sample]) -> list[float]:
             correct[j] += a
             counted[j] += b
     return [round(a / b, 4) if b else float("nan") for a, b in zip(correct, counted)]
+
+
+def evaluate_apart(recipe: Recipe, samples: list[Sample], seed: int) -> list[float]:
+    """`evaluate` without drawing from the global generator (its anchors come from `seed`), so that a run
+    trains on the same anchors whether or not it was scored first."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return evaluate(recipe, samples)
 
 
 def command_line() -> str:

@@ -71,8 +71,9 @@ def _sources(seed: int) -> list[list[str]]:
 
 
 def shipped_corpus(model: str) -> Path:
-    """The answers a model's committed drafters trained on (its corpus.json, gzipped; see
-    datasets/train/SOURCE.md), from which a build starts instead of generating them again; it may not exist."""
+    """Answers the target gave to its first training prompts, among them those its committed drafters trained
+    on (a corpus.json, gzipped; see datasets/train/SOURCE.md), which a build takes instead of generating
+    them again; it may not exist."""
     return DATASET_DIR / "train" / "distilled" / f"{model}.corpus.json.gz"
 
 

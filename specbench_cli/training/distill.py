@@ -272,28 +272,27 @@ def _answer_line(max_new_tokens: int, prompt_len: int, sequence: list[int]) -> s
     return json.dumps({"max_new_tokens": max_new_tokens, "prompt_len": prompt_len, "sequence": sequence})
 
 
-def _shipped_answers(shipped: Path | None, log: Path, start: int, stop: int, max_new_tokens: int, seed: int) -> int:
+def _shipped_answers(shipped: Path | None, log: Path, start: int, stop: int, max_new_tokens: int, seed: int) -> None:
     """Start a build's answer log with the answers to prompts start..stop-1 that a shipped corpus holds
     (`shipped_corpus`: gzipped `corpus.json`), when it was built with the same settings and no log is there
-    yet; returns how many. Answers are then only generated past them, and the committed drafters' corpus is
+    yet. Answers are then only generated past them, and the committed drafters' corpus is
     the same on every machine, even one whose float rounding would change a greedy answer. They are checked
     against the training prompts like any logged answer."""
     if shipped is None or not shipped.exists() or log.exists():
-        return 0
+        return
     meta = json.loads(gzip.decompress(shipped.read_bytes()))
     if (meta["max_new_tokens"], meta.get("seed", 0)) != (max_new_tokens, seed):
-        return 0
+        return
     rows = list(zip(meta["prompt_lens"], meta["sequences"]))[start:stop]
     log.write_text("".join(_answer_line(max_new_tokens, n, seq) + "\n" for n, seq in rows))
-    return len(rows)
 
 
 def _logged(model, prompts: list[str], max_new_tokens: int, log: Path) -> tuple[list[list[int]], list[int]]:
     """The answers `log` holds (none if it is missing), checked against `prompts`; a cut last line is dropped."""
     if not log.exists():
         return [], []
-    rows = []
-    for line in log.read_text().splitlines():
+    rows, lines = [], log.read_text().splitlines()
+    for line in lines:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
@@ -304,8 +303,9 @@ def _logged(model, prompts: list[str], max_new_tokens: int, log: Path) -> tuple[
         raise UsageError(f"{log} holds answers of up to {rows[0]['max_new_tokens']} tokens; build with that "
                          "--max-new-tokens, or delete it")
     _check_prompts(model, sequences, prompt_lens, prompts, f"{log} holds answers to other prompts; delete it")
-    with log.open("w") as f:  # without the cut line, so that the next batch starts on a line of its own
-        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    if len(rows) < len(lines):  # without the cut line, so that the next batch starts on a line of its own
+        log.write_text("".join(_answer_line(r["max_new_tokens"], r["prompt_len"], r["sequence"]) + "\n"
+                               for r in rows))
     return sequences, prompt_lens
 
 

@@ -8,8 +8,9 @@
 #   scripts/retrain_embedded.sh PROMPTS WORK      e.g. scripts/retrain_embedded.sh 1600 /tmp/retrain
 #
 # Steps already done are skipped (WORK/.done-*), so a killed run goes on where it stopped when started again.
-# Cost on 2 CPU threads: the teacher passes (~1 min per 100 prompts; shipped answers are not generated again),
-# ~15 min per drafter and ~30 min per router; minutes on a GPU. Then review `git diff --stat drafters/` and
+# Cost on 2 CPU threads (2,000 prompts, 2026-11-23): teacher passes 19 min (shipped answers are not generated again),
+# 14-23 min per drafter, 31 min for HVD and over an hour per WhiFlash router (the replay of 96 prompts through
+# EAGLE-3 and DFlash); minutes on a GPU. Then review `git diff --stat drafters/` and
 # the cards, and commit, or `git checkout drafters/` to keep the committed ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -9,7 +9,7 @@
 #
 # Steps already done are skipped (WORK/.done-*), so a killed run goes on where it stopped when started again.
 # Cost on 2 CPU threads (2,000 prompts, 2026-11-23): teacher passes 19 min (shipped answers are not generated again),
-# 14-23 min per drafter, 31 min for HVD and over an hour per WhiFlash router (the replay of 96 prompts through
+# 14-23 min per drafter, 31 min for HVD, over an hour for whiflash-neural (its replay of 96 prompts through
 # EAGLE-3 and DFlash); minutes on a GPU. Then review `git diff --stat drafters/` and
 # the cards, and commit, or `git checkout drafters/` to keep the committed ones.
 set -euo pipefail

@@ -9,8 +9,8 @@
 #
 # Steps already done are skipped (WORK/.done-*), so a killed run goes on where it stopped when started again.
 # Cost on 2 CPU threads (2,000 prompts, 2026-11-23): teacher passes 19 min (shipped answers are not generated again),
-# 14-23 min per drafter, 31 min for HVD, over an hour for whiflash-neural (its replay of 96 prompts through
-# EAGLE-3 and DFlash); minutes on a GPU. Then review `git diff --stat drafters/` and
+# 14-23 min per drafter, 31 min for HVD, about 35 min for whiflash-neural (its replay of 96 prompts
+# through EAGLE-3 and DFlash), 24 min for whiflash-entropy; minutes on a GPU. Then review `git diff --stat drafters/` and
 # the cards, and commit, or `git checkout drafters/` to keep the committed ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,7 +58,8 @@ sys.exit(0 if after > before else 1)
 EOF
     then
         rm -rf "${drafters:?}/$method" && mkdir "$drafters/$method"
-        cp "$work/$method"/{card.json,config.json,model.safetensors} "$drafters/$method/"
+        # everything the trainer published (DART's trie, FlashHead's clusters beside SpS), not its resume state
+        cp -r "$work/$method"/. "$drafters/$method/" && rm -f "$drafters/$method/train_state.pt"
     else
         echo "$method: kept the committed drafter"
     fi
@@ -71,6 +72,10 @@ step dflash train dflash --init "$drafters/dflash" --anchors 32 --lr 5e-4 --step
 step adopt-dflash adopt dflash
 step confu train confu --anchors 32 --lr 5e-4 --steps 600 --eval-every 200
 step adopt-confu adopt confu
+step dart train dart --init "$drafters/dart" --steps 4000 --anneal 3900 --eval-every 500
+step adopt-dart adopt dart
+step sps train sps --init "$drafters/sps" --lr 5e-4 --steps 2400 --anneal 2300 --eval-every 400
+step adopt-sps adopt sps
 
 # Routers, against the drafters now registered (calibration prompts are never training prompts).
 step hvd specbench calibrate --method hvd --prompts 96 --max-new-tokens 128 --steps 1500 --overwrite \

@@ -240,7 +240,7 @@ def train_drafter(
     anchors: Annotated[int, typer.Option(help="dflash/dart/confu: anchor positions sampled per sequence.")] = 64,
     slots: Annotated[int, typer.Option(help="dart: mask slots (draft_length).")] = 4,
     gamma: Annotated[float, typer.Option(help="dart: KL weight of level l is gamma^l.")] = 0.6,
-    init: Annotated[Optional[str], typer.Option(help="eagle3, dflash, confu: checkpoint (folder or hub id) the draft starts from, fine-tuned with a fresh optimiser; its shape and vocabulary (mask token) replace the shape options. ConFu starts from an EAGLE-3 one. Default: from scratch; for confu, the model's registered eagle3 drafter ('none' = from scratch). A checkpoint trained on the same corpus keeps its held-out split.")] = None,
+    init: Annotated[Optional[str], typer.Option(help="Checkpoint (folder or hub id) the draft starts from, fine-tuned with a fresh optimiser; its shape and vocabulary (mask token) replace the shape options. ConFu starts from an EAGLE-3 one. Default: from scratch; for confu, the model's registered eagle3 drafter ('none' = from scratch). A checkpoint trained on the same corpus keeps its held-out split.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for the split, the order and the initialisation.")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue a training run in --out from its saved state.")] = False,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")] = None,
@@ -263,8 +263,6 @@ def train_drafter(
             at_least(option, value, low)
         if anneal > steps:
             raise UsageError(f"--anneal must be at most --steps ({steps}), got {anneal}")
-        if init is not None and method not in WARM_STARTS:
-            raise UsageError(f"--init applies to {', '.join(WARM_STARTS)}, not to {method}")
         if not (lr > 0 and gamma > 0):
             raise UsageError(f"--lr and --gamma must be > 0 (got {lr:g}, {gamma:g})")
         out = _training_folder(out or drafter_folder(model, method), resume)
@@ -305,15 +303,21 @@ def train_drafter(
         fail(str(err))
 
 
-WARM_STARTS = ("eagle3", "dflash", "confu")  # recipes that can start from a checkpoint (--init)
-
-
 def _init(init: str | None, method: str, spec) -> str:
     """The checkpoint a run starts from: --init as given ('none': from scratch); by default ConFu starts
     from the model's registered EAGLE-3 drafter and the others from scratch."""
     if init == "none":
         return ""
-    return init or (spec.drafters.get("eagle3", "") if method == "confu" else "")
+    return init or (_relative_to_cwd(spec.drafters.get("eagle3", "")) if method == "confu" else "")
+
+
+def _relative_to_cwd(path: str) -> str:
+    """`path` relative to the working directory when it lies beneath it, so a card records
+    `drafters/<model>/eagle3` rather than one machine's absolute path; a hub id or an outside path as is."""
+    resolved = Path(path).resolve() if path and Path(path).exists() else None
+    if resolved is None or not resolved.is_relative_to(Path.cwd().resolve()):
+        return path
+    return str(resolved.relative_to(Path.cwd().resolve()))
 
 
 def _training_folder(out: Path, resume: bool) -> Path:

@@ -68,7 +68,6 @@ BAD = [
     (["train-drafter", "--eval-every", "0"], "--eval-every must be at least 1"),
     (["train-drafter", "--steps", "100", "--anneal", "101"], "--anneal must be at most --steps (100)"),
     (["train-drafter", "--resume", "--out", "no/such/drafter"], "no training to continue"),
-    (["train-drafter", "--method", "dart", "--init", "drafters/smollm2-135m/dart"], "--init applies to eagle3, dflash, confu, not to dart"),
     (["report", "fake", "--compare", "fake", "--max-regression", "-5"], "--max-regression must be at least 0"),
     (["report", "fake", "--along", "nosuch"], "unknown method label for --along 'nosuch'"),
     # method options out of range, refused before the model loads
@@ -207,3 +206,12 @@ def test_default_drafter_folder_falls_back_to_the_cache_when_the_project_is_read
     assert models.drafter_folder("m", "eagle3") == models.PROJECT_DRAFTERS / "m" / "eagle3"
     monkeypatch.setattr(models.os, "access", lambda path, mode: False)
     assert models.drafter_folder("m", "eagle3") == tmp_path / "cache" / "drafters" / "m" / "eagle3"
+
+
+def test_a_default_init_inside_the_project_is_recorded_relative(tmp_path, monkeypatch):
+    from specbench_cli.cli import _relative_to_cwd
+    (tmp_path / "drafters" / "eagle3").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert _relative_to_cwd(str(tmp_path / "drafters" / "eagle3")) == "drafters/eagle3"
+    assert _relative_to_cwd("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    assert _relative_to_cwd("") == ""

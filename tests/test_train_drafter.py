@@ -195,7 +195,7 @@ def test_a_run_resumed_on_a_grown_corpus_keeps_its_choices_and_its_held_out_set(
         train(target, grown.first(5), tmp_path / "d", longer, "z", resume=True)
 
 
-@pytest.mark.parametrize("method", ["eagle3", "dflash"])
+@pytest.mark.parametrize("method", ["eagle3", "dflash", "dart", "sps"])
 def test_a_run_started_from_a_checkpoint_keeps_its_weights_choices_and_held_out_set(corpus, tmp_path, method):
     """--init: the draft starts from the checkpoint's weights, shape and vocabulary (not the settings'), and
     when the checkpoint trained on the same corpus its held-out sequences stay held out."""
@@ -205,20 +205,21 @@ def test_a_run_started_from_a_checkpoint_keeps_its_weights_choices_and_held_out_
     first = TrainSettings(method=method, steps=4, warmup=2, ttt=2, draft_vocab=64, intermediate=64, anchors=8,
                           eval_every=4, holdout=0.25)
     train(target, data.first(4), tmp_path / "a", first, "x")
-    warm = TrainSettings(**{**first.__dict__, "lr": 1e-30, "intermediate": 32, "draft_vocab": 32,
-                            "init": str(tmp_path / "a")})  # a rate too small to move fp16 weights
+    warm = TrainSettings(**{**first.__dict__, "lr": 1e-30, "intermediate": 32, "draft_vocab": 32, "slots": 2,
+                            "draft_layers": 1, "init": str(tmp_path / "a")})  # a rate too small to move fp16 weights
     card = train(target, data, tmp_path / "b", warm, "y")
     assert card["init"] == {"from": str(tmp_path / "a"), "steps": 4, "commands": ["x"],
                             "heldout_top1_per_position": json.loads((tmp_path / "a" / "card.json").read_text())["heldout_top1_per_position"]}
     assert card["data"]["grown_from"] == [4] and card["data"]["sequences"] == 6
     assert [h["step"] for h in card["history"]] == [0, 4]  # the checkpoint scored on this run's held-out set first
     assert len(card["history"][0]["heldout_top1"]) == len(card["heldout_top1_per_position"])
-    assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json").read_text()
+    config = [json.loads((tmp_path / f / "config.json").read_text()) for f in "ab"]
+    assert config[0] == config[1]
     before, after = (Checkpoint.read(str(tmp_path / f), method).tensors for f in "ab")
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     again = train(target, data, tmp_path / "b", TrainSettings(**{**warm.__dict__, "init": "", "steps": 8}), "z", resume=True)
     assert again["settings"]["init"] == str(tmp_path / "a")  # resumed without --init: rebuilt on its start
-    assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json").read_text()
+    assert json.loads((tmp_path / "b" / "config.json").read_text()) == config[0]
     held_a, trained_a = split([4], first)
     held_b, _ = split([4, 6], warm)
     assert set(held_a) <= set(held_b) and not set(held_b) & set(trained_a)

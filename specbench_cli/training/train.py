@@ -51,7 +51,7 @@ class TrainSettings:
     anchors: int = 64  # dflash, dart, confu: anchor positions sampled per sequence
     slots: int = 4  # dart draft_length (mask slots)
     gamma: float = 0.6  # dart: KL weight of level l is gamma^l (the DART seed's Table 4)
-    init: str = ""  # eagle3, dflash, confu: checkpoint the draft starts from ("" = from scratch; confu reads an EAGLE-3)
+    init: str = ""  # checkpoint the draft starts from ("" = from scratch; confu reads an EAGLE-3)
 
 
 def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, command: str, progress=None,

@@ -20,12 +20,11 @@ import torch
 
 from methods.checkpoints import save
 from methods.dart import DartDraft
-from methods.eagle3 import default_capture
 from methods.layers import causal_mask
 from methods.ngram import Trie
 from specbench_cli.training.distill import Corpus
 from specbench_cli.training.recipes import Recipe, Sample, half, kl_to_topk, pick_anchors, top1
-from specbench_cli.training.recipes.eagle3 import new_draft
+from specbench_cli.training.recipes.eagle3 import start_draft
 
 TRIE_ORDER = 3  # the reference ngram_build.py default
 
@@ -34,13 +33,13 @@ class DartRecipe(Recipe):
     needs_topk = True
 
     def __init__(self, target: torch.nn.Module, corpus: Corpus, s, **shape) -> None:
-        self.model = new_draft(target, corpus, s.draft_vocab, s.intermediate,
-                               default_capture(target.config.num_hidden_layers), DartDraft, s.slots, **shape)
+        self.model = start_draft(target, corpus, s, DartDraft, s.slots, **shape)
         self.corpus = corpus
         self.layers = self.model.config.capture
-        self.positions = s.slots + 1
+        slots = self.model.config.mask_slots  # the checkpoint's, with --init
+        self.positions = slots + 1
         self.anchors = s.anchors
-        self.weights = [s.gamma ** l for l in range(s.slots + 1)]
+        self.weights = [s.gamma ** l for l in range(slots + 1)]
         self.to_draft = self.model.to_draft()
 
     def level_outputs(self, sample: Sample, anchors: torch.Tensor) -> torch.Tensor:

@@ -42,13 +42,14 @@ def new_draft(target: torch.nn.Module, corpus: Corpus, draft_vocab: int, interme
     return draft
 
 
-def start_draft(target: torch.nn.Module, corpus: Corpus, s, **shape) -> Eagle3Draft:
+def start_draft(target: torch.nn.Module, corpus: Corpus, s, draft_class: type[Eagle3Draft] = Eagle3Draft,
+                mask_slots: int = 0, **shape) -> Eagle3Draft:
     """The draft a run starts from: the checkpoint `s.init` (its shape and vocabulary, trainable in float32)
-    when one is given, else a new one shaped by `s` and `shape`."""
+    when one is given, else a new one shaped by `s` and `shape` (DART's class with its `mask_slots`)."""
     if not s.init:
         return new_draft(target, corpus, s.draft_vocab, s.intermediate,
-                         default_capture(target.config.num_hidden_layers), **shape)
-    draft = Eagle3Draft.load(Checkpoint.read(s.init, "eagle3"), target).float().train()
+                         default_capture(target.config.num_hidden_layers), draft_class, mask_slots, **shape)
+    draft = draft_class.load(Checkpoint.read(s.init, s.method), target).float().train()
     check_layers(corpus, draft.config.capture)
     return draft
 

@@ -17,7 +17,7 @@ import torch
 
 from methods.checkpoints import save
 from methods.flashhead import build_clustering, save_assets
-from methods.sps import EMBEDDING_FROM_TARGET
+from methods.sps import EMBEDDING_FROM_TARGET, load_draft_model
 from specbench_cli.training.distill import Corpus
 from specbench_cli.training.recipes import Recipe, Sample, half, kl_to_topk, top1
 
@@ -26,16 +26,23 @@ from specbench_cli.training.recipes import Recipe, Sample, half, kl_to_topk, top
 NOT_CARRIED = ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version")
 
 
+def first_layers(target: torch.nn.Module, s) -> torch.nn.Module:
+    """A new draft: the target's first `s.draft_layers` decoder layers (2 by default), norm, embedding and head."""
+    config = target.config.__class__.from_dict(target.config.to_dict())
+    config.num_hidden_layers = s.draft_layers or 2
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[: config.num_hidden_layers]
+    model = type(target)(config)
+    model.load_state_dict(target.state_dict(), strict=False)  # layers beyond the draft's are unused
+    return model
+
+
 class SpsRecipe(Recipe):
     needs_topk = True
 
     def __init__(self, target: torch.nn.Module, corpus: Corpus, s) -> None:
-        config = target.config.__class__.from_dict(target.config.to_dict())
-        config.num_hidden_layers = s.draft_layers or 2
-        if getattr(config, "layer_types", None):
-            config.layer_types = config.layer_types[: config.num_hidden_layers]
-        self.model = type(target)(config)
-        self.model.load_state_dict(target.state_dict(), strict=False)  # layers beyond the draft's are unused
+        """With `s.init` the draft starts from that checkpoint (its layers), trainable in float32."""
+        self.model = load_draft_model(s.init, target, "sps").float().train() if s.init else first_layers(target, s)
         self.model.get_input_embeddings().requires_grad_(False)
         self.model.get_output_embeddings().requires_grad_(False)
         self.stop_ids = sorted({int(seq[-1]) for seq in corpus.sequences})

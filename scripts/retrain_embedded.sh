@@ -9,8 +9,9 @@
 #
 # Steps already done are skipped (WORK/.done-*), so a killed run goes on where it stopped when started again.
 # Cost on 2 CPU threads (2,000 prompts, 2026-11-23): teacher passes 19 min (shipped answers are not generated again),
-# 14-23 min per drafter, 31 min for HVD, about 35 min for whiflash-neural (its replay of 96 prompts
-# through EAGLE-3 and DFlash), 24 min for whiflash-entropy; minutes on a GPU. Then review `git diff --stat drafters/` and
+# 11-25 min per drafter (and 20 for the top-k pass DART and SpS need), 31 min for HVD, about 35 min for
+# whiflash-neural (its replay of 96 prompts through EAGLE-3 and DFlash), 24 min for whiflash-entropy; minutes on
+# a GPU. Then review `git diff --stat drafters/` and
 # the cards, and commit, or `git checkout drafters/` to keep the committed ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -49,7 +49,7 @@ def start_draft(target: torch.nn.Module, corpus: Corpus, s, draft_class: type[Ea
     if not s.init:
         return new_draft(target, corpus, s.draft_vocab, s.intermediate,
                          default_capture(target.config.num_hidden_layers), draft_class, mask_slots, **shape)
-    draft = draft_class.load(Checkpoint.read(s.init, s.method), target).float().train()
+    draft = draft_class.load(Checkpoint.read(s.init, draft_class.kind), target).float().train()  # ConFu reads an EAGLE-3
     check_layers(corpus, draft.config.capture)
     return draft
 

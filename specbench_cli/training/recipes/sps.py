@@ -23,7 +23,8 @@ from specbench_cli.training.recipes import Recipe, Sample, half, kl_to_topk, top
 
 
 # target config keys that do not describe the draft: how the target was stored and where it came from
-NOT_CARRIED = ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version")
+NOT_CARRIED = ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version",
+               "flash_head_cache_dir", "n_probes", "flash_head_special_token_ids")  # FlashHead's: save_assets writes them
 
 
 def first_layers(target: torch.nn.Module, s) -> torch.nn.Module:
@@ -62,7 +63,7 @@ class SpsRecipe(Recipe):
                    if k not in ("model.embed_tokens.weight", "lm_head.weight")}
         config = {k: v for k, v in self.model.config.to_dict().items() if k not in NOT_CARRIED}
         config.update({EMBEDDING_FROM_TARGET: True, "dtype": "float16", "architectures": [type(self.model).__name__]})
-        save(out, config, half(tensors))
+        save(out, dict(sorted(config.items())), half(tensors))  # sorted: a config read back (--init) orders keys otherwise
         head = self.model.get_output_embeddings().weight.detach().float()
         c = build_clustering(head, special=self.stop_ids)
         save_assets(replace(c, centroids=c.centroids.half(), assignments=c.assignments.int()), out)  # half the bytes

@@ -18,7 +18,7 @@ from specbench_cli.training.distill import Corpus, cache_features, cache_topk, c
 from specbench_cli.core.errors import UsageError
 from specbench_cli.registry import recipe_class
 from specbench_cli.training.recipes import Sample, kl_to_topk
-from specbench_cli.training.train import TrainSettings, lr_factor, train
+from specbench_cli.training.train import TrainSettings, lr_factor, train, trained_span
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import greedy_corpus, make_method
 from tests.helpers import assert_lossless
@@ -235,8 +235,28 @@ def test_corpus_round_trip_and_training_prompts(corpus):
     prompts = training_prompts(9)
     assert len(prompts) == 9 and len(set(prompts)) == 9
     every, held = training_prompts(), calibration_prompts(10**6)
-    assert len(every) + len(held) == 7473 + 1923 + 4535 and len(held) == 870  # 1/16 of each file kept back
+    assert len(every) + len(held) == 7473 + 1923 + 4535 + 1600 and len(held) == 870 + 100  # 1/16 of each file
     assert not set(every) & set(held) and set(every[:9]) == set(prompts)
+
+
+def test_a_long_sequence_trains_on_its_answer_and_the_end_of_its_prompt():
+    assert trained_span(300, 384) == slice(0, 300)
+    assert trained_span(900, 384) == slice(516, 900)  # a 740-token passage and its 160-token answer
+
+
+def test_a_late_source_joins_after_the_corpora_built_without_it(monkeypatch):
+    """The prompts the project wrote joined the order at `LATE_JOIN`: the list's first 2,000 (the committed
+    drafters' corpus) and the calibration prompts the routers used are what they were without them."""
+    from specbench_cli.training import distill
+
+    with_late, calibration = training_prompts(), calibration_prompts(200)
+    written = {json.loads(line)["prompt"] for line in (distill.DATASET_DIR / "train" / "written-tasks.jsonl").open()}
+    monkeypatch.setattr(distill, "TRAIN_FILES", {k: v for k, v in distill.TRAIN_FILES.items() if k not in distill.LATE_FILES})
+    before = training_prompts()
+    join = distill.LATE_JOIN
+    assert with_late[:join] == before[:join] and calibration == calibration_prompts(200)
+    assert with_late[join] in written and with_late[join + 1] == before[join] and with_late[join + 2] in written
+    assert set(with_late) - set(before) <= written and len(with_late) - len(before) == 1600 - 100
 
 
 def test_minutes_stop_training_at_the_next_evaluation(corpus, tmp_path):
@@ -418,6 +438,10 @@ def test_a_killed_build_resumes_from_its_answers_and_a_shipped_corpus_is_not_gen
     assert calls == [] and grown.sequences == whole.sequences and small.sequences == whole.sequences[:3]
     other = distill.build(embedded, texts[:2], tmp_path / "other", layers, 7, 2, shipped=shipped)
     assert calls == [2] and len(other.sequences[0]) > 0  # built with another --max-new-tokens: generated
+    calls.clear()  # shipped answers are found by prompt, wherever it stands in the list
+    mixed = distill.build(embedded, [texts[4], training_prompts(7)[6], texts[1]], tmp_path / "mixed", layers, 6, 2,
+                          shipped=shipped)
+    assert calls == [1] and mixed.sequences[0] == whole.sequences[4] and mixed.sequences[2] == whole.sequences[1]
 
     (tmp_path / "wrong").mkdir()
     distill.generate(embedded, texts[::-1][:2], 6, 2, log=tmp_path / "wrong" / distill.ANSWERS)

@@ -1,7 +1,8 @@
 """Self-distillation data for drafter training: the target answers training prompts, and its features are cached.
 
-Prompts come from `datasets/train/` (GSM8K train questions, GPTeacher roleplay and code instructions; see
-its SOURCE.md) — never from an evaluation set. The target answers each with its chat template, greedily,
+Prompts come from `datasets/train/` (GSM8K train questions, GPTeacher roleplay and code instructions, and the
+summarisation, passage-grounded and translation prompts the project wrote; see its SOURCE.md) — never from an
+evaluation set. The target answers each with its chat template, greedily,
 in batches. Teacher-forced passes (several sequences each) then store, per token, the outputs of every target layer any drafter
 reads (fp16, memory-mapped) and the target's greedy next token, so several drafters train from one pass.
 
@@ -32,7 +33,13 @@ TRAIN_FILES = {
     "gsm8k_train.jsonl": ("17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465", "question"),
     "roleplay-simple-deduped-roleplay-instruct.json": ("b5d57a0d92162fd0b78988fe352e8512b435363919caf63efc3759d5a1555023", "instruction"),
     "codegen-instruct.json": ("8b0be81f22b86bccab30f573351b62efb3391da229d2ee817a65ce0abb08b29d", "instruction"),
+    "written-tasks.jsonl": ("3bae74467b0b787e142864b1dc84a4343aaa2bb03e984796550f5b3a2edac8c5", "prompt"),
 }
+# Sources added after corpora had been built from the others join the prompt order where those corpora end, so
+# that such a corpus (the committed drafters' 2,000 prompts, and the answers shipped for them) stays the first
+# prompts of the list and grows by extension instead of being rebuilt.
+LATE_FILES = {"written-tasks.jsonl"}
+LATE_JOIN = 2000
 
 
 CALIBRATION_SHARE = 1 / 16  # of each source, never trained on: the prompts routers and predictors calibrate on
@@ -40,34 +47,48 @@ CALIBRATION_SHARE = 1 / 16  # of each source, never trained on: the prompts rout
 
 def training_prompts(limit: int | None = None, seed: int = 0) -> list[str]:
     """Up to `limit` (default: all) distillation prompts, the sources interleaved so every one is represented
-    until the smaller ones run out; the calibration share of each source is never among them."""
-    return _interleave([texts[:len(texts) - _held(texts)] for texts in _sources(seed)])[:limit]
+    until the smaller ones run out (the late ones from `LATE_JOIN` on); the calibration share of each source
+    is never among them."""
+    return _ordered({name: texts[:len(texts) - _held(texts)] for name, texts in _sources(seed).items()})[:limit]
 
 
 def calibration_prompts(limit: int, seed: int = 0) -> list[str]:
     """Up to `limit` prompts no drafter trains on: each source's last `CALIBRATION_SHARE` after the shuffle
     (the last, so that corpora built before the share existed, from the first prompts, never touch it)."""
-    return _interleave([texts[len(texts) - _held(texts):] for texts in _sources(seed)])[:limit]
+    return _ordered({name: texts[len(texts) - _held(texts):] for name, texts in _sources(seed).items()})[:limit]
+
+
+def _ordered(sources: dict[str, list[str]]) -> list[str]:
+    """The first sources round robin, and from position `LATE_JOIN` on the late ones with the rest of them
+    (a list shorter than `LATE_JOIN`, like the calibration prompts, gets the late ones at its end)."""
+    first = _interleave([texts for name, texts in sources.items() if name not in LATE_FILES])
+    late = [texts for name, texts in sources.items() if name in LATE_FILES]
+    return first[:LATE_JOIN] + _interleave([*late, first[LATE_JOIN:]])
 
 
 def _held(texts: list[str]) -> int:
     return round(len(texts) * CALIBRATION_SHARE)
 
 
-def _sources(seed: int) -> list[list[str]]:
+def _sources(seed: int) -> dict[str, list[str]]:
     """Each training file's prompts, checksummed, then shuffled with `seed`."""
-    sources = []
+    sources = {}
     for name, (sha, kind) in TRAIN_FILES.items():
         path = DATASET_DIR / "train" / name
         data = path.read_bytes()
         if hashlib.sha256(data).hexdigest() != sha:
             raise UsageError(f"{path}: checksum differs from datasets/train/SOURCE.md")
         rows = [json.loads(line) for line in data.decode().splitlines()] if name.endswith(".jsonl") else json.loads(data)
-        texts = [r["question"] if kind == "question" else r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")
-                 for r in rows]
+        texts = [_prompt(r, kind) for r in rows]
         random.Random(seed).shuffle(texts)
-        sources.append(texts)
+        sources[name] = texts
     return sources
+
+
+def _prompt(row: dict, kind: str) -> str:
+    if kind == "instruction":
+        return row["instruction"] + (f"\n\n{row['input']}" if row.get("input") else "")
+    return row[kind]
 
 
 def shipped_corpus(model: str) -> Path:
@@ -232,59 +253,62 @@ ANSWERS = "answers.jsonl"  # a build's finished answer batches, so that a killed
 
 @torch.inference_mode()
 def generate(model, prompts: list[str], max_new_tokens: int, batch_size: int, progress=None,
-             log: Path | None = None) -> tuple[list[list[int]], list[int]]:
+             log: Path | None = None, known: dict[tuple[int, ...], list[int]] | None = None
+             ) -> tuple[list[list[int]], list[int]]:
     """Greedy answers in left-padded batches; each sequence is prompt + answer up to its first stop token.
 
-    With `log`, every finished batch is appended to that file, and the answers it already holds (a killed
-    build of the same prompts) are read back, not generated again; since whole batches are logged, the
-    batches after them line up with those of an uninterrupted build."""
-    sequences, prompt_lens = _logged(model, prompts, max_new_tokens, log) if log else ([], [])
-    if progress is not None and sequences:
-        progress(len(sequences))
+    `known` answers (chat-templated prompt ids -> sequence: those shipped with the drafters) are taken, not
+    generated; the other prompts are answered in batches, in order. With `log`, every finished batch is
+    appended to that file, and the answers it already holds (a killed build of the same prompts) are read
+    back, not generated again; since whole batches are logged, the batches after them line up with those
+    of an uninterrupted build."""
+    encoded = [model.encode_chat([{"role": "user", "content": p}]) for p in prompts]
+    answers = {i: known[tuple(ids)] for i, ids in enumerate(encoded) if known and tuple(ids) in known}
+    todo = [i for i in range(len(prompts)) if i not in answers]
+    logged, _ = _logged(model, [prompts[i] for i in todo], max_new_tokens, log) if log else ([], [])
+    answers.update(zip(todo, logged))
+    if progress is not None and answers:
+        progress(len(answers))
     pad = next(iter(sorted(model.stop_ids)), 0)
-    for start in range(len(sequences), len(prompts), batch_size):
-        batch = [model.encode_chat([{"role": "user", "content": p}]) for p in prompts[start:start + batch_size]]
+    for start in range(len(logged), len(todo), batch_size):
+        rows = todo[start:start + batch_size]
+        batch = [encoded[i] for i in rows]
         width = max(len(b) for b in batch)
         ids = torch.tensor([[pad] * (width - len(b)) + b for b in batch], device=model.device)
         mask = torch.tensor([[0] * (width - len(b)) + [1] * len(b) for b in batch], device=model.device)
         out = model.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                                    eos_token_id=sorted(model.stop_ids), pad_token_id=pad, temperature=None, top_p=None,
                                    top_k=None)
-        lines = []
-        for b, row in zip(batch, out[:, width:].tolist()):
+        for i, b, row in zip(rows, batch, out[:, width:].tolist()):
             answer = []
             for t in row:
                 answer.append(t)
                 if t in model.stop_ids:
                     break
-            sequences.append(b + answer)
-            prompt_lens.append(len(b))
-            lines.append(_answer_line(max_new_tokens, len(b), b + answer))
+            answers[i] = b + answer
         if log is not None:
             with log.open("a") as f:  # one write per batch: a kill leaves at most a cut last line
-                f.write("".join(line + "\n" for line in lines))
+                f.write("".join(_answer_line(max_new_tokens, len(encoded[i]), answers[i]) + "\n" for i in rows))
         if progress is not None:
             progress(len(batch))
-    return sequences, prompt_lens
+    return [answers[i] for i in range(len(prompts))], [len(ids) for ids in encoded]
 
 
 def _answer_line(max_new_tokens: int, prompt_len: int, sequence: list[int]) -> str:
     return json.dumps({"max_new_tokens": max_new_tokens, "prompt_len": prompt_len, "sequence": sequence})
 
 
-def _shipped_answers(shipped: Path | None, log: Path, start: int, stop: int, max_new_tokens: int, seed: int) -> None:
-    """Start a build's answer log with the answers to prompts start..stop-1 that a shipped corpus holds
-    (`shipped_corpus`: gzipped `corpus.json`), when it was built with the same settings and no log is there
-    yet. Answers are then only generated past them, and the committed drafters' corpus is
-    the same on every machine, even one whose float rounding would change a greedy answer. They are checked
-    against the training prompts like any logged answer."""
-    if shipped is None or not shipped.exists() or log.exists():
-        return
+def shipped_answers(shipped: Path | None, max_new_tokens: int) -> dict[tuple[int, ...], list[int]]:
+    """The answers a shipped corpus (`shipped_corpus`: gzipped `corpus.json`) holds, by chat-templated prompt,
+    when it was built with the same `max_new_tokens`; none otherwise. A build takes them instead of
+    generating them, so the committed drafters' corpus is the same on every machine, even one whose float
+    rounding would change a greedy answer."""
+    if shipped is None or not shipped.exists():
+        return {}
     meta = json.loads(gzip.decompress(shipped.read_bytes()))
-    if (meta["max_new_tokens"], meta.get("seed", 0)) != (max_new_tokens, seed):
-        return
-    rows = list(zip(meta["prompt_lens"], meta["sequences"]))[start:stop]
-    log.write_text("".join(_answer_line(max_new_tokens, n, seq) + "\n" for n, seq in rows))
+    if meta["max_new_tokens"] != max_new_tokens:
+        return {}
+    return {tuple(seq[:n]): seq for n, seq in zip(meta["prompt_lens"], meta["sequences"])}
 
 
 def _logged(model, prompts: list[str], max_new_tokens: int, log: Path) -> tuple[list[list[int]], list[int]]:
@@ -321,8 +345,8 @@ def build(model, prompts: list[str], folder: Path, layers: list[int], max_new_to
     """Generate the answers (after those of a killed build, and those `shipped` holds), then cache features
     for them. `progress` counts answered prompts, `teaching` sequences through the teacher."""
     folder.mkdir(parents=True, exist_ok=True)
-    _shipped_answers(shipped, folder / ANSWERS, 0, len(prompts), max_new_tokens, seed)
-    sequences, prompt_lens = generate(model, prompts, max_new_tokens, batch_size, progress, folder / ANSWERS)
+    sequences, prompt_lens = generate(model, prompts, max_new_tokens, batch_size, progress, folder / ANSWERS,
+                                      shipped_answers(shipped, max_new_tokens))
     corpus = cache_features(model.model, sequences, prompt_lens, folder, layers,
                             {"max_new_tokens": max_new_tokens, "seed": seed}, progress=teaching)
     (folder / ANSWERS).unlink(missing_ok=True)  # corpus.json holds them now
@@ -334,7 +358,8 @@ def extend(model, corpus: Corpus, prompts: list[str], max_new_tokens: int, batch
     """Grow a corpus folder to `prompts` (the whole list, its first ones being the corpus' own): only the new
     prompts are answered and passed through the teacher; the old rows are copied first, unchanged, so a run
     on the smaller corpus still sees what it saw. The answers are those a build of all `prompts` would give
-    when the corpus' size is a multiple of `batch_size` (the generation batches then line up)."""
+    when the corpus' generated answers (not the shipped ones) are a multiple of `batch_size` in number (the
+    generation batches then line up)."""
     have, built = len(corpus.sequences), {"seed": 0, **corpus.built_with}  # corpora from before `seed`: 0
     if (built["max_new_tokens"], built["seed"]) != (max_new_tokens, seed):
         raise UsageError(f"{corpus.where} was built with --max-new-tokens {built['max_new_tokens']} --seed "
@@ -342,9 +367,8 @@ def extend(model, corpus: Corpus, prompts: list[str], max_new_tokens: int, batch
     _check_prompts(model, corpus.sequences, corpus.prompt_lens, prompts,
                    f"{corpus.where} holds other prompts than the first {have} training prompts (other training "
                    "files or --seed); pass another --corpus")
-    _shipped_answers(shipped, corpus.folder / ANSWERS, have, len(prompts), max_new_tokens, seed)
     sequences, prompt_lens = generate(model, prompts[have:], max_new_tokens, batch_size, progress,
-                                      corpus.folder / ANSWERS)
+                                      corpus.folder / ANSWERS, shipped_answers(shipped, max_new_tokens))
     grown = cache_features(model.model, corpus.sequences + sequences, corpus.prompt_lens + prompt_lens,
                            corpus.folder, corpus.layers, built, known=corpus, progress=teaching)
     (corpus.folder / ANSWERS).unlink(missing_ok=True)

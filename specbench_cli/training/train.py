@@ -35,7 +35,7 @@ class TrainSettings:
     lr: float = 1e-3
     warmup: int = 100
     anneal: int = 0  # last steps over which the learning rate falls to 0 (half cosine); 0: constant after warm-up
-    max_len: int = 384  # tokens per training sequence (longer ones are cut)
+    max_len: int = 384  # tokens per training sequence (longer ones keep their last: see `trained_span`)
     holdout: float = 0.05  # share of sequences held out for evaluation (0: none, nothing evaluated) ...
     holdout_max: int = 256  # ... but at most this many (enough labels; a large corpus need not hold out more)
     eval_every: int = 200
@@ -52,6 +52,14 @@ class TrainSettings:
     slots: int = 4  # dart draft_length (mask slots)
     gamma: float = 0.6  # dart: KL weight of level l is gamma^l (the DART seed's Table 4)
     init: str = ""  # checkpoint the draft starts from ("" = from scratch; confu reads an EAGLE-3)
+
+
+def trained_span(length: int, max_len: int) -> slice:
+    """The tokens a sequence trains on: all, or a longer one's last `max_len`: its whole answer (a corpus
+    answers in at most 160 tokens) and the end of its prompt. Keeping the first tokens instead would leave a
+    long prompt (a passage to summarise) with no answer to learn from. The features were computed over the
+    whole sequence, so they still carry the context the window leaves out."""
+    return slice(max(length - max_len, 0), length)
 
 
 def train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings, command: str, progress=None,
@@ -92,12 +100,12 @@ def _train(target: torch.nn.Module, corpus: Corpus, out: Path, s: TrainSettings,
         _schedule_from(s, opt, sched, step)
 
     def sample(i: int) -> Sample:
-        seq = corpus.sequences[i][: s.max_len]
-        T = len(seq)
-        feats = corpus.feats(i, recipe.layers)[:T] if recipe.layers else torch.empty(T, 0)
-        topk = [x[:T] for x in corpus.topk(i)] if recipe.needs_topk else (None, None)
-        topk = [x.to(device) if x is not None else None for x in topk]
-        return Sample(torch.tensor(seq, device=device), corpus.next(i)[:T].to(device), feats.to(device), corpus.prompt_lens[i], *topk)
+        cut = trained_span(len(corpus.sequences[i]), s.max_len)
+        seq = corpus.sequences[i][cut]
+        feats = corpus.feats(i, recipe.layers)[cut] if recipe.layers else torch.empty(len(seq), 0)
+        topk = [x[cut].to(device) for x in corpus.topk(i)] if recipe.needs_topk else (None, None)
+        return Sample(torch.tensor(seq, device=device), corpus.next(i)[cut].to(device), feats.to(device),
+                      max(corpus.prompt_lens[i] - cut.start, 0), *topk)
 
     if s.init and state is None:  # the checkpoint scored on this run's held-out set: the mark to beat
         history.append({"step": 0, "loss": None, "heldout_top1": evaluate_apart(recipe, [sample(i) for i in held],

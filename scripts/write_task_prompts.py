@@ -13,7 +13,7 @@ Spec-Bench tasks. This script writes such prompts itself, in Spec-Bench's format
 Only roleplay rows outside the roleplay source's calibration share are used, so no router calibrates on a
 passage a drafter trained on. The output is deterministic (seed 0, greedy, fp32 on CPU).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/write_task_prompts.py   # ~5 min on 2 CPU threads
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/write_task_prompts.py   # 50 min on 2 CPU threads beside a test run
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from specbench_cli.datasets import DATASET_DIR  # noqa: E402
 from specbench_cli.loading import load_model  # noqa: E402
 from specbench_cli.models import get_model_spec  # noqa: E402
-from specbench_cli.training.distill import calibration_prompts, generate  # noqa: E402
+from specbench_cli.training.distill import calibration_prompts, generate, row_prompt  # noqa: E402
 
 OUT = DATASET_DIR / "train" / "written-tasks.jsonl"
 COUNTS = {"summarize": 640, "rag": 640, "translate": 320}
@@ -44,8 +44,7 @@ def roleplay_rows() -> list[dict]:
     """Roleplay rows with prose responses whose prompt is not among the calibration prompts."""
     rows = json.loads((DATASET_DIR / "train" / "roleplay-simple-deduped-roleplay-instruct.json").read_text())
     held = set(calibration_prompts(10**6))
-    prompt = lambda r: r["instruction"] + (f"\n\n{r['input']}" if r["input"] else "")  # noqa: E731
-    return [r for r in rows if prompt(r) not in held and len(r["response"]) >= 200]
+    return [r for r in rows if row_prompt(r, "instruction") not in held and len(r["response"]) >= 200]
 
 
 def one_line(text: str) -> str:

@@ -79,13 +79,14 @@ def _sources(seed: int) -> dict[str, list[str]]:
         if hashlib.sha256(data).hexdigest() != sha:
             raise UsageError(f"{path}: checksum differs from datasets/train/SOURCE.md")
         rows = [json.loads(line) for line in data.decode().splitlines()] if name.endswith(".jsonl") else json.loads(data)
-        texts = [_prompt(r, kind) for r in rows]
+        texts = [row_prompt(r, kind) for r in rows]
         random.Random(seed).shuffle(texts)
         sources[name] = texts
     return sources
 
 
-def _prompt(row: dict, kind: str) -> str:
+def row_prompt(row: dict, kind: str) -> str:
+    """The prompt a training file's row gives (`kind`: how its TRAIN_FILES entry reads a row)."""
     if kind == "instruction":
         return row["instruction"] + (f"\n\n{row['input']}" if row.get("input") else "")
     return row[kind]

@@ -315,9 +315,10 @@ def _relative_to_cwd(path: str) -> str:
     """`path` relative to the working directory when it lies beneath it, so a card records
     `drafters/<model>/eagle3` rather than one machine's absolute path; a hub id or an outside path as is."""
     cwd = Path.cwd().resolve()
-    if not path or not Path(path).exists() or not Path(path).resolve().is_relative_to(cwd):
+    resolved = Path(path).resolve() if path and Path(path).exists() else None
+    if resolved is None or not resolved.is_relative_to(cwd):
         return path
-    return str(Path(path).resolve().relative_to(cwd))
+    return str(resolved.relative_to(cwd))
 
 
 def _training_folder(out: Path, resume: bool) -> Path:

@@ -263,10 +263,10 @@ def generate(model, prompts: list[str], max_new_tokens: int, batch_size: int, pr
     appended to that file, and the answers it already holds (a killed build of the same prompts) are read
     back, not generated again; since whole batches are logged, the batches after them line up with those
     of an uninterrupted build."""
-    encoded = [model.encode_chat([{"role": "user", "content": p}]) for p in prompts]
+    encoded = _chat_ids(model, prompts)
     answers = {i: known[tuple(ids)] for i, ids in enumerate(encoded) if known and tuple(ids) in known}
     todo = [i for i in range(len(prompts)) if i not in answers]
-    logged, _ = _logged(model, [prompts[i] for i in todo], max_new_tokens, log) if log else ([], [])
+    logged = _logged([encoded[i] for i in todo], max_new_tokens, log) if log else []
     answers.update(zip(todo, logged))
     if progress is not None and answers:
         progress(len(answers))
@@ -312,32 +312,37 @@ def shipped_answers(shipped: Path | None, max_new_tokens: int) -> dict[tuple[int
     return {tuple(seq[:n]): seq for n, seq in zip(meta["prompt_lens"], meta["sequences"])}
 
 
-def _logged(model, prompts: list[str], max_new_tokens: int, log: Path) -> tuple[list[list[int]], list[int]]:
-    """The answers `log` holds (none if it is missing), checked against `prompts`; a cut last line is dropped."""
+def _chat_ids(model, prompts: list[str]) -> list[list[int]]:
+    """Each prompt as a user turn in the target's chat template."""
+    return [model.encode_chat([{"role": "user", "content": p}]) for p in prompts]
+
+
+def _logged(encoded: list[list[int]], max_new_tokens: int, log: Path) -> list[list[int]]:
+    """The answers `log` holds (none if it is missing), checked against the prompts `encoded` (chat-templated
+    ids); a cut last line is dropped."""
     if not log.exists():
-        return [], []
+        return []
     rows, lines = [], log.read_text().splitlines()
     for line in lines:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             break  # the batch being written when the build was killed
-    rows = rows[:len(prompts)]  # a killed build of more prompts serves a smaller one
+    rows = rows[:len(encoded)]  # a killed build of more prompts serves a smaller one
     sequences, prompt_lens = [r["sequence"] for r in rows], [r["prompt_len"] for r in rows]
     if any(r["max_new_tokens"] != max_new_tokens for r in rows):
         raise UsageError(f"{log} holds answers of up to {rows[0]['max_new_tokens']} tokens; build with that "
                          "--max-new-tokens, or delete it")
-    _check_prompts(model, sequences, prompt_lens, prompts, f"{log} holds answers to other prompts; delete it")
+    _check_prompts(sequences, prompt_lens, encoded, f"{log} holds answers to other prompts; delete it")
     if len(rows) < len(lines):  # without the cut line, so that the next batch starts on a line of its own
         log.write_text("".join(_answer_line(r["max_new_tokens"], r["prompt_len"], r["sequence"]) + "\n"
                                for r in rows))
-    return sequences, prompt_lens
+    return sequences
 
 
-def _check_prompts(model, sequences: list[list[int]], prompt_lens: list[int], prompts: list[str], why: str) -> None:
-    """Refuse, with `why`, sequences whose prompts are not the first of `prompts` (in their chat template)."""
-    own = [model.encode_chat([{"role": "user", "content": p}]) for p in prompts[:len(sequences)]]
-    if len(sequences) > len(prompts) or own != [s[:n] for s, n in zip(sequences, prompt_lens)]:
+def _check_prompts(sequences: list[list[int]], prompt_lens: list[int], encoded: list[list[int]], why: str) -> None:
+    """Refuse, with `why`, sequences whose prompts are not the first of `encoded` (chat-templated prompt ids)."""
+    if len(sequences) > len(encoded) or encoded[:len(sequences)] != [s[:n] for s, n in zip(sequences, prompt_lens)]:
         raise UsageError(why)
 
 
@@ -365,7 +370,7 @@ def extend(model, corpus: Corpus, prompts: list[str], max_new_tokens: int, batch
     if (built["max_new_tokens"], built["seed"]) != (max_new_tokens, seed):
         raise UsageError(f"{corpus.where} was built with --max-new-tokens {built['max_new_tokens']} --seed "
                          f"{built['seed']}; extend it with the same, or pass another --corpus")
-    _check_prompts(model, corpus.sequences, corpus.prompt_lens, prompts,
+    _check_prompts(corpus.sequences, corpus.prompt_lens, _chat_ids(model, prompts[:have]),
                    f"{corpus.where} holds other prompts than the first {have} training prompts (other training "
                    "files or --seed); pass another --corpus")
     sequences, prompt_lens = generate(model, prompts[have:], max_new_tokens, batch_size, progress,

@@ -20,6 +20,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from methods.checkpoints import fingerprint
 from specbench_cli.core.method import Method, drafter_ref, parse_options
 from specbench_cli import hardware
 from specbench_cli.telemetry import GpuTelemetry
@@ -200,7 +201,8 @@ def _record(plan: Plan, console: Console) -> None:
     gpu = GpuTelemetry(plan.device)
     session = {"started": dt.datetime.now().isoformat(timespec="seconds"),
                "environment": {**hardware.environment(plan.device), **gpu.info()}}
-    info = _resumed_info(plan, session["environment"]) if plan.config.resume else None
+    weights = drafter_weights(plan)
+    info = _resumed_info(plan, session["environment"], weights) if plan.config.resume else None
     done = writer.finished() if info else set()
     split = plan.config.device == "split"
     model = load_model(plan.spec, plan.device, plan.dtype, split)
@@ -210,7 +212,8 @@ def _record(plan: Plan, console: Console) -> None:
         info = {"settings": plan.settings(), "method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
                 "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
                 "environment": session["environment"], "prompts_selected": len(plan.prompts),
-                "started": session["started"], "weight_bytes": hardware.weight_bytes(model.model), "sessions": []}
+                "started": session["started"], "weight_bytes": hardware.weight_bytes(model.model),
+                "drafter_weights": weights, "sessions": []}
         if split:
             info["device_map"] = getattr(model.model, "hf_device_map", "auto")  # for acceptance studies only
     info.update(status="running", sessions=[*info["sessions"], session])
@@ -239,13 +242,28 @@ def _record(plan: Plan, console: Console) -> None:
 MEASURED = ("device", "cpu", "gpu", "torch_threads")
 
 
-def _resumed_info(plan: Plan, environment: dict) -> dict:
+def drafter_weights(plan: Plan) -> dict[str, str]:
+    """Which weights each drafter the method loads has: the fingerprint of a local checkpoint folder, or the hub
+    id itself. Recorded in run.json so that two runs with other drafter weights under the same settings (a
+    retrained drafter at the registered path) never merge into one report row, and a resume cannot mix them."""
+    cls = plan.method_cls
+    names = [*cls.drafter_names, *(n for n in cls.optional_drafters if n in plan.drafters)]
+    refs = {name: drafter_ref(cls, plan.spec, plan.drafters, name) for name in names}
+    return {name: fingerprint(Path(ref)) if Path(ref).is_dir() else ref for name, ref in refs.items()}
+
+
+def _resumed_info(plan: Plan, environment: dict, weights: dict[str, str]) -> dict:
     """run.json of the run being resumed, after checking that this session measures the same thing."""
     info = json.loads((plan.out / "run.json").read_text())
     settings = json.loads(json.dumps(plan.settings()))
     changed = [k for k in RESUME_KEYS if info.get("settings", {}).get(k, LEGACY.get(k)) != settings[k]]
     if changed:
         raise UsageError(f"--resume: {plan.out} was run with different settings ({', '.join(changed)})")
+    recorded = info.get("drafter_weights", weights)  # runs written before weights were recorded: not checked
+    if recorded != weights:
+        changed = sorted(n for n in {*recorded, *weights} if recorded.get(n) != weights.get(n))
+        raise UsageError(f"--resume: the {', '.join(changed)} drafter weights differ from those {plan.out} was run "
+                         f"with; start a new --out for the new weights")
     before = info.get("environment", {})
     moved = [f"{k} {before.get(k)} -> {environment.get(k)}" for k in MEASURED if before.get(k) != environment.get(k)]
     if moved:

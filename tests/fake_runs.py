@@ -29,12 +29,17 @@ class Turn:
 
 
 def write_run(folder: Path, method: str, turns: list[Turn], env: dict | None = None, dataset: str = "spec-bench",
-              options: dict | None = None, max_new_tokens: int = 128, phases: dict[str, float] | None = None) -> Path:
-    """A complete run directory with one round row per accepted entry and one prompt row per turn."""
+              options: dict | None = None, max_new_tokens: int = 128, phases: dict[str, float] | None = None,
+              drafters: dict[str, str] | None = None, drafter_weights: dict[str, str] | None = None) -> Path:
+    """A complete run directory with one round row per accepted entry and one prompt row per turn (`drafters`:
+    the `--drafter` overrides; `drafter_weights`: the fingerprints run.json records, left out when None)."""
     writer = RunWriter(folder)
     settings = {"method": method, "model": "tiny", "dataset": dataset, "temperature": 0.0, "max_new_tokens": max_new_tokens,
-                "dtype": "float32", "target": "tiny-target", "options": options or {}, "shard": "0/1"}
-    writer.create({"settings": settings, "environment": env or CPU, "clock": "perf_counter_ns", "status": "complete"})
+                "dtype": "float32", "target": "tiny-target", "options": options or {}, "shard": "0/1",
+                "drafters": drafters or {}}
+    weights = {} if drafter_weights is None else {"drafter_weights": drafter_weights}
+    writer.create({"settings": settings, "environment": env or CPU, "clock": "perf_counter_ns", "status": "complete",
+                   **weights})
     phases = phases or {"draft_ms": 1.0, "verify_ms": 8.0, "wall_ms": 10.0}
     by_prompt: dict[str, list[Turn]] = {}
     for t in turns:

@@ -97,6 +97,22 @@ def test_shards_merge_and_clashing_labels_say_what_differs(tmp_path):
                       "whiflash-entropy": 2}
 
 
+def test_runs_with_other_drafter_weights_stay_apart_and_say_which(tmp_path):
+    """Same method and settings, other drafter weights (a retrained drafter at the registered path, or a
+    --drafter folder): two rows named by drafter, never one merged row; shards of one run still merge."""
+    write_run(tmp_path / "base", "baseline", baseline_turns(TURNS, 2.0))
+    write_run(tmp_path / "old", "eagle3", TURNS, drafter_weights={"eagle3": "aaaaaaaa11112222"})
+    write_run(tmp_path / "new0", "eagle3", TURNS[:1], drafter_weights={"eagle3": "bbbbbbbb33334444"})
+    write_run(tmp_path / "new1", "eagle3", TURNS[1:], drafter_weights={"eagle3": "bbbbbbbb33334444"})
+    write_run(tmp_path / "mine", "eagle3", TURNS, drafters={"eagle3": "/w/r3/eagle3"},
+              drafter_weights={"eagle3": "cccccccc55556666"})
+    results = load([tmp_path])
+    labels = {g.label: len(g.prompts) for g in results.groups}
+    assert labels == {"baseline": 2, "eagle3 (eagle3=registered#aaaaaaaa)": 2, "eagle3 (eagle3=registered#bbbbbbbb)": 2,
+                      "eagle3 (eagle3=r3/eagle3#cccccccc)": 2}
+    assert all(results.baseline_for(g) is not None for g in results.groups)  # drafters never split a baseline off
+
+
 def test_routing_table_counts_cycles_and_drafter_shares(tmp_path):
     from specbench_cli.analysis.report import routing
 

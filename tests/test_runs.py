@@ -150,6 +150,25 @@ def test_resume_refuses_changed_settings(tmp_path):
     assert result.exit_code == 2 and "measured differently (torch_threads 2 -> 1)" in result.output, result.output
 
 
+def test_resume_refuses_drafter_weights_changed_under_the_same_path(drafters, tmp_path):
+    """A drafter retrained in place (same --drafter folder, or the registered one) would mix two drafters' records
+    in one run: run.json records each drafter's fingerprint, and --resume checks it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "eagle3"
+    shutil.copytree(drafters["eagle3"][1].partition("=")[2], folder)
+    args = ["--method", "eagle3", "--drafter", f"eagle3={folder}", *SMALL_TREE, "--dataset", "aime25",
+            "--limit", "1", "--max-new-tokens", "4", "--warmup", "0", "--out", str(tmp_path / "r")]
+    run_cli(*args)
+    assert set(json.loads((tmp_path / "r" / "run.json").read_text())["drafter_weights"]) == {"eagle3"}
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: v + 1 if k == min(weights) else v for k, v in weights.items()}, folder / "model.safetensors")
+    result = CliRunner().invoke(app, ["run", *COMMON, *args, "--resume"])
+    assert result.exit_code == 2 and "eagle3 drafter weights differ" in result.output, result.output
+
+
 def test_warm_up_never_uses_a_scored_prompt_and_long_prompts_are_refused(tmp_path):
     data = tmp_path / "one.jsonl"
     data.write_text('{"id": "only", "turns": ["Name a colour."]}\n')

@@ -218,6 +218,8 @@ def test_a_run_started_from_a_checkpoint_keeps_its_weights_choices_and_held_out_
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     again = train(target, data, tmp_path / "b", TrainSettings(**{**warm.__dict__, "init": "", "steps": 8}), "z", resume=True)
     assert again["settings"]["init"] == str(tmp_path / "a")  # resumed without --init: rebuilt on its start
+    third = train(target, data, tmp_path / "e", TrainSettings(**{**warm.__dict__, "init": str(tmp_path / "b")}), "w")
+    assert third["init"]["commands"] == ["x", "y", "z"]  # the whole lineage, not only the last checkpoint's
     assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json").read_text()
     held_a, trained_a = split([4], first)
     held_b, _ = split([4, 6], warm)

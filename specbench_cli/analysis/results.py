@@ -1,7 +1,7 @@
 """Results directories as one dataset: every run below the given paths, shards and resumed parts merged.
 
-A *run group* is one experiment: the same method (and non-default options), model, dataset, sampling and
-length settings, dtype, target and hardware. Shards of a sweep and repeated directories of the same
+A *run group* is one experiment: the same method (and non-default options), drafter weights, model, dataset,
+sampling and length settings, dtype, target and hardware. Shards of a sweep and repeated directories of the same
 experiment fall into one group; a prompt/turn recorded twice keeps its newest record.
 """
 
@@ -40,6 +40,10 @@ class RunGroup:
 
     def experiment(self) -> tuple:
         return experiment_key(self.info)
+
+    @property
+    def drafters(self) -> dict[str, str]:
+        return drafter_identity(self.info)
 
 
 @dataclass
@@ -110,7 +114,7 @@ def load(paths: list[Path]) -> Results:
         if info.get("kind") == "oracle":
             oracles.append(OracleRun(d, info, pd.read_parquet(d / "replay.parquet")))
             continue
-        key = (method_label(info["settings"]), *experiment_key(info))
+        key = (method_label(info["settings"]), json.dumps(drafter_identity(info), sort_keys=True), *experiment_key(info))
         groups.setdefault(key, []).append((d, info))
     merged = [_merge(key[0], members) for key, members in groups.items()]
     _tell_apart(merged)
@@ -131,7 +135,7 @@ def read_info(run_dir: Path) -> dict:
 
 def _tell_apart(groups: list[RunGroup]) -> None:
     """Groups of one method, model and dataset that differ in other settings get those settings in their
-    label, so every table row says what it is: "suffix (max_new_tokens=128)"."""
+    label, so every table row says what it is: "suffix (max_new_tokens=128)", "eagle3 (eagle3=r3/eagle3#1c0e2f9a)"."""
     same: dict[tuple, list[RunGroup]] = {}
     for g in groups:
         same.setdefault((g.label, g.info["settings"]["model"], g.info["settings"]["dataset"]), []).append(g)
@@ -139,8 +143,26 @@ def _tell_apart(groups: list[RunGroup]) -> None:
     for clash in (c for c in same.values() if len(c) > 1):
         keys = [g.experiment() for g in clash]
         differ = [i for i in range(len(names)) if len({k[i] for k in keys}) > 1]
+        drafters = sorted({n for g in clash for n in g.drafters if len({h.drafters.get(n) for h in clash}) > 1})
         for g, k in zip(clash, keys):
-            g.label += " (" + ", ".join(f"{names[i]}={k[i].strip(chr(34))}" for i in differ) + ")"
+            parts = [f"{names[i]}={k[i].strip(chr(34))}" for i in differ]
+            parts += [f"{n}={_drafter_name(g, n)}" for n in drafters]
+            g.label += " (" + ", ".join(parts) + ")"
+
+
+def drafter_identity(info: dict) -> dict[str, str]:
+    """The drafter weights a run used (name -> fingerprint or hub id, `runner.drafter_weights`); for runs written
+    before those were recorded, the `--drafter` overrides it named ({} for the registered drafters)."""
+    return info.get("drafter_weights") or info["settings"].get("drafters") or {}
+
+
+def _drafter_name(group: RunGroup, name: str) -> str:
+    """How a label names one drafter: the `--drafter` folder's last two parts (or "registered"), then a short
+    fingerprint when one was recorded."""
+    ref = group.info["settings"].get("drafters", {}).get(name)
+    where = "/".join(Path(ref).parts[-2:]) if ref else "registered"
+    weights = group.info.get("drafter_weights", {}).get(name)
+    return where + (f"#{weights[:8]}" if weights and weights != ref else "")
 
 
 def _merge(label: str, members: list[tuple[Path, dict]]) -> RunGroup:

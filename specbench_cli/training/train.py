@@ -184,8 +184,10 @@ def init_card(s: TrainSettings) -> dict:
 
 
 def commands_of(card: dict) -> list[str]:
-    """Every session's command that trained the drafter a card describes, first to last."""
-    return [*card.get("earlier_commands", []), *([card["command"]] if "command" in card else [])]
+    """Every session's command that trained the drafter a card describes, first to last: those that made the
+    checkpoint it started from (--init), then its own sessions."""
+    own = [*card.get("earlier_commands", []), *([card["command"]] if "command" in card else [])]
+    return [*(card.get("init") or {}).get("commands", []), *own]
 
 
 def trained_blocks(start: dict, corpus: Corpus, s: TrainSettings) -> list[int]:

@@ -53,12 +53,18 @@ def locate_file(ref: str, filename: str, what: str) -> Path:
         raise UsageError(f"cannot fetch {what} '{ref}/{filename}': {_first_line(err)}") from None
 
 
-def fingerprint(folder: Path) -> str:
-    """A short hash of a checkpoint folder's weight files. Calibration cards record the drafters they were
-    measured with by it, so that a run can tell when a drafter has changed under its calibration."""
+# What a drafter drafts with: its tensors, wherever they lie in the folder (FlashHead's clusters sit in a
+# subfolder of the SpS model), and DART's n-gram trie, which reweights its candidates.
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.trie")
+
+
+def fingerprint(folder: Path, also: tuple[str, ...] = ()) -> str:
+    """A short hash of a checkpoint folder's weight files (and the files matching `also`, e.g. a calibration's
+    config.json, whose thresholds decide as much as its weights). Calibration cards record the drafters they
+    were measured with by it, so that a run can tell when a drafter has changed under its calibration."""
     digest = hashlib.sha256()
-    for f in sorted(p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern)):
-        digest.update(f.name.encode())
+    for f in sorted({p for pattern in (*WEIGHT_FILES, *also) for p in folder.rglob(pattern) if p.is_file()}):
+        digest.update(f.relative_to(folder).as_posix().encode())
         digest.update(f.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -179,6 +179,7 @@ class HybridVerified(Method):
 
 class Hvd(HybridVerified):
     name = "hvd"
+    calibration = "hvd"
     drafter_names = ("eagle3", "hvd")  # the payoff predictor is checked before anything loads
     how_to_make = {"hvd": "make it with `specbench calibrate --method hvd --model {model}`"}
 

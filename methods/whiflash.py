@@ -54,7 +54,6 @@ class WhiFlash(Method):
     routed = True
     drafter_names = ("eagle3", "dflash")
     inherent_syncs = "EAGLE-3's or DFlash's own, plus one per round: the policy's decision to host"
-    calibration = ""  # drafter name of the policy's calibration artifact
     needs_artifact = False  # True: no --opt threshold can stand in for the artifact (the neural router)
 
     @dataclass

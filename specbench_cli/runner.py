@@ -243,13 +243,16 @@ MEASURED = ("device", "cpu", "gpu", "torch_threads")
 
 
 def drafter_weights(plan: Plan) -> dict[str, str]:
-    """Which weights each drafter the method loads has: the fingerprint of a local checkpoint folder, or the hub
-    id itself. Recorded in run.json so that two runs with other drafter weights under the same settings (a
-    retrained drafter at the registered path) never merge into one report row, and a resume cannot mix them."""
+    """Which weights each drafter the method loads has: the fingerprint of a local checkpoint folder (a
+    calibration's with its config.json, whose thresholds decide), or the hub id itself. Optional drafters count
+    when passed or registered (DART's trie, whiflash-entropy's thresholds). Recorded in run.json so that two runs
+    with other drafter weights under the same settings (a retrained drafter or a recalibrated router at the
+    registered path) never merge into one report row, and a resume cannot mix them."""
     cls = plan.method_cls
-    names = [*cls.drafter_names, *(n for n in cls.optional_drafters if n in plan.drafters)]
-    refs = {name: drafter_ref(cls, plan.spec, plan.drafters, name) for name in names}
-    return {name: fingerprint(Path(ref)) if Path(ref).is_dir() else ref for name, ref in refs.items()}
+    optional = [n for n in cls.optional_drafters if n in plan.drafters or n in plan.spec.drafters]
+    refs = {name: drafter_ref(cls, plan.spec, plan.drafters, name) for name in [*cls.drafter_names, *optional]}
+    return {name: fingerprint(Path(ref), ("config.json",) if name == cls.calibration else ()) if Path(ref).is_dir()
+            else ref for name, ref in refs.items()}
 
 
 def _resumed_info(plan: Plan, environment: dict, weights: dict[str, str]) -> dict:

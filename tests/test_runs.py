@@ -170,6 +170,39 @@ def test_resume_refuses_drafter_weights_changed_under_the_same_path(drafters, tm
     assert result.exit_code == 2 and "eagle3 drafter weights differ" in result.output, result.output
 
 
+def test_recorded_weights_cover_the_trie_and_calibrated_thresholds(tmp_path):
+    """DART's n-gram trie and a router's thresholds (config.json) shape a run as much as tensors do: a changed
+    trie or a recalibrated entropy router changes what run.json records, while the drafters' own fingerprints
+    stay those the committed calibration cards were made with."""
+    import shutil
+
+    from specbench_cli.models import project_drafters
+    from specbench_cli.runner import RunConfig, drafter_weights, plan
+
+    registered = project_drafters("smollm2-135m")
+    copies = {name: shutil.copytree(registered[name], tmp_path / name) for name in ("dart", "whiflash-entropy")}
+
+    def weights(method: str, *drafters: str) -> dict[str, str]:
+        config = RunConfig(method=method, limit=1, out=tmp_path / "out", drafters=list(drafters))
+        return drafter_weights(plan(config, {}))
+
+    entropy = weights("whiflash-entropy")
+    card = json.loads((tmp_path / "whiflash-entropy" / "config.json").read_text())
+    assert {n: entropy[n] for n in ("eagle3", "dflash")} == card["drafters"]  # unchanged for tensors alone
+    router = f"whiflash-entropy={copies['whiflash-entropy']}"
+    assert weights("whiflash-entropy", router)["whiflash-entropy"] == entropy["whiflash-entropy"]
+    config = json.loads((copies["whiflash-entropy"] / "config.json").read_text())
+    (copies["whiflash-entropy"] / "config.json").write_text(json.dumps({**config, "threshold": config["threshold"] + 1}))
+    assert weights("whiflash-entropy", router)["whiflash-entropy"] != entropy["whiflash-entropy"]
+
+    dart = weights("dart", f"dart={copies['dart']}", f"dart_ngram={copies['dart']}")
+    assert dart == {"dart": weights("dart")["dart"], "dart_ngram": weights("dart")["dart_ngram"]}
+    trie = copies["dart"] / "small.trie"
+    trie.write_bytes(trie.read_bytes()[:-1] + bytes([trie.read_bytes()[-1] ^ 1]))
+    changed = weights("dart", f"dart={copies['dart']}", f"dart_ngram={copies['dart']}")
+    assert changed["dart"] != dart["dart"] and changed["dart_ngram"] != dart["dart_ngram"]
+
+
 def test_warm_up_never_uses_a_scored_prompt_and_long_prompts_are_refused(tmp_path):
     data = tmp_path / "one.jsonl"
     data.write_text('{"id": "only", "turns": ["Name a colour."]}\n')

@@ -110,6 +110,9 @@ class Method(Proposer):
     optional_drafters: ClassVar[tuple[str, ...]] = ()  # further `--drafter` names it accepts but can do without
     owns_loop: ClassVar[bool] = False  # hf-generate: an outside reference that runs its own loop
     how_to_make: ClassVar[dict[str, str]] = {}  # drafter name -> how a user makes a missing one ({model})
+    # The drafter name of the artifact `specbench calibrate` makes for this method, whose config.json holds
+    # the calibrated decision values (thresholds); "" for methods with no calibration.
+    calibration: ClassVar[str] = ""
     # Host syncs the algorithm needs in a round beyond reading the accepted length (recorded in run.json).
     inherent_syncs: ClassVar[str] = "one per round: accepted length to host"
 

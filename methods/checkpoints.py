@@ -60,13 +60,28 @@ WEIGHT_FILES = ("*.safetensors", "*.bin", "*.trie")
 
 def fingerprint(folder: Path, also: tuple[str, ...] = ()) -> str:
     """A short hash of a checkpoint folder's weight files (and the files matching `also`, e.g. a calibration's
-    config.json, whose thresholds decide as much as its weights). Calibration cards record the drafters they
-    were measured with by it, so that a run can tell when a drafter has changed under its calibration."""
+    config.json, whose thresholds decide as much as its weights), or of one file (a DART trie passed alone).
+    Calibration cards record the drafters they were measured with by it, so that a run can tell when a drafter
+    has changed under its calibration."""
+    root = folder.parent if folder.is_file() else folder
+    files = [folder] if folder.is_file() else sorted(
+        {p for pattern in (*WEIGHT_FILES, *also) for p in folder.rglob(pattern) if p.is_file()})
     digest = hashlib.sha256()
-    for f in sorted({p for pattern in (*WEIGHT_FILES, *also) for p in folder.rglob(pattern) if p.is_file()}):
-        digest.update(f.relative_to(folder).as_posix().encode())
+    for f in files:
+        digest.update(f.relative_to(root).as_posix().encode())
         digest.update(f.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def weights_id(ref: str, also: tuple[str, ...] = ()) -> str:
+    """Which weights a drafter reference names: a local folder's or file's `fingerprint`, or a hub id with the
+    commit it resolves to ("org/name@<commit>"), since a hub repo's main branch moves. Resolving the commit
+    fetches only the repo's config.json (or finds it in the cache offline), so an unreachable drafter fails here,
+    in one line, before the target loads."""
+    path = Path(ref).expanduser()
+    if path.exists():
+        return fingerprint(path, also)
+    return f"{ref}@{locate(ref, 'drafter', ['config.json']).name}"  # the cache's snapshots/<commit> folder
 
 
 def stale_drafters(card: dict, refs: dict[str, str]) -> list[str]:

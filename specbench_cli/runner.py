@@ -9,6 +9,7 @@ with the same settings and gives the same records an uninterrupted run would hav
 from __future__ import annotations
 
 import dataclasses
+import functools
 import datetime as dt
 import json
 import time
@@ -20,7 +21,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from methods.checkpoints import fingerprint
+from methods.checkpoints import weights_id
 from specbench_cli.core.method import Method, drafter_ref, parse_options
 from specbench_cli import hardware
 from specbench_cli.telemetry import GpuTelemetry
@@ -243,16 +244,16 @@ MEASURED = ("device", "cpu", "gpu", "torch_threads")
 
 
 def drafter_weights(plan: Plan) -> dict[str, str]:
-    """Which weights each drafter the method loads has: the fingerprint of a local checkpoint folder (a
-    calibration's with its config.json, whose thresholds decide), or the hub id itself. Optional drafters count
-    when passed or registered (DART's trie, whiflash-entropy's thresholds). Recorded in run.json so that two runs
-    with other drafter weights under the same settings (a retrained drafter or a recalibrated router at the
-    registered path) never merge into one report row, and a resume cannot mix them."""
+    """Which weights each drafter the method loads has (`checkpoints.weights_id`: a local folder's fingerprint, a
+    calibration's with its config.json, whose thresholds decide, or a hub id with its commit). Optional drafters
+    count when passed or registered (DART's trie, whiflash-entropy's thresholds). Recorded in run.json so that two
+    runs with other drafter weights under the same settings (a retrained drafter or a recalibrated router at the
+    registered path, a hub repo that moved on) never merge into one report row, and a resume cannot mix them."""
     cls = plan.method_cls
     optional = [n for n in cls.optional_drafters if n in plan.drafters or n in plan.spec.drafters]
     refs = {name: drafter_ref(cls, plan.spec, plan.drafters, name) for name in [*cls.drafter_names, *optional]}
-    return {name: fingerprint(Path(ref), ("config.json",) if name == cls.calibration else ()) if Path(ref).is_dir()
-            else ref for name, ref in refs.items()}
+    once = functools.cache(weights_id)  # DART's draft and trie often share one folder: read it once
+    return {name: once(ref, ("config.json",) if name == cls.calibration else ()) for name, ref in refs.items()}
 
 
 def _resumed_info(plan: Plan, environment: dict, weights: dict[str, str]) -> dict:

@@ -106,10 +106,12 @@ def test_runs_with_other_drafter_weights_stay_apart_and_say_which(tmp_path):
     write_run(tmp_path / "new1", "eagle3", TURNS[1:], drafter_weights={"eagle3": "bbbbbbbb33334444"})
     write_run(tmp_path / "mine", "eagle3", TURNS, drafters={"eagle3": "/w/r3/eagle3"},
               drafter_weights={"eagle3": "cccccccc55556666"})
+    write_run(tmp_path / "hub", "eagle3", TURNS, drafters={"eagle3": "someone/eagle3-drafter"},
+              drafter_weights={"eagle3": "someone/eagle3-drafter@0123456789abcdef"})  # a hub drafter's commit
     results = load([tmp_path])
     labels = {g.label: len(g.prompts) for g in results.groups}
     assert labels == {"baseline": 2, "eagle3 (eagle3=registered#aaaaaaaa)": 2, "eagle3 (eagle3=registered#bbbbbbbb)": 2,
-                      "eagle3 (eagle3=r3/eagle3#cccccccc)": 2}
+                      "eagle3 (eagle3=r3/eagle3#cccccccc)": 2, "eagle3 (eagle3=someone/eagle3-drafter#01234567)": 2}
     assert all(results.baseline_for(g) is not None for g in results.groups)  # drafters never split a baseline off
 
 

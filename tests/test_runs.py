@@ -203,6 +203,32 @@ def test_recorded_weights_cover_the_trie_and_calibrated_thresholds(tmp_path):
     assert changed["dart"] != dart["dart"] and changed["dart_ngram"] != dart["dart_ngram"]
 
 
+def test_a_hub_drafter_is_recorded_with_the_commit_its_cache_resolves_to(tmp_path, monkeypatch):
+    """A hub repo's main branch moves, so run.json records a hub drafter as "id@commit"; an id the cache cannot
+    resolve offline is one line before the target loads. The cache here is laid out as huggingface_hub writes it."""
+    from huggingface_hub import constants
+
+    from specbench_cli.core.errors import UsageError
+    from specbench_cli.runner import RunConfig, drafter_weights, plan
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--eagle3-drafter"
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    def weights(ref: str) -> dict[str, str]:
+        config = RunConfig(method="eagle3", limit=1, out=tmp_path / "out", drafters=[f"eagle3={ref}"])
+        return drafter_weights(plan(config, {}))
+
+    assert weights("someone/eagle3-drafter") == {"eagle3": f"someone/eagle3-drafter@{commit}"}
+    with pytest.raises(UsageError, match="cannot fetch drafter checkpoint 'someone/missing'"):
+        weights("someone/missing")
+
+
 def test_warm_up_never_uses_a_scored_prompt_and_long_prompts_are_refused(tmp_path):
     data = tmp_path / "one.jsonl"
     data.write_text('{"id": "only", "turns": ["Name a colour."]}\n')

@@ -158,11 +158,13 @@ def drafter_identity(info: dict) -> dict[str, str]:
 
 def _drafter_name(group: RunGroup, name: str) -> str:
     """How a label names one drafter: the `--drafter` folder's last two parts (or "registered"), then a short
-    fingerprint when one was recorded."""
+    fingerprint, or a hub drafter's commit, when one was recorded."""
     ref = group.info["settings"].get("drafters", {}).get(name)
     where = "/".join(Path(ref).parts[-2:]) if ref else "registered"
     weights = group.info.get("drafter_weights", {}).get(name)
-    return where + (f"#{weights[:8]}" if weights and weights != ref else "")
+    if not weights or weights == ref:
+        return where
+    return f"{where}#{weights.rpartition('@')[2][:8]}"  # a hub drafter's commit, or a local fingerprint
 
 
 def _merge(label: str, members: list[tuple[Path, dict]]) -> RunGroup:

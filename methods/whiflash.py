@@ -77,9 +77,13 @@ class WhiFlash(Method):
         self.dflash = DFlash(DFlash.Options(o.block_size), model, drafters)
         self.calibrated = self._calibration()
 
+    @classmethod
+    def reads_calibration(cls, options: Options) -> bool:
+        return cls.needs_artifact or math.isnan(options.threshold)  # --opt threshold=T stands in for the card
+
     def _calibration(self) -> dict:
         """The policy's calibration card (config.json of its artifact folder), {} when none is needed."""
-        if not math.isnan(self.options.threshold) and not self.needs_artifact:
+        if not self.reads_calibration(self.options):
             return {}
         ref = self.drafters.get(self.calibration) or self.model.spec.drafters.get(self.calibration)
         if not ref:

@@ -246,11 +246,13 @@ MEASURED = ("device", "cpu", "gpu", "torch_threads")
 def drafter_weights(plan: Plan) -> dict[str, str]:
     """Which weights each drafter the method loads has (`checkpoints.weights_id`: a local folder's fingerprint, a
     calibration's with its config.json, whose thresholds decide, or a hub id with its commit). Optional drafters
-    count when passed or registered (DART's trie, whiflash-entropy's thresholds). Recorded in run.json so that two
-    runs with other drafter weights under the same settings (a retrained drafter or a recalibrated router at the
-    registered path, a hub repo that moved on) never merge into one report row, and a resume cannot mix them."""
+    count when passed or registered (DART's trie, whiflash-entropy's thresholds unless `--opt threshold` stands in
+    for them). Recorded in run.json so that two runs with other drafter weights under the same settings (a
+    retrained drafter or a recalibrated router at the registered path, a hub repo that moved on) never merge into
+    one report row, and a resume cannot mix them."""
     cls = plan.method_cls
-    optional = [n for n in cls.optional_drafters if n in plan.drafters or n in plan.spec.drafters]
+    unread = set() if cls.reads_calibration(plan.options) else {cls.calibration}
+    optional = [n for n in cls.optional_drafters if (n in plan.drafters or n in plan.spec.drafters) and n not in unread]
     refs = {name: drafter_ref(cls, plan.spec, plan.drafters, name) for name in [*cls.drafter_names, *optional]}
     once = functools.cache(weights_id)  # DART's draft and trie often share one folder: read it once
     return {name: once(ref, ("config.json",) if name == cls.calibration else ()) for name, ref in refs.items()}

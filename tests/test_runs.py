@@ -182,11 +182,12 @@ def test_recorded_weights_cover_the_trie_and_calibrated_thresholds(tmp_path):
     registered = project_drafters("smollm2-135m")
     copies = {name: shutil.copytree(registered[name], tmp_path / name) for name in ("dart", "whiflash-entropy")}
 
-    def weights(method: str, *drafters: str) -> dict[str, str]:
-        config = RunConfig(method=method, limit=1, out=tmp_path / "out", drafters=list(drafters))
+    def weights(method: str, *drafters: str, opts: tuple[str, ...] = ()) -> dict[str, str]:
+        config = RunConfig(method=method, limit=1, out=tmp_path / "out", drafters=list(drafters), opts=list(opts))
         return drafter_weights(plan(config, {}))
 
     entropy = weights("whiflash-entropy")
+    assert set(weights("whiflash-entropy", opts=("threshold=2.0",))) == {"eagle3", "dflash"}  # the card is not read
     card = json.loads((tmp_path / "whiflash-entropy" / "config.json").read_text())
     assert {n: entropy[n] for n in ("eagle3", "dflash")} == card["drafters"]  # unchanged for tensors alone
     router = f"whiflash-entropy={copies['whiflash-entropy']}"

@@ -116,6 +116,11 @@ class Method(Proposer):
     # Host syncs the algorithm needs in a round beyond reading the accepted length (recorded in run.json).
     inherent_syncs: ClassVar[str] = "one per round: accepted length to host"
 
+    @classmethod
+    def reads_calibration(cls, options: Options) -> bool:
+        """Whether a run with these options reads the `calibration` artifact (an option may stand in for it)."""
+        return bool(cls.calibration)
+
     def __init__(self, options: Options, model: LoadedModel, drafters: dict[str, str] | None = None) -> None:
         self.options = options
         self.model = model

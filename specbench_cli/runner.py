@@ -9,8 +9,8 @@ with the same settings and gives the same records an uninterrupted run would hav
 from __future__ import annotations
 
 import dataclasses
-import functools
 import datetime as dt
+import functools
 import json
 import time
 import zlib

@@ -55,7 +55,7 @@ class HFGenerate(Method):
         new, stopped = cut(out[0, len(prompt_ids):].tolist(), settings.stop_ids, settings.max_new_tokens)
         ttft_ms = (stamps.times[0] - t0) / 1e6
         decode_ms = (stamps.times[-1] - stamps.times[0]) / 1e6
-        rounds = [RoundInfo(self.name, tree_size=0, draft_depth=0, accepted=0, emitted=1, kv_len=len(prompt_ids) + i,
+        rounds = [RoundInfo(proposer=self.name, tree_size=0, draft_depth=0, accepted=0, emitted=1, kv_len=len(prompt_ids) + i,
                             target_forwards=1, phases={"wall": (b - a) / 1e6})
                   for i, (a, b) in enumerate(zip(stamps.times, stamps.times[1:]))]
         return TurnResult(new, "stop_token" if stopped else "max_new_tokens", ttft_ms, decode_ms, rounds)

@@ -169,12 +169,11 @@ class HybridVerified(Method):
                      self.history, self.classes)
         score = self.score(draft, x)
         self.chose_cache = bool(draft.tokens) and score >= self.tau
-        values = tuple(float(v) for v in x)
+        extras = {"backlog": 0, "router_score": score, "features": tuple(float(v) for v in x)}
         if self.chose_cache:
             self.cache.tree = draft.tree()
-            return Route(self.cache, score=score, features=values,
-                         also=() if self.options.lazy_catchup else (self.eagle3,))
-        return Route(self.eagle3, state.target.length - self.eagle3.absorbed, score=score, features=values)
+            return Route(self.cache, () if self.options.lazy_catchup else (self.eagle3,), extras)
+        return Route(self.eagle3, extras={**extras, "backlog": state.target.length - self.eagle3.absorbed})
 
 
 class Hvd(HybridVerified):

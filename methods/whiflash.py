@@ -113,7 +113,8 @@ class WhiFlash(Method):
         use_eagle3, h, score = self.decide(state)
         chosen, idle = (self.eagle3, self.dflash) if use_eagle3 else (self.dflash, self.eagle3)
         backlog = state.target.length - chosen.absorbed
-        return Route(chosen, backlog, h, score, () if self.options.lazy_catchup else (idle,))
+        return Route(chosen, () if self.options.lazy_catchup else (idle,),
+                     extras={"backlog": backlog, "entropy": h, "router_score": score})
 
     def decide(self, state: DecodeState) -> tuple[bool, float, float]:
         """(EAGLE-3?, entropy, score) for this round."""
@@ -133,7 +134,7 @@ class WhiFlashEntropy(WhiFlash):
 
     def decide(self, state: DecodeState) -> tuple[bool, float, float]:
         h = float(entropy(state.next_logits))  # the round's one extra sync: the decision needs it on the host
-        return h > self.threshold(state.category), h, math.nan
+        return h > self.threshold(state.context.get("category", "")), h, math.nan
 
 
 class WhiFlashNeural(WhiFlash):

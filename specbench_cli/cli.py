@@ -92,9 +92,12 @@ def _execute(config, threads: int | None) -> Path:
         return execute(plan(config, dict(os.environ), chosen), console)
     except UsageError as err:
         fail(str(err))
-    except KeyboardInterrupt:
-        err_console.print("interrupted: finished prompts are kept; continue with --resume")
-        raise typer.Exit(130)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (run_folder.Terminated) while a run owns its folder
+        from specbench_cli.run_folder import Terminated
+
+        term = isinstance(err, Terminated)
+        err_console.print(f"interrupted{' (SIGTERM)' if term else ''}: finished prompts are kept; continue with --resume")
+        raise typer.Exit(143 if term else 130)
 
 
 def use_threads(threads: int | None) -> None:

@@ -8,15 +8,20 @@ any model loads.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.datasets import Prompt, dataset_slug, load_dataset, parse_shard, select, warmup_prompts
 from specbench_cli.models import ModelSpec, get_model_spec
 from specbench_cli.registry import METHODS
+
+if TYPE_CHECKING:
+    import torch
 
 # --compile's verify sizes: core.target.DEFAULT_BUCKETS as text (torch-free here; a test keeps them equal)
 DEFAULT_BUCKETS = "1,4,16,64"
@@ -48,15 +53,33 @@ class RunConfig:
 
 
 @dataclass
-class Selection:
-    """What `check_run` found: the model spec, the prompts to score and to warm up on, the shard, the folder."""
+class Plan:
+    """A checked run: everything but the loaded model. `check_run` fills the selection (no torch needed);
+    `runner.plan` adds what needs the method's code or torch (its options and drafters, device, dtype)."""
 
+    config: RunConfig
     spec: ModelSpec
     prompts: list[Prompt]
     warmup: list[Prompt]
     shard: tuple[int, int]
     out: Path
     buckets: tuple[int, ...]
+    method_cls: type | None = None
+    options: object = None
+    drafters: dict[str, str] = field(default_factory=dict)
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None
+    compile_mode: str | None = None  # None = eager; "reduce-overhead" (CUDA graphs) on GPU, "inductor" on CPU
+
+    def settings(self) -> dict:
+        """What run.json records as the run's settings (and a resume must match)."""
+        c = self.config
+        return {"method": c.method, "model": c.model, "dataset": c.dataset, "categories": c.categories,
+                "limit": c.limit, "shard": f"{self.shard[0]}/{self.shard[1]}", "max_new_tokens": c.max_new_tokens,
+                "temperature": c.temperature, "seed": c.seed, "dtype": str(self.dtype).removeprefix("torch."),
+                "options": dataclasses.asdict(self.options), "target": self.spec.target, "drafters": self.drafters,
+                "warmup": [p.id for p in self.warmup],
+                "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)}}
 
 
 def at_least(option: str, value: float | None, low: float) -> None:
@@ -67,7 +90,7 @@ def at_least(option: str, value: float | None, low: float) -> None:
         raise UsageError(f"{option} must be at least {low:g} (got {value:g})")
 
 
-def check_run(config: RunConfig, env: dict[str, str]) -> Selection:
+def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
     """Every check of a run that needs neither torch nor a model, in the order a user would fix them."""
     if config.method not in METHODS:
         raise unknown("method", config.method, METHODS)
@@ -91,8 +114,8 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Selection:
         raise UsageError(f"results directory {out} exists; pass --resume to continue it or --out for a new one")
     if config.resume and not (out / "run.json").is_file():
         raise UsageError(f"--resume: no run to continue at {out}")
-    return Selection(spec, prompts, warmup_prompts(everything, prompts, config.warmup), shard, out,
-                     parse_buckets(config.compile_buckets))
+    return Plan(config, spec, prompts, warmup_prompts(everything, prompts, config.warmup), shard, out,
+                parse_buckets(config.compile_buckets))
 
 
 def default_name(c: RunConfig, shard: tuple[int, int]) -> str:

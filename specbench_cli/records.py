@@ -1,9 +1,9 @@
 """Parquet records, written as the run goes so a killed run keeps every finished prompt.
 
 `rounds.parquet/` and `prompts.parquet/` are folders of part files, one part per finished prompt (all its
-turns), which pandas and pyarrow read as one table (`pd.read_parquet(run / "rounds.parquet")`). A part is
-written to a temporary name and renamed, rounds before prompts: a prompt counts as finished when its
-prompts part exists. Column meanings are in the README ("Records").
+turns), which pandas and pyarrow read as one table (`pd.read_parquet(run / "rounds.parquet")`). `RunFolder`
+(run_folder.py) writes them, rounds before prompts: a prompt counts as finished when its prompts part exists.
+Column meanings are in the README ("Records").
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from specbench_cli.folders import write_atomically
 
 NAN = float("nan")
 
@@ -47,10 +46,6 @@ class RoundRecord(Identity):
     emitted: int
     kv_len: int
     target_forwards: int
-    backlog: int
-    entropy: float
-    router_score: float
-    features: str  # the policy's input vector, comma-separated (HVD's FEATURES order); "" for other methods
     route_ms: float
     catchup_ms: float
     draft_ms: float
@@ -60,6 +55,9 @@ class RoundRecord(Identity):
     commit_ms: float
     wall_ms: float
     extra_forward_ms: float = NAN  # target forwards a method runs outside verify (SpS deferred=false)
+    # The method's own per-round signals (`Route.extras`: a router's inputs and score, the catch-up backlog),
+    # each written as a column of its own after the fixed ones; a vector as comma-separated text.
+    extras: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -87,52 +85,65 @@ _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "list[in
 
 
 def schema(cls: type) -> pa.Schema:
-    return pa.schema([(f.name, _ARROW[f.type]) for f in dataclasses.fields(cls)])
+    """The fixed columns of a record class (a method's extras add columns of their own)."""
+    return pa.schema([(f.name, _ARROW[f.type]) for f in dataclasses.fields(cls) if f.name != "extras"])
+
+
+def row(record) -> dict:
+    """A record as one table row: its fixed fields, then its extras as columns of their own."""
+    values = dataclasses.asdict(record)
+    extras = values.pop("extras", {})
+    clash = sorted(set(extras) & set(values))
+    if clash:
+        raise ValueError(f"a method's round extras may not reuse a record column: {', '.join(clash)}")
+    return {**values, **{k: _column_value(v) for k, v in extras.items()}}
+
+
+def _column_value(value):
+    if isinstance(value, (tuple, list)):
+        return ",".join(f"{float(v):.6g}" for v in value)
+    return value
 
 
 def output_hash(ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
 
 
-class RunWriter:
-    def __init__(self, run_dir: Path) -> None:
-        self.dir = run_dir
-        self.rounds_dir = run_dir / "rounds.parquet"
-        self.prompts_dir = run_dir / "prompts.parquet"
+RUN_TABLES = ("rounds", "prompts")  # a run's tables, in the order a prompt's parts are written (prompts marks it done)
 
-    def create(self, config: dict) -> None:
-        self.rounds_dir.mkdir(parents=True, exist_ok=True)
-        self.prompts_dir.mkdir(parents=True, exist_ok=True)
-        self.write_json("run.json", config)
 
-    def write_json(self, name: str, payload: dict) -> None:
-        write_atomically(self.dir / name, lambda tmp: tmp.write_text(json.dumps(payload, indent=2, default=str)))
+def table(cls: type, records: list) -> pa.Table:
+    """Records of one class as a table: the fixed columns typed by `schema`, then any extras' columns."""
+    rows = [row(r) for r in records]
+    fixed = schema(cls)
+    names = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in fixed.names]
+    extra = [pa.field(k, pa.array([r.get(k) for r in rows]).type) for k in names]
+    return pa.Table.from_pylist(rows, schema=pa.schema([*fixed, *extra]))
 
-    def finished(self) -> set[int]:
-        """Selection indices whose prompts part exists; stray rounds parts of unfinished prompts are removed."""
-        done = {int(p.stem.split("-")[1]) for p in self.prompts_dir.glob("part-*.parquet")}
-        for part in self.rounds_dir.glob("part-*.parquet"):
-            if int(part.stem.split("-")[1]) not in done:
-                part.unlink()
-        for tmp in self.dir.rglob(".*.tmp"):
-            tmp.unlink()
-        return done
 
-    def write_prompt(self, index: int, rounds: list[RoundRecord], turns: list[PromptRecord]) -> None:
-        self._write(self.rounds_dir, index, RoundRecord, rounds)
-        self._write(self.prompts_dir, index, PromptRecord, turns)
-
-    @staticmethod
-    def _write(folder: Path, index: int, cls: type, rows: list) -> None:
-        table = pa.Table.from_pylist([dataclasses.asdict(r) for r in rows], schema=schema(cls))
-        write_atomically(folder / f"part-{index:05d}.parquet", lambda tmp: pq.write_table(table, tmp))
+def run_parts(rounds: list[RoundRecord], prompts: list[PromptRecord]) -> dict[str, pa.Table]:
+    """One prompt's parts of a run folder (`RunFolder.write_prompt`)."""
+    return {"rounds": table(RoundRecord, rounds), "prompts": table(PromptRecord, prompts)}
 
 
 def read_table(run_dir: Path, name: str) -> pd.DataFrame:
-    """Read `prompts` or `rounds` of a run (an empty frame with the right columns if nothing finished)."""
+    """Read `prompts` or `rounds` of a run (an empty frame with the fixed columns if nothing finished). The fixed
+    columns keep their types; a method's extra columns are as written (missing in a part: null)."""
     folder = run_dir / f"{name}.parquet"
     cls = PromptRecord if name == "prompts" else RoundRecord
     parts = sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
     if not parts:
         return schema(cls).empty_table().to_pandas()
-    return pa.concat_tables([pq.read_table(p, schema=schema(cls)) for p in parts]).to_pandas()
+    fixed = schema(cls)
+    tables = [_with_fixed_types(pq.read_table(p), fixed) for p in parts]
+    return pa.concat_tables(tables, promote_options="permissive").to_pandas()
+
+
+def _with_fixed_types(table: pa.Table, fixed: pa.Schema) -> pa.Table:
+    """A part's fixed columns cast to their schema types, a fixed column it lacks (a column added later,
+    such as extra_forward_ms) added as nulls, its extras kept."""
+    columns = [table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
+               for f in fixed]
+    extras = [n for n in table.column_names if n not in fixed.names]
+    return pa.Table.from_arrays([*columns, *(table[n] for n in extras)],
+                                schema=pa.schema([*fixed, *(table.schema.field(n) for n in extras)]))

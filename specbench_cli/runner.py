@@ -9,14 +9,13 @@ with the same settings and gives the same records an uninterrupted run would hav
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import functools
-import json
 import time
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
+import pyarrow as pa
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -29,53 +28,21 @@ from specbench_cli.datasets import Prompt
 from specbench_cli.core.engine import decode_turn
 from specbench_cli.core.turn import DecodeSettings, TurnResult
 from specbench_cli.core.errors import UsageError
-from specbench_cli.folders import claim
 from specbench_cli.analysis.metrics import tau
-from specbench_cli.inputs import RunConfig, Selection, check_run
+from specbench_cli.inputs import Plan, RunConfig, check_run
 from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype
-from specbench_cli.models import ModelSpec, checkpoint_ref
+from specbench_cli.models import checkpoint_ref
 from specbench_cli.registry import method_class
-from specbench_cli.records import NAN, PromptRecord, RoundRecord, RunWriter, output_hash, read_table
+from specbench_cli.records import NAN, RUN_TABLES, PromptRecord, RoundRecord, output_hash, run_parts
+from specbench_cli.run_folder import RunFolder, RunInfo, now
 from specbench_cli.analysis.summary import print_summary
-from specbench_cli.core.target import DEFAULT_BUCKETS, Target
+from specbench_cli.core.target import Target
 from specbench_cli.core.timing import PHASES, SUB_PHASES, PhaseClock
 
-# Settings that must match for --resume to continue a run.
-RESUME_KEYS = ("method", "model", "dataset", "categories", "limit", "shard", "max_new_tokens", "temperature",
-               "seed", "dtype", "options", "target", "drafters", "warmup", "compile")
-LEGACY = {"compile": None}  # what a setting meant in runs written before it existed
 TEMPLATE_MARGIN = 64  # chat-template tokens per turn beyond the joined turns' (role headers, end-of-turn)
 
 
-@dataclass
-class Plan:
-    """A checked run: everything but the loaded model."""
-
-    config: RunConfig
-    method_cls: type
-    options: object
-    spec: ModelSpec
-    prompts: list[Prompt]
-    warmup: list[Prompt]
-    shard: tuple[int, int]
-    device: torch.device
-    dtype: torch.dtype
-    out: Path
-    drafters: dict[str, str]
-    compile_mode: str | None = None  # None = eager; "reduce-overhead" (CUDA graphs) on GPU, "inductor" on CPU
-    buckets: tuple[int, ...] = DEFAULT_BUCKETS
-
-    def settings(self) -> dict:
-        c = self.config
-        return {"method": c.method, "model": c.model, "dataset": c.dataset, "categories": c.categories,
-                "limit": c.limit, "shard": f"{self.shard[0]}/{self.shard[1]}", "max_new_tokens": c.max_new_tokens,
-                "temperature": c.temperature, "seed": c.seed, "dtype": str(self.dtype).removeprefix("torch."),
-                "options": dataclasses.asdict(self.options), "target": self.spec.target, "drafters": self.drafters,
-                "warmup": [p.id for p in self.warmup],
-                "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)}}
-
-
-def plan(config: RunConfig, env: dict[str, str], chosen: Selection | None = None) -> Plan:
+def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None) -> Plan:
     """`check_run`'s checks (unless the caller ran them: `chosen`), then those that need the method's code or
     torch; no model loads here."""
     chosen = chosen or check_run(config, env)
@@ -87,8 +54,8 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Selection | None = None
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if config.compile else None
-    return Plan(config, cls, options, chosen.spec, chosen.prompts, chosen.warmup, chosen.shard, device, dtype,
-                chosen.out, drafters, mode, chosen.buckets)
+    return dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device, dtype=dtype,
+                               compile_mode=mode)
 
 
 def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
@@ -105,6 +72,11 @@ def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------- running
+def context(prompt: Prompt) -> dict[str, str]:
+    """What a method may know of the prompt it decodes (`DecodeState.context`)."""
+    return {"dataset": prompt.dataset, "category": prompt.category, "subtask": prompt.subtask, "prompt_id": prompt.id}
+
+
 class Runner:
     def __init__(self, plan: Plan, model: LoadedModel) -> None:
         self.plan = plan
@@ -154,7 +126,7 @@ class Runner:
         for t, text in enumerate(prompt.turns):
             messages.append({"role": "user", "content": text})
             ids = self.model.encode_chat(messages)
-            result = decode_turn(self.target, self.method, ids, self.settings, self._generator(prompt, t), prompt.category)
+            result = decode_turn(self.target, self.method, ids, self.settings, self._generator(prompt, t), context(prompt))
             messages.append({"role": "assistant", "content": self.model.decode(result.output_ids)})
             turns.append((ids, result))
         return turns
@@ -183,64 +155,138 @@ class Runner:
                 ms = {f"{p}_ms": info.phases.get(p, NAN) for p in (*PHASES, *SUB_PHASES, "wall")}
                 rounds.append(RoundRecord(**common, turn=t, round=k, proposer=info.proposer, tree_size=info.tree_size,
                                           draft_depth=info.draft_depth, accepted=info.accepted, emitted=info.emitted,
-                                          kv_len=info.kv_len, target_forwards=info.target_forwards, backlog=info.backlog,
-                                          entropy=info.entropy, router_score=info.router_score,
-                                          features=",".join(f"{v:.6g}" for v in info.features), **ms))
+                                          kv_len=info.kv_len, target_forwards=info.target_forwards, **ms,
+                                          extras=info.extras))
         return rounds, rows
 
 
-def execute(plan: Plan, console: Console) -> Path:
-    """Take the results folder (one writer per folder), then record the run and print its summary."""
-    with claim(plan.out, plan.config.resume, lambda line: console.print(line, highlight=False)):
-        _record(plan, console)
+# ---------------------------------------------------------------------------------------------- the run's life
+class PromptJob(Protocol):
+    """What a kind of run does with a prompt; `record_prompts` does the rest (warm-up, resume, parts, progress)."""
+
+    def warm_up(self, prompt: Prompt) -> None:
+        """Decode a warm-up prompt: not recorded, but cross-prompt state (a suffix cache) keeps its outputs."""
+
+    def absorb(self, output_ids: list[int]) -> None:
+        """Take in a finished prompt's turn output on resume, as if it had just been decoded."""
+
+    def decode(self, index: int, prompt: Prompt) -> dict[str, pa.Table]:
+        """Decode one prompt of the selection: its rows, one table per name of the folder's tables."""
+
+    def stats(self) -> str:
+        """The progress bar's live text after the latest prompt."""
+
+
+def warm_up(folder: RunFolder, job: PromptJob, plan: Plan, console: Console) -> None:
+    """Decode the warm-up prompts, then replay the finished prompts' outputs into the method (resume): cross-prompt
+    state then holds what an uninterrupted run's would."""
+    if plan.warmup and plan.warmup[0].dataset == "builtin":
+        console.print("warm-up: every prompt of the dataset is scored, so a built-in prompt warms up", highlight=False)
+    for prompt in plan.warmup:
+        job.warm_up(prompt)
+    for ids in folder.finished_outputs():
+        job.absorb(ids)
+
+
+def record_prompts(folder: RunFolder, job: PromptJob, plan: Plan, done: set[int], console: Console, label: str) -> None:
+    """Decode and write the prompts not yet done, one part per table each.
+
+    The bar's time estimate counts turns, not prompts (prompts differ in turns and length): turns left x the
+    mean wall time of a turn so far."""
+    todo = [(i, p) for i, p in enumerate(plan.prompts) if i not in done]
+    turns_left, turns_done = sum(len(p.turns) for _, p in todo), 0
+    with progress_bar(console, remaining=False) as bar:
+        task = bar.add_task(label, total=len(plan.prompts), completed=len(plan.prompts) - len(todo), stats="")
+        started = time.perf_counter()
+        for index, prompt in todo:
+            folder.write_prompt(index, job.decode(index, prompt))
+            turns_done += len(prompt.turns)
+            left = (turns_left - turns_done) * (time.perf_counter() - started) / turns_done
+            bar.update(task, advance=1, stats=f"{job.stats()}  ~{_clock(left)} left".strip())
+
+
+def new_session(device: torch.device, telemetry: dict | None = None) -> dict:
+    return {"started": now(), "environment": {**hardware.environment(device), **(telemetry or {})}}
+
+
+def _decoding(plan: Plan, model: LoadedModel | None, split: bool = False) -> LoadedModel:
+    """The target, loaded now unless a caller (calibrate, which runs several records on one target) has it."""
+    return model if model is not None else load_model(plan.spec, plan.device, plan.dtype, split)
+
+
+# ---------------------------------------------------------------------------------------------- `run`
+class RunJob:
+    """`run`'s rows: a prompt decoded by the method -> its rounds and prompts records."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.generated = self.decode_tokens = self.rounds = 0
+        self.decode_s = 0.0
+
+    def warm_up(self, prompt: Prompt) -> None:
+        self.runner.decode_prompt(prompt)
+
+    def absorb(self, output_ids: list[int]) -> None:
+        self.runner.method.absorb(output_ids)
+
+    def decode(self, index: int, prompt: Prompt) -> dict[str, pa.Table]:
+        turns = self.runner.decode_prompt(prompt)
+        rounds, rows = self.runner.records(index, prompt, turns)
+        self.generated += sum(len(r.output_ids) for _, r in turns)
+        self.decode_tokens += sum(len(r.output_ids) - 1 for _, r in turns)  # the first token is the prefill's
+        self.rounds += sum(len(r.rounds) for _, r in turns)
+        self.decode_s += sum(r.decode_ms for _, r in turns) / 1e3
+        return run_parts(rounds, rows)
+
+    def stats(self) -> str:
+        """τ and a tok/s pooling every token of the session (decode time only); the summary's is the mean of
+        per-prompt rates, and is labelled so."""
+        return (f"τ {tau(self.decode_tokens, self.rounds):.2f}  "
+                f"{self.decode_tokens / max(self.decode_s, 1e-9):.1f} tok/s pooled")
+
+
+def execute(plan: Plan, console: Console, model: LoadedModel | None = None) -> Path:
+    """Take the results folder (one writer per folder), then record the run and print its summary. `model`: an
+    already loaded target of the plan's model, device and dtype."""
+    folder = RunFolder(plan.out, RUN_TABLES)
+    with folder.session(plan.config.resume, lambda line: console.print(line, highlight=False)):
+        _record(plan, folder, console, model)
     print_summary(plan.out, console)
     return plan.out
 
 
-def _record(plan: Plan, console: Console) -> None:
-    writer = RunWriter(plan.out)
+def _record(plan: Plan, folder: RunFolder, console: Console, model: LoadedModel | None) -> None:
     gpu = GpuTelemetry(plan.device)
-    session = {"started": dt.datetime.now().isoformat(timespec="seconds"),
-               "environment": {**hardware.environment(plan.device), **gpu.info()}}
+    session = new_session(plan.device, gpu.info())
     weights = drafter_weights(plan)
-    info = _resumed_info(plan, session["environment"], weights) if plan.config.resume else None
-    done = writer.finished() if info else set()
+    resumed = folder.resumed(plan.settings(), session["environment"], weights=weights) if plan.config.resume else None
+    done = folder.finished() if resumed else set()
     split = plan.config.device == "split"
-    model = load_model(plan.spec, plan.device, plan.dtype, split)
+    model = _decoding(plan, model, split)
     runner = Runner(plan, model)
     longest = runner.check_lengths()  # a prompt past the model's context is refused before anything decodes
-    if info is None:
-        info = {"settings": plan.settings(), "method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
-                "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
-                "environment": session["environment"], "prompts_selected": len(plan.prompts),
-                "started": session["started"], "weight_bytes": hardware.weight_bytes(model.model),
-                "drafter_weights": weights, "sessions": []}
-        if split:
-            info["device_map"] = getattr(model.model, "hf_device_map", "auto")  # for acceptance studies only
-    info.update(status="running", sessions=[*info["sessions"], session])
-    writer.create(info)
+    info = resumed or RunInfo(plan.settings(), session["started"], session["environment"], more={
+        "method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
+        "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
+        "prompts_selected": len(plan.prompts), "weight_bytes": hardware.weight_bytes(model.model),
+        "drafter_weights": weights,
+        **({"device_map": getattr(model.model, "hf_device_map", "auto")} if split else {})})  # acceptance studies only
+    folder.start(info, session)
     if plan.compile_mode is not None:
-        info["compile"] = runner.compile(longest)  # compile time is reported here and never enters a timed round
-        writer.write_json("run.json", info)
+        info.more["compile"] = runner.compile(longest)  # compile time is reported here and never enters a timed round
+        folder.write_info(info)
 
-    if plan.warmup and plan.warmup[0].dataset == "builtin":
-        console.print("warm-up: every prompt of the dataset is scored, so a built-in prompt warms up", highlight=False)
-    for prompt in plan.warmup:  # run, not recorded; cross-prompt state (suffix cache) keeps their outputs
-        runner.decode_prompt(prompt)
-    _replay_finished(runner, writer, done)
-
+    job = RunJob(runner)
+    warm_up(folder, job, plan, console)
     gpu.start()
-    tokens = _decode_selection(runner, writer, [(i, p) for i, p in enumerate(plan.prompts) if i not in done], console)
+    record_prompts(folder, job, plan, done, console, f"{plan.config.method} on {plan.config.dataset}")
     if runner.target.late_compiles:
-        info["compile"]["late"] = runner.target.late_compiles  # sizes past every bucket: compiled inside a round
-    session.update(finished=dt.datetime.now().isoformat(timespec="seconds"), prompts=len(plan.prompts) - len(done),
-                   tokens=tokens, **hardware.peak_memory(plan.device), **gpu.stop(tokens))  # energy: this session's
-    info.update(status="complete", finished=session["finished"], **_run_totals(info["sessions"]))
-    writer.write_json("run.json", info)
-
-
-# Environment facts that change what a timing means: a resume must keep them.
-MEASURED = ("device", "cpu", "gpu", "torch_threads")
+        info.more["compile"]["late"] = runner.target.late_compiles  # sizes past every bucket: compiled inside a round
+    session.update(finished=now(), prompts=len(plan.prompts) - len(done), tokens=job.generated,
+                   **hardware.peak_memory(plan.device), **gpu.stop(job.generated))  # energy: this session's
+    info.status, info.finished = "complete", session["finished"]
+    info.more.update(_run_totals(info.sessions))
+    folder.write_info(info)
 
 
 def drafter_weights(plan: Plan) -> dict[str, str]:
@@ -258,29 +304,6 @@ def drafter_weights(plan: Plan) -> dict[str, str]:
     return {name: once(ref, ("config.json",) if name == cls.calibration else ()) for name, ref in refs.items()}
 
 
-def _resumed_info(plan: Plan, environment: dict, weights: dict[str, str]) -> dict:
-    """run.json of the run being resumed, after checking that this session measures the same thing."""
-    info = json.loads((plan.out / "run.json").read_text())
-    settings = json.loads(json.dumps(plan.settings()))
-    changed = [k for k in RESUME_KEYS if info.get("settings", {}).get(k, LEGACY.get(k)) != settings[k]]
-    if changed:
-        raise UsageError(f"--resume: {plan.out} was run with different settings ({', '.join(changed)})")
-    recorded = info.get("drafter_weights", weights)  # runs written before weights were recorded: not checked
-    if recorded != weights:
-        changed = sorted(n for n in {*recorded, *weights} if recorded.get(n) != weights.get(n))
-        raise UsageError(f"--resume: the {', '.join(changed)} drafter weights differ from those {plan.out} was run "
-                         f"with; start a new --out for the new weights")
-    before = info.get("environment", {})
-    moved = [f"{k} {before.get(k)} -> {environment.get(k)}" for k in MEASURED if before.get(k) != environment.get(k)]
-    if moved:
-        raise UsageError(f"--resume: {plan.out} was measured differently ({'; '.join(moved)}); resume it with the same "
-                         f"machine and --threads, or start a new --out")
-    if "sessions" not in info:  # a run written before sessions were kept: its first session is the top level
-        info["sessions"] = [{k: info[k] for k in ("started", "finished", "environment", "peak_rss_mb", "energy_j")
-                             if k in info}]
-    return info
-
-
 def _run_totals(sessions: list[dict]) -> dict:
     """Top-level memory and energy of a run made of sessions: the peak over sessions, the summed energy."""
     totals = {k: max(s[k] for s in sessions if k in s) for k in ("peak_rss_mb", "cuda_max_allocated_mb",
@@ -291,46 +314,9 @@ def _run_totals(sessions: list[dict]) -> dict:
     return totals
 
 
-def _decode_selection(runner: Runner, writer: RunWriter, todo: list[tuple[int, Prompt]], console: Console) -> int:
-    """Decode and write the prompts still to do; returns the tokens generated.
-
-    The bar's time estimate counts turns, not prompts (prompts differ in turns and length): turns left x the
-    mean wall time of a turn so far, i.e. the tokens still expected at the mean tokens per turn, over the
-    token rate so far. Its tok/s pools every token of the session (decode time only); the summary's is the mean
-    of per-prompt rates, and is labelled so."""
-    plan = runner.plan
-    turns_left = sum(len(p.turns) for _, p in todo)
-    with progress_bar(console, remaining=False) as bar:
-        task = bar.add_task(f"{plan.config.method} on {plan.config.dataset}", total=len(plan.prompts),
-                            completed=len(plan.prompts) - len(todo), stats="")
-        generated = decode_tokens = rounds = decode_s = turns_done = 0
-        started = time.perf_counter()
-        for index, prompt in todo:
-            turns = runner.decode_prompt(prompt)
-            writer.write_prompt(index, *runner.records(index, prompt, turns))
-            generated += sum(len(r.output_ids) for _, r in turns)
-            decode_tokens += sum(len(r.output_ids) - 1 for _, r in turns)  # the first token is the prefill's
-            rounds += sum(len(r.rounds) for _, r in turns)
-            decode_s += sum(r.decode_ms for _, r in turns) / 1e3
-            turns_done += len(turns)
-            left = (turns_left - turns_done) * (time.perf_counter() - started) / turns_done
-            bar.update(task, advance=1, stats=f"τ {tau(decode_tokens, rounds):.2f}  "
-                                              f"{decode_tokens / max(decode_s, 1e-9):.1f} tok/s pooled  ~{_clock(left)} left")
-    return generated
-
-
 def _clock(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"{minutes}:{secs:02d}"
-
-
-def _replay_finished(runner: Runner, writer: RunWriter, done: set[int]) -> None:
-    """On resume, feed the finished prompts' outputs to the method in their original order."""
-    if not done:
-        return
-    table = read_table(writer.dir, "prompts").sort_values(["index", "turn"])
-    for ids in table.output_ids:
-        runner.method.absorb([int(t) for t in ids])
 
 
 def progress_bar(console: Console, remaining: bool = True) -> Progress:

@@ -1,11 +1,12 @@
-"""Hand-made results directories with known answers, written through the real RunWriter."""
+"""Hand-made results directories with known answers, written through the real RunFolder."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbench_cli.records import PromptRecord, RoundRecord, RunWriter, output_hash
+from specbench_cli.records import RUN_TABLES, PromptRecord, RoundRecord, output_hash, run_parts
+from specbench_cli.run_folder import RunFolder, RunInfo
 
 CPU = {"cpu": "Test CPU 9000", "device": "cpu", "torch_threads": 2, "git_commit": "abc"}
 
@@ -33,13 +34,16 @@ def write_run(folder: Path, method: str, turns: list[Turn], env: dict | None = N
               drafters: dict[str, str] | None = None, drafter_weights: dict[str, str] | None = None) -> Path:
     """A complete run directory with one round row per accepted entry and one prompt row per turn (`drafters`:
     the `--drafter` overrides; `drafter_weights`: the fingerprints run.json records, left out when None)."""
-    writer = RunWriter(folder)
+    writer = RunFolder(folder, RUN_TABLES)
     settings = {"method": method, "model": "tiny", "dataset": dataset, "temperature": 0.0, "max_new_tokens": max_new_tokens,
                 "dtype": "float32", "target": "tiny-target", "options": options or {}, "shard": "0/1",
                 "drafters": drafters or {}}
     weights = {} if drafter_weights is None else {"drafter_weights": drafter_weights}
-    writer.create({"settings": settings, "environment": env or CPU, "clock": "perf_counter_ns", "status": "complete",
-                   **weights})
+    info = RunInfo(settings, "2026-01-01T00:00:00", env or CPU, more={"clock": "perf_counter_ns", **weights})
+    folder.mkdir(parents=True, exist_ok=True)
+    writer.start(info, {"started": info.started, "environment": info.environment})
+    info.status = "complete"
+    writer.write_info(info)
     phases = phases or {"draft_ms": 1.0, "verify_ms": 8.0, "wall_ms": 10.0}
     by_prompt: dict[str, list[Turn]] = {}
     for t in turns:
@@ -59,9 +63,8 @@ def write_run(folder: Path, method: str, turns: list[Turn], env: dict | None = N
                 ms = {f"{p}_ms": 0.0 for p in ("route", "catchup", "draft", "draft_head", "verify", "accept", "commit", "wall")}
                 ms.update(phases)
                 rounds.append(RoundRecord(**common, round=k, proposer=t.proposers[k] if t.proposers else method, tree_size=t.depth, draft_depth=t.depth,
-                                          accepted=a, emitted=a + 1, kv_len=10 + k, target_forwards=1, backlog=0,
-                                          entropy=float("nan"), router_score=float("nan"), features="", **ms))
-        writer.write_prompt(index, rounds, rows)
+                                          accepted=a, emitted=a + 1, kv_len=10 + k, target_forwards=1, **ms))
+        writer.write_prompt(index, run_parts(rounds, rows))
     return folder
 
 

@@ -72,7 +72,7 @@ def test_routed_method(distilled):
         options = WhiFlashEntropy.Options(threshold=threshold, depth=4, top_k=4, total_token=16, block_size=4)
         return WhiFlashEntropy(options, loaded(target), {"eagle3": str(eagle3), "dflash": str(dflash)})
 
-    entropies = sorted(r.entropy for r in run_method(target, method(-1.0), corpus[0][:24]).rounds)
+    entropies = sorted(r.extras["entropy"] for r in run_method(target, method(-1.0), corpus[0][:24]).rounds)
     result = assert_lossless(target, method(entropies[len(entropies) // 2]), corpus[0][:24], min_accepted=20,
                              target=compiled(target))
     assert len({r.proposer for r in result.rounds}) == 2  # the router switched: both proposers verified compiled

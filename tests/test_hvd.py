@@ -38,7 +38,7 @@ def median_score(setup):
     """A frequency-score threshold in the middle of the non-empty drafts' scores: the route switches often."""
     target, corpus, _ = setup
     rounds = run_method(target, freq(setup, threshold=1e9), corpus[0][:24]).rounds
-    return statistics.median(r.router_score for r in rounds if r.router_score > 0)
+    return statistics.median(r.extras["router_score"] for r in rounds if r.extras["router_score"] > 0)
 
 
 def sources(result) -> tuple[set[str], int]:
@@ -54,9 +54,9 @@ def test_frequency_policy_switches_losslessly(setup, median_score, variant):
     assert used == {"suffix", "eagle3"} and switches >= 4
     assert max(r.accepted for r in result.rounds if r.proposer == "suffix") >= 2  # cache drafts are accepted
     # EAGLE-3's backlog beyond the previous round's tokens: lazy catch-up absorbs whole cache stretches at once
-    extra = [r.backlog - prev.emitted for prev, r in zip(result.rounds, result.rounds[1:]) if r.proposer == "eagle3"]
+    extra = [r.extras["backlog"] - prev.emitted for prev, r in zip(result.rounds, result.rounds[1:]) if r.proposer == "eagle3"]
     assert (max(extra) > 1) == variant.get("lazy_catchup", True), extra
-    assert all(len(r.features) == len(FEATURES) for r in result.rounds)
+    assert all(len(r.extras["features"]) == len(FEATURES) for r in result.rounds)
 
 
 def test_multi_turn_is_lossless(setup, median_score, tmp_path):
@@ -85,7 +85,7 @@ def test_payoff_predictor_switches_losslessly_and_needs_its_artifact(setup, tmp_
     target, corpus, drafters = setup
     make = lambda folder, **o: Hvd(Hvd.Options(**SMALL, **o), loaded(target), {**drafters, "hvd": str(folder)})  # noqa: E731
     probe = make(write_predictor(tmp_path / "p", 6.0), threshold=1e9)
-    scores = [r.router_score for r in run_method(target, probe, corpus[0][:24]).rounds if r.features[2] > 0]
+    scores = [r.extras["router_score"] for r in run_method(target, probe, corpus[0][:24]).rounds if r.extras["features"][2] > 0]
     method = make(tmp_path / "p", threshold=statistics.median(scores))
     result = assert_lossless(target, method, corpus[0][:24], min_accepted=40)
     assert sources(result)[0] == {"suffix", "eagle3"}
@@ -117,7 +117,7 @@ def test_replayed_features_are_the_live_ones(setup, median_score):
                      [i["draft"] for i in info])
     x, chose = rollout(turn, np.zeros((200, len(CLASSES)), np.float32), frequency_rule(median_score))
     starts = np.cumsum([0] + [r.emitted for r in live.rounds])[:-1]
-    np.testing.assert_allclose(x[starts], np.array([r.features for r in live.rounds]), rtol=1e-5)
+    np.testing.assert_allclose(x[starts], np.array([r.extras["features"] for r in live.rounds]), rtol=1e-5)
     assert [("suffix" if c else "eagle3") for c in chose[starts]] == [r.proposer for r in live.rounds]
 
 

@@ -35,6 +35,21 @@ def test_core_imports_nothing_above_it() -> None:
         assert not above, f"{path.name} (core) imports {above}"
 
 
+def test_core_names_no_method() -> None:
+    """The core's code and docstrings speak of proposers, routes and extras, never of a registered method:
+    what one method needs goes through an extension point every method could use."""
+    import re
+
+    from specbench_cli.registry import METHODS
+
+    names = {n for m in METHODS for n in (m, m.replace("-", "_"), *m.split("-"))} - {"hf", "generate", "neural", "freq"}
+    names |= {"eagle-3", "eagle", "sps", "confu", "flashhead", "dflash", "dart", "whiflash", "hvd"}
+    for path in sorted((ROOT / "specbench_cli" / "core").glob("*.py")):
+        text = path.read_text().lower()
+        found = sorted(n for n in names if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", text))
+        assert not found, f"core/{path.name} names {found}"
+
+
 def test_methods_import_only_core() -> None:
     for path in sorted((ROOT / "methods").rglob("*.py")):
         above = [m for m in imports(path) if ours(m) and not m.startswith(("specbench_cli.core", "methods"))]

@@ -76,15 +76,17 @@ def test_draft_parts_read_back_when_one_prompt_never_drafted(tmp_path):
     """A part whose drafts are all empty must not give the column a type the other parts do not share."""
     import torch
 
-    from specbench_cli.oracle.command import _write_prompt
+    from specbench_cli.oracle.command import ORACLE_TABLES, _parts
     from specbench_cli.oracle.replay import Trace, TurnReplay
+    from specbench_cli.run_folder import RunFolder
 
-    for folder in ("replay.parquet", "signals.parquet", "traces.parquet", "drafts.parquet"):
-        (tmp_path / folder).mkdir()
+    folder = RunFolder(tmp_path, ORACLE_TABLES)
+    for table in ORACLE_TABLES:
+        (tmp_path / f"{table}.parquet").mkdir()
     for index, draft in enumerate(([], [5, 6])):
         trace = Trace(f"p{index}", 0, "c", "s", [1, 2], [3, 4])
         turn = TurnReplay({"suffix": [0]}, {"suffix": [{"score": 0.5, "match_len": 1, "draft": draft}]},
                           torch.zeros(1), torch.zeros(1, 2))
-        _write_prompt(tmp_path, index, [trace], [turn])
+        folder.write_prompt(index, _parts(index, [trace], [turn]))
     drafts = pd.read_parquet(tmp_path / "drafts.parquet").sort_values("prompt_id")
     assert [list(d) for d in drafts.draft] == [[], [5, 6]] and list(drafts.prompt_len) == [2, 2]

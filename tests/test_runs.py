@@ -139,6 +139,70 @@ def test_kill_and_resume_gives_the_uninterrupted_records(tmp_path):
         pd.testing.assert_frame_equal(a, b)
 
 
+def _first_prompt_then(signum: int, out, args: list[str]) -> subprocess.CompletedProcess:
+    """Start a run in a subprocess, send it `signum` once its first prompt is written, and wait for it to end."""
+    cmd = [sys.executable, "-m", "specbench_cli.cli", "run", *COMMON, *args, "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.time() + 600
+    while not list((out / "prompts.parquet").glob("part-*.parquet")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the run ended by itself (exit {proc.returncode}) before it was signalled"
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "", stderr)
+
+
+@pytest.mark.parametrize("signum, code, reason", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
+def test_sigterm_and_ctrl_c_keep_finished_prompts_release_the_lock_and_say_interrupted(tmp_path, signum, code, reason):
+    """What Slurm sends at a time limit (SIGTERM) ends a run as Ctrl-C does: one line, the lock released (so a
+    job requeued on another host may resume), run.json "interrupted", and --resume finishes it."""
+    args = ["--method", "suffix", "--dataset", "spec-bench", "--limit", "3", "--max-new-tokens", "24", "--warmup", "0"]
+    out = tmp_path / "r"
+    ended = _first_prompt_then(signum, out, args)
+    assert ended.returncode == code, ended.stderr
+    assert ended.stderr.strip().splitlines()[-1].startswith("interrupted"), ended.stderr
+    assert not (out / ".lock").exists()
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "interrupted" and info["reason"] == reason and info["sessions"][-1]["ended"] == "interrupted"
+    kept = read_table(out, "prompts")["index"].nunique()
+    assert 1 <= kept < 3
+    run_cli(*args, "--out", str(out), "--resume")
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "complete" and "reason" not in info and read_table(out, "prompts")["index"].nunique() == 3
+
+
+def test_a_failed_write_is_one_line_and_the_run_resumes_once_space_is_back(tmp_path, monkeypatch):
+    """Disk full (or a permission, or a vanished folder) while writing a part: one line naming the path and the
+    cause, run.json "failed" with it, the finished prompt kept, and --resume continues."""
+    import errno
+
+    from specbench_cli import run_folder
+
+    real = run_folder.write_atomically
+
+    def full_disk(path, write):
+        if path.name == "part-00001.parquet":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(path, write)
+
+    args = ["--method", "baseline", "--dataset", "aime25", "--limit", "2", "--max-new-tokens", "4", "--warmup", "0"]
+    out = tmp_path / "r"
+    monkeypatch.setattr(run_folder, "write_atomically", full_disk)
+    result = CliRunner().invoke(app, ["run", *COMMON, *args, "--out", str(out)])
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    part = out / "rounds.parquet" / "part-00001.parquet"
+    assert lines[0] == f"error: cannot write {part}: No space left on device", result.output
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "failed" and info["reason"] == lines[0].removeprefix("error: ")
+    assert list(read_table(out, "prompts")["index"]) == [0] and not (out / ".lock").exists()
+    monkeypatch.setattr(run_folder, "write_atomically", real)
+    run_cli(*args, "--out", str(out), "--resume")
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"
+    assert sorted(read_table(out, "prompts")["index"]) == [0, 1]
+
+
 def test_resume_refuses_changed_settings(tmp_path):
     out = tmp_path / "r"
     run_cli("--method", "baseline", "--dataset", "aime25", "--limit", "1", "--max-new-tokens", "4", "--warmup", "0", "--out", str(out))

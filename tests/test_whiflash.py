@@ -37,7 +37,7 @@ def median_entropy(setup):
     """A threshold in the middle of the entropies the target shows, so the router switches often."""
     target, corpus, _ = setup
     rounds = run_method(target, entropy_method(setup, threshold=-1.0), corpus[0][:24]).rounds
-    return statistics.median(r.entropy for r in rounds)
+    return statistics.median(r.extras["entropy"] for r in rounds)
 
 
 @pytest.mark.parametrize("variant", [{}, {"lazy_catchup": False}, {"kv_only": False}])
@@ -48,12 +48,12 @@ def test_switching_is_lossless_and_catches_up(setup, median_entropy, variant):
     used = [r.proposer for r in result.rounds]
     switches = sum(a != b for a, b in zip(used, used[1:]))
     assert {"eagle3", "dflash"} <= set(used) and switches >= 4, used
-    backlogs = [r.backlog for r in result.rounds if r.proposer == "eagle3"]
+    backlogs = [r.extras["backlog"] for r in result.rounds if r.proposer == "eagle3"]
     if variant.get("lazy_catchup", True):
         assert max(backlogs) > 1  # an idle stretch was caught up in one batch
     else:  # always in sync: the previous round's tokens and the newest position, which catch-up leaves pending
         rounds = result.rounds  # (a DFlash round can commit a whole block, so EAGLE-3's depth is no bound)
-        assert all(r.backlog <= prev.emitted + 1 for prev, r in zip(rounds, rounds[1:]) if r.proposer == "eagle3")
+        assert all(r.extras["backlog"] <= prev.emitted + 1 for prev, r in zip(rounds, rounds[1:]) if r.proposer == "eagle3")
 
 
 def test_kv_only_catch_up_drafts_what_the_full_layer_drafts(setup, median_entropy):
@@ -93,7 +93,7 @@ def test_neural_router_switches_losslessly_and_needs_its_artifact(setup, tmp_pat
     hidden = target.config.hidden_size
     probe = WhiFlashNeural(WhiFlashNeural.Options(**SMALL), loaded(target),
                            {**drafters, "whiflash-neural": str(write_router(tmp_path / "r0", hidden, -1e9))})
-    scores = [r.router_score for r in run_method(target, probe, corpus[0][:24]).rounds]
+    scores = [r.extras["router_score"] for r in run_method(target, probe, corpus[0][:24]).rounds]
     router = write_router(tmp_path / "r1", hidden, statistics.median(scores))
     method = WhiFlashNeural(WhiFlashNeural.Options(**SMALL), loaded(target), {**drafters, "whiflash-neural": str(router)})
     result = assert_lossless(target, method, corpus[0][:24], min_accepted=40)

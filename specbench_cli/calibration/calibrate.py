@@ -258,6 +258,17 @@ class CalibrateConfig:
     confirm: int  # whiflash-entropy: best simulated thresholds decoded for real per category
     work: Path  # replay and latency runs (resumable)
     out: Path  # the artifact folder
+    loaded: object = None  # the target, loaded on first use and shared by every replay, run and timing
+
+    def target(self):
+        """The target (default device and dtype, as every run of the calibration uses), loaded once."""
+        if self.loaded is None:
+            from specbench_cli.loading import load_model, resolve_device, resolve_dtype
+            from specbench_cli.models import get_model_spec
+
+            device = resolve_device("auto")
+            self.loaded = load_model(get_model_spec(self.model), device, resolve_dtype("auto", device))
+        return self.loaded
 
 
 def write_prompts(path: Path, rows: list[dict]) -> Path:
@@ -289,21 +300,18 @@ def measure(config: CalibrateConfig, prompts_file: Path, console: Console, other
     drafters' rounds and EAGLE-3's catch-up on this machine (cached in <work>/latency.json)."""
     from methods.eagle3 import Eagle3
     from specbench_cli.oracle import command as oracle_run
-    from specbench_cli.loading import load_model, resolve_device, resolve_dtype
-    from specbench_cli.models import get_model_spec
     from specbench_cli.inputs import RunConfig
 
     oracle_dir = config.work / "oracle"
     oracle_run.execute(oracle_run.OracleConfig(["eagle3", other], RunConfig(
         model=config.model, dataset=str(prompts_file), max_new_tokens=config.max_new_tokens, warmup=0,
-        out=oracle_dir, resume=(oracle_dir / "run.json").exists()), [f"eagle3.{o}" for o in eagle3_opts]), console)
+        out=oracle_dir, resume=(oracle_dir / "run.json").exists()), [f"eagle3.{o}" for o in eagle3_opts]), console,
+        config.target())
     rounds = {m: round_ms(live_run(config, prompts_file, m, config.work / f"latency_{m}", list(opts), console))
               for m, opts in (("eagle3", eagle3_opts), (other, ()))}
     cached = config.work / "latency.json"  # measured once per work folder, so a re-fit never re-times
     if not cached.exists():
-        device = resolve_device("auto")
-        loaded = load_model(get_model_spec(config.model), device, resolve_dtype("auto", device))
-        cost = catchup_cost(Eagle3(Eagle3.Options(), loaded, {}))
+        cost = catchup_cost(Eagle3(Eagle3.Options(), config.target(), {}))
         cached.write_text(json.dumps(Latency(rounds["eagle3"], rounds[other], cost, other).as_dict()))
     return oracle_dir, Latency.from_dict(json.loads(cached.read_text()), other)
 
@@ -316,7 +324,7 @@ def live_run(config: CalibrateConfig, prompts_file: Path, method: str, out: Path
 
     execute(plan(RunConfig(method=method, model=config.model, dataset=str(prompts_file), categories=categories or [],
                            limit=2, max_new_tokens=min(config.max_new_tokens, 96), warmup=warmup, opts=opts, out=out,
-                           resume=(out / "run.json").exists()), {}), console)
+                           resume=(out / "run.json").exists()), {}), console, config.target())
     return out
 
 

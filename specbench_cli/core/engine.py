@@ -10,6 +10,7 @@ max-new-tokens budget (never overshooting; tokens past a stop are neither emitte
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import torch
 
@@ -21,7 +22,8 @@ from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut, 
 
 
 def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings: DecodeSettings,
-                generator: torch.Generator | None = None, category: str = "") -> TurnResult:
+                generator: torch.Generator | None = None, context: Mapping[str, str] | None = None) -> TurnResult:
+    """Decode one turn. `context` (what the caller knows of the prompt) reaches the method as `state.context`."""
     if method.owns_loop:
         return method.generate(prompt_ids, settings, generator)  # type: ignore[attr-defined]
     device = target.device
@@ -34,7 +36,8 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
     ttft_ms = (time.perf_counter_ns() - t0) / 1e6  # pick() read the token on the host: the device is done
 
     tokens = [*prompt_ids, first]
-    state = DecodeState(tokens, len(prompt_ids), target, settings.temperature, generator, clock, category, prefill_logits)
+    state = DecodeState(tokens, len(prompt_ids), target, settings.temperature, generator, clock, dict(context or {}),
+                        prefill_logits)
     out, stopped = cut([first], settings.stop_ids, settings.max_new_tokens)
     method.start(state)
     infos: list[RoundInfo] = []
@@ -69,8 +72,9 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
             method.observe(state, new)  # a routed method passes it to every proposer
         clock.end_round()
         depth = max(tree.depths()) if len(tree) else 0
-        infos.append(RoundInfo(proposer.name, len(tree), depth, result.accepted, len(new), kv_len,
-                               target.forwards - forwards, route.backlog, route.entropy, route.score, route.features))
+        infos.append(RoundInfo(proposer=proposer.name, tree_size=len(tree), draft_depth=depth, accepted=result.accepted,
+                               emitted=len(new), kv_len=kv_len, target_forwards=target.forwards - forwards,
+                               extras=route.extras))
     sync(device)
     decode_ms = (time.perf_counter_ns() - t1) / 1e6
     method.finish(state)

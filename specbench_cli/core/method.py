@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, Union
 
 import torch
 
@@ -33,7 +34,7 @@ class LoadedModel(Protocol):
     stop_ids: frozenset[int]
     device: torch.device
     dtype: torch.dtype
-    cache_dir: Path  # where a method may cache what it builds once per checkpoint (FlashHead's clusters)
+    cache_dir: Path  # where a method may cache what it builds once per checkpoint (a clustered head's clusters)
 
 
 @dataclass
@@ -46,7 +47,9 @@ class DecodeState:
     temperature: float
     generator: torch.Generator | None
     clock: PhaseClock | None = None
-    category: str = ""  # the prompt's category (routers calibrated per category read it)
+    # What the caller knows of the prompt (the runner gives dataset, category, subtask and prompt id); the loop
+    # never reads it. A method that behaves per prompt kind reads it here (a router calibrated per category).
+    context: Mapping[str, str] = field(default_factory=dict)
     # Target logits [V] at the newest committed position (the distribution the bonus token came from);
     # routers read it. Set after prefill and after every round, on the device, never synced by the loop.
     next_logits: torch.Tensor | None = None
@@ -71,7 +74,7 @@ class Proposer:
         """Absorb tokens accepted while this proposer was idle (routed methods' lazy catch-up)."""
 
     # A proposer that runs target forwards of its own before drafting sets this; the loop then calls
-    # `extra_forward` each round and times it as its own phase (SpS's deferred=false ablation).
+    # `extra_forward` each round and times it as its own phase (a draft model's non-deferred ablation).
     extra_forwards: ClassVar[bool] = False
 
     def extra_forward(self, state: DecodeState) -> None:
@@ -108,7 +111,7 @@ class Method(Proposer):
     routed: ClassVar[bool] = False
     drafter_names: ClassVar[tuple[str, ...]] = ()  # checkpoints it loads; `--drafter NAME=PATH` overrides
     optional_drafters: ClassVar[tuple[str, ...]] = ()  # further `--drafter` names it accepts but can do without
-    owns_loop: ClassVar[bool] = False  # hf-generate: an outside reference that runs its own loop
+    owns_loop: ClassVar[bool] = False  # an outside reference that runs its own loop (`generate` per turn)
     how_to_make: ClassVar[dict[str, str]] = {}  # drafter name -> how a user makes a missing one ({model})
     # The drafter name of the artifact `specbench calibrate` makes for this method, whose config.json holds
     # the calibrated decision values (thresholds); "" for methods with no calibration.
@@ -135,16 +138,20 @@ class Method(Proposer):
         return Route(self)
 
 
+# A per-round signal a method records: a number, a text, or a vector of numbers (written comma-separated).
+Signal = Union[int, float, str, tuple[float, ...]]
+
+
 @dataclass
 class Route:
-    """A routed method's choice for one round, and what it decided from (recorded per round)."""
+    """A routed method's choice for one round, and what it decided from.
+
+    `extras` is the method's own: each key becomes a column of the rounds table (its inputs, its score, the
+    catch-up backlog), read back by name by analysis and calibration. The loop never looks inside."""
 
     proposer: Proposer
-    backlog: int = 0  # committed positions the chosen proposer had not absorbed yet (its catch-up work)
-    entropy: float = float("nan")  # target next-token entropy the policy read (nats)
-    score: float = float("nan")  # the policy's learned score (WhiFlash ΔAL̂, HVD ŷ)
     also: tuple[Proposer, ...] = ()  # idle proposers to bring up to date too (the always-in-sync ablation)
-    features: tuple[float, ...] = ()  # the policy's input vector when it has one (HVD), recorded per round
+    extras: dict[str, Signal] = field(default_factory=dict)
 
 
 def drafter_ref(cls: type[Method], spec, overrides: dict[str, str], name: str) -> str:

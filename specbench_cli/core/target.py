@@ -14,11 +14,14 @@ after the committed length and attends through a boolean mask:
   forward of a bucket has the same shapes and one compiled graph (a CUDA graph under "reduce-overhead")
   serves it. Padding rows see only themselves and land past the committed length, where nothing reads them.
 
-A proposer may add `VerifyExtras` to a verify: side rows (inputs given as embeddings that see the prefix,
-the tree nodes they are allowed and themselves, and that nothing attends to; ConFu's contemplate tokens) and
-the root's logits when an earlier `forward` already cached the root (SpS's deferred=false ablation).
-Entries `reserve`d at the front of the cache are seen by side rows only (ConFu's soft prompt).
-Drafters that read target features ask for layers with `capture`.
+The extension points, all generic (this module names no method):
+- `capture(layers)`: a drafter that reads target features asks for decoder layers' outputs; every forward
+  then leaves them in `captured`.
+- `VerifyExtras` on a verify: side rows (inputs given as embeddings that see the prefix, the tree nodes
+  they are allowed and themselves, and that nothing attends to) whose hidden states come back beside the
+  tree's logits, and `root_logits` when an earlier `forward` already cached the root.
+- `reserve(n)`: entries at the front of the cache that only side rows see (a learned soft prompt).
+- `forward(tokens)`: a plain append outside verify, for a method that needs target forwards of its own.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from specbench_cli.core.tree import DraftTree
 # optional per-head q/k RMSNorm (Qwen3) and biases (Qwen2), full attention in every layer.
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 ROOM = 256  # cache slots kept free past prompt + max-new-tokens for the largest verify (grown if a tree needs more)
-DEFAULT_BUCKETS = (1, 4, 16, 64)  # compiled verify sizes (EAGLE-3's 60-node tree + root fits 64, DFlash's 16-block 16)
+DEFAULT_BUCKETS = (1, 4, 16, 64)  # compiled verify sizes (a 60-node tree + root fits 64, a 16-token block 16)
 
 
 @dataclass

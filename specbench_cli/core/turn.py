@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RoundInfo:
     proposer: str
     tree_size: int
@@ -17,10 +17,7 @@ class RoundInfo:
     emitted: int  # tokens this round added to the output (after any stop cut)
     kv_len: int  # target cache length before the round's verify
     target_forwards: int  # target forward passes in the round (1 unless a method needs extra ones)
-    backlog: int = 0  # routed methods: positions the chosen proposer caught up on
-    entropy: float = float("nan")  # routed methods: the policy's inputs and score
-    router_score: float = float("nan")
-    features: tuple[float, ...] = ()  # routed methods with a feature vector (HVD)
+    extras: dict = field(default_factory=dict)  # the method's own per-round signals (`Route.extras`)
     phases: dict[str, float] = field(default_factory=dict)  # ms per phase and "wall"
 
 

@@ -14,26 +14,25 @@ reads replay and signals. Like `run`, prompts are written as they finish and `--
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from rich.console import Console
 
 from specbench_cli.core.method import Method, drafter_ref, parse_options
-from specbench_cli import hardware
 from specbench_cli.core.errors import UsageError
 from specbench_cli.datasets import dataset_slug
-from specbench_cli.folders import claim, write_atomically
 from specbench_cli.models import checkpoint_ref
 from specbench_cli.oracle.replay import Trace, replay_turn
 from specbench_cli.inputs import RunConfig
 from specbench_cli.registry import method_class
-from specbench_cli.runner import Plan, Runner, plan, progress_bar
+from specbench_cli.loading import load_model
+from specbench_cli.run_folder import RunFolder, RunInfo, now
+from specbench_cli.runner import Plan, Runner, new_session, plan, record_prompts, warm_up
 
 NOT_REPLAYABLE = {"confu": "its future token comes from the target's verify pass, which replay does not run",
                   "hf-generate": "it runs its own loop", "baseline": "it drafts nothing"}
@@ -89,70 +88,66 @@ def checkpoint_refs(pairs: list[str], classes: list[type]) -> dict[str, str]:
     return refs
 
 
-def execute(config: OracleConfig, console: Console) -> Path:
+ORACLE_TABLES = ("replay", "signals", "drafts", "traces")  # traces last: it marks a prompt finished
+
+
+def execute(config: OracleConfig, console: Console, model=None) -> Path:
+    """Record the oracle directory (`model`: an already loaded target of the run's model, device and dtype)."""
     checked, options = check(config)
-    with claim(checked.out, config.run.resume, lambda line: console.print(line, highlight=False)):
-        _record(config, checked, options, console)
+    folder = RunFolder(checked.out, ORACLE_TABLES)
+    with folder.session(config.run.resume, lambda line: console.print(line, highlight=False)):
+        _record(config, checked, options, folder, console, model)
     return checked.out
 
 
-def _record(config: OracleConfig, checked: Plan, options: dict[str, object], console: Console) -> None:
-    from specbench_cli.loading import load_model
-
-    out = checked.out
-    model = load_model(checked.spec, checked.device, checked.dtype)
-    runner = Runner(checked, model)  # baseline decoding gives the traces
-    longest = runner.check_lengths()
-    drafters: dict[str, Method] = {n: method_class(n)(o, model, checked.drafters) for n, o in options.items()}
-    done = _start(out, checked, config, drafters)
-    if checked.compile_mode is not None:
-        compiled = runner.compile(longest, tuple(drafters.values()))
-        info = json.loads((out / "run.json").read_text())
-        (out / "run.json").write_text(json.dumps({**info, "compile": compiled}, indent=2))
-    for prompt in checked.warmup:  # cross-prompt state (suffix cache) sees them, as in a live run
-        _replay_prompt(runner, drafters, prompt)
-    with progress_bar(console) as bar:
-        task = bar.add_task(f"oracle replay of {', '.join(drafters)}", total=len(checked.prompts),
-                            completed=len(done), stats="")
-        for index, prompt in enumerate(checked.prompts):
-            if index in done:
-                continue
-            traces, turns = _replay_prompt(runner, drafters, prompt)
-            _write_prompt(out, index, traces, turns)
-            bar.update(task, advance=1)
-    info = json.loads((out / "run.json").read_text())
-    info.update(status="complete", finished=dt.datetime.now().isoformat(timespec="seconds"))
-    (out / "run.json").write_text(json.dumps(info, indent=2, default=str))
-
-
-def _start(out: Path, checked: Plan, config: OracleConfig, drafters: dict[str, Method]) -> set[int]:
-    """Create the oracle directory, or on --resume replay finished prompts' traces into the drafters."""
+def _record(config: OracleConfig, checked: Plan, options: dict[str, object], folder: RunFolder, console: Console,
+            model) -> None:
     settings = {**checked.settings(), "method": "oracle", "drafters": config.drafters, "opts": config.opts,
-                "options": {n: dataclasses.asdict(d.options) for n, d in drafters.items()}}
-    done: set[int] = set()
-    if config.run.resume:
-        previous = json.loads((out / "run.json").read_text())["settings"]
-        if previous != json.loads(json.dumps(settings, default=str)):
-            raise UsageError(f"--resume: {out} was made with different settings")
-        traces = pd.read_parquet(out / "traces.parquet") if (out / "traces.parquet").exists() else None
-        if traces is not None:
-            done = set(traces["index"])
-            for ids in traces.sort_values(["index", "turn"]).output_ids:
-                for d in drafters.values():
-                    d.absorb([int(t) for t in ids])
-    else:
-        for folder in ("replay.parquet", "signals.parquet", "traces.parquet", "drafts.parquet"):
-            (out / folder).mkdir(parents=True)
-    info = {"kind": "oracle", "settings": settings, "environment": hardware.environment(checked.device),
-            "started": dt.datetime.now().isoformat(timespec="seconds"), "status": "running"}
-    (out / "run.json").write_text(json.dumps(info, indent=2, default=str))
-    return done
+                "options": {n: dataclasses.asdict(o) for n, o in options.items()}}
+    session = new_session(checked.device)
+    # replay measures no time: a resume on another machine or thread count makes the same records
+    resumed = folder.resumed(settings, session["environment"], measured=()) if config.run.resume else None
+    done = folder.finished() if resumed else set()
+    runner = Runner(checked, model or load_model(checked.spec, checked.device, checked.dtype))  # baseline: the traces
+    longest = runner.check_lengths()
+    drafters: dict[str, Method] = {n: method_class(n)(o, runner.model, checked.drafters) for n, o in options.items()}
+    info = resumed or RunInfo(settings, session["started"], session["environment"], kind="oracle")
+    folder.start(info, session)
+    if checked.compile_mode is not None:
+        info.more["compile"] = runner.compile(longest, tuple(drafters.values()))
+        folder.write_info(info)
+    job = OracleJob(runner, drafters)
+    warm_up(folder, job, checked, console)
+    record_prompts(folder, job, checked, done, console, f"oracle replay of {', '.join(drafters)}")
+    session["finished"] = info.finished = now()
+    info.status = "complete"
+    folder.write_info(info)
 
 
-def _replay_prompt(runner: Runner, drafters: dict[str, Method], prompt) -> tuple[list[Trace], list]:
-    traces = [Trace(prompt.id, t, prompt.category, prompt.subtask, ids, r.output_ids)
-              for t, (ids, r) in enumerate(runner.decode_prompt(prompt))]
-    return traces, [replay_turn(runner.target, drafters, tr) for tr in traces]
+class OracleJob:
+    """`oracle`'s rows: a prompt's greedy traces, and what every drafter would have had accepted along them."""
+
+    def __init__(self, runner: Runner, drafters: dict[str, Method]) -> None:
+        self.runner = runner
+        self.drafters = drafters
+
+    def warm_up(self, prompt) -> None:
+        self._replay(prompt)  # cross-prompt state (suffix cache) sees them, as in a live run
+
+    def absorb(self, output_ids: list[int]) -> None:
+        for d in self.drafters.values():
+            d.absorb(output_ids)
+
+    def decode(self, index: int, prompt) -> dict[str, pa.Table]:
+        return _parts(index, *self._replay(prompt))
+
+    def stats(self) -> str:
+        return ""
+
+    def _replay(self, prompt) -> tuple[list[Trace], list]:
+        traces = [Trace(prompt.id, t, prompt.category, prompt.subtask, ids, r.output_ids)
+                  for t, (ids, r) in enumerate(self.runner.decode_prompt(prompt))]
+        return traces, [replay_turn(self.runner.target, self.drafters, tr) for tr in traces]
 
 
 def _typed(info: dict) -> dict:
@@ -161,7 +156,7 @@ def _typed(info: dict) -> dict:
     return {k: np.asarray(v, dtype=np.int64) if isinstance(v, list) else v for k, v in info.items()}
 
 
-def _write_prompt(out: Path, index: int, traces: list[Trace], turns: list) -> None:
+def _parts(index: int, traces: list[Trace], turns: list) -> dict[str, pa.Table]:
     replay, signals, drafts = [], [], []
     for tr, r in zip(traces, turns):
         ident = dict(prompt_id=tr.prompt_id, turn=tr.turn, category=tr.category, subtask=tr.subtask)
@@ -175,5 +170,4 @@ def _write_prompt(out: Path, index: int, traces: list[Trace], turns: list) -> No
     parts = {"replay": pd.DataFrame(replay), "signals": pd.DataFrame(signals), **({"drafts": pd.DataFrame(drafts)} if drafts else {}),
              "traces": pd.DataFrame([dict(index=index, prompt_id=tr.prompt_id, turn=tr.turn, output_ids=tr.output_ids)
                                      for tr in traces])}
-    for name, frame in parts.items():  # traces last: a prompt counts as finished when its trace part exists
-        write_atomically(out / f"{name}.parquet" / f"part-{index:05d}.parquet", frame.to_parquet)
+    return {name: pa.Table.from_pandas(frame, preserve_index=False) for name, frame in parts.items()}

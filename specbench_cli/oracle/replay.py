@@ -72,18 +72,19 @@ def replay_turn(target: Target, drafters: dict[str, Method], trace: Trace) -> Tu
     seq = trace.prompt_ids + trace.output_ids
     P, T = len(trace.prompt_ids), len(trace.output_ids) - 1
     rows, entropy = teacher_forced(target, seq)
-    walks = {name: _walk(d, rows, seq, P, T, trace.category, target.device) for name, d in drafters.items()}
+    context = {"category": trace.category, "subtask": trace.subtask, "prompt_id": trace.prompt_id}
+    walks = {name: _walk(d, rows, seq, P, T, context, target.device) for name, d in drafters.items()}
     at = slice(P - 1, P - 1 + T)  # round t starts after committing position P+t-1
     return TurnReplay({n: w[0] for n, w in walks.items()}, {n: w[1] for n, w in walks.items() if w[1]},
                       entropy[at].cpu(), rows[target.num_layers - 1][at].float().cpu())
 
 
-def _walk(drafter: Method, rows: dict[int, torch.Tensor], seq: list[int], P: int, T: int, category: str,
+def _walk(drafter: Method, rows: dict[int, torch.Tensor], seq: list[int], P: int, T: int, context: dict[str, str],
           device: torch.device) -> tuple[list[int], list[dict]]:
     """Drive one drafter along the trace, one committed token per step: AL at every position, and what the
     drafter tells of each draft (`draft_info`)."""
     view = TargetView(device, P, {i: r[:P] for i, r in rows.items()})
-    state = DecodeState(seq[:P + 1], P, view, 0.0, None, None, category)  # type: ignore[arg-type]
+    state = DecodeState(seq[:P + 1], P, view, 0.0, None, None, context)  # type: ignore[arg-type]
     drafter.start(state)
     out, infos = [], []
     for t in range(T):

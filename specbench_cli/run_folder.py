@@ -1,0 +1,218 @@
+"""The life of a results folder, the same for every command that writes one (`run`, `oracle`, and the batch
+and engine runs to come).
+
+    claim (one writer: folders.claim) -> resume check (settings, weights, machine) -> start (run.json
+    "running", a new session) -> one atomic part per finished prompt in each table -> end: "complete",
+    "interrupted" (Ctrl-C, SIGTERM) or "failed" (a write that failed: disk full, permission, a vanished folder)
+
+run.json is a `RunInfo`: the fields every kind of run has, and a kind's own keys beside them (`more`), all at
+the top level of the file. Parts are written to a hidden name and renamed, table by table in the order the
+kind declares, so the last table's part is the mark of a finished prompt; `finished` clears the rest of an
+unfinished one. A resumed run replays the finished prompts' outputs (`finished_outputs`) into the method's
+cross-prompt state before it decodes the others.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from specbench_cli.core.errors import UsageError
+from specbench_cli.folders import claim, write_atomically
+
+# What a setting meant in runs written before it existed (a resume compares it as this).
+LEGACY_SETTINGS = {"compile": None}
+# Environment facts that change what a timing means: a resume of a timed run must keep them.
+MEASURED = ("device", "cpu", "gpu", "torch_threads")
+
+
+def now() -> str:
+    return dt.datetime.now().isoformat(timespec="seconds")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what Slurm sends at a time limit or on preemption), handled as Ctrl-C is."""
+
+
+class WriteFailed(UsageError):
+    """A record could not be written (the message names the path and the cause)."""
+
+
+@dataclass
+class RunInfo:
+    """run.json. `more`: the keys a kind of run adds (clock, compile facts, weights...), written beside these."""
+
+    settings: dict
+    started: str
+    environment: dict  # the first session's machine (each session's is in `sessions`)
+    kind: str = "run"
+    status: str = "running"  # running | complete | interrupted | failed
+    sessions: list[dict] = field(default_factory=list)
+    finished: str | None = None
+    reason: str | None = None  # why the last session did not complete
+    more: dict = field(default_factory=dict)
+
+    FIELDS = ("kind", "settings", "started", "environment", "status", "sessions", "finished", "reason")
+
+    def to_json(self) -> dict:
+        # "kind" is written only for kinds other than "run": run directories written before it have none
+        fixed = {k: getattr(self, k) for k in self.FIELDS if not (k == "kind" and self.kind == "run")}
+        return {**{k: v for k, v in fixed.items() if v is not None}, **self.more}
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunInfo:
+        info = cls(settings=data.get("settings", {}), started=data.get("started", ""),
+                   environment=data.get("environment", {}), kind=data.get("kind", "run"),
+                   status=data.get("status", "running"), sessions=list(data.get("sessions", [])),
+                   finished=data.get("finished"), reason=data.get("reason"),
+                   more={k: v for k, v in data.items() if k not in cls.FIELDS})
+        if "sessions" not in data:  # a run written before sessions were kept: its first session is the top level
+            info.sessions = [{k: data[k] for k in ("started", "finished", "environment", "peak_rss_mb", "energy_j")
+                              if k in data}]
+        return info
+
+
+class RunFolder:
+    """One results folder: its run.json and its tables of per-prompt parts."""
+
+    def __init__(self, path: Path, tables: tuple[str, ...]) -> None:
+        self.path = path
+        self.tables = tables  # written in this order; the last one marks a finished prompt
+
+    # ------------------------------------------------------------------------------------ run.json
+    def read_info(self) -> RunInfo:
+        return RunInfo.from_json(json.loads((self.path / "run.json").read_text()))
+
+    def write_info(self, info: RunInfo) -> None:
+        with self._writing(self.path / "run.json") as target:
+            write_atomically(target, lambda tmp: tmp.write_text(json.dumps(info.to_json(), indent=2, default=str)))
+
+    def resumed(self, settings: dict, environment: dict, measured: tuple[str, ...] = MEASURED,
+                weights: dict[str, str] | None = None) -> RunInfo:
+        """run.json of the run being resumed, after checking that this session makes the same records: the same
+        settings, the same drafter weights (`weights`, when the kind records them) and, for a timed run, the same
+        machine facts (`measured`)."""
+        info = self.read_info()
+        settings = json.loads(json.dumps(settings, default=str))
+        changed = [k for k in settings if info.settings.get(k, LEGACY_SETTINGS.get(k)) != settings[k]]
+        if changed:
+            raise UsageError(f"--resume: {self.path} was run with different settings ({', '.join(changed)})")
+        recorded = info.more.get("drafter_weights", weights)  # runs written before weights were recorded: not checked
+        if weights is not None and recorded != weights:
+            changed = sorted(n for n in {*recorded, *weights} if recorded.get(n) != weights.get(n))
+            raise UsageError(f"--resume: the {', '.join(changed)} drafter weights differ from those {self.path} was "
+                             f"run with; start a new --out for the new weights")
+        before = info.environment
+        moved = [f"{k} {before.get(k)} -> {environment.get(k)}" for k in measured if before.get(k) != environment.get(k)]
+        if moved:
+            raise UsageError(f"--resume: {self.path} was measured differently ({'; '.join(moved)}); resume it with "
+                             f"the same machine and --threads, or start a new --out")
+        return info
+
+    def start(self, info: RunInfo, session: dict) -> None:
+        """A session begins: the tables' folders exist, run.json says "running" and lists the session."""
+        for table in self.tables:
+            with self._writing(self.path / f"{table}.parquet") as folder:
+                folder.mkdir(parents=True, exist_ok=True)
+        info.status, info.reason = "running", None
+        info.sessions.append(session)
+        self.write_info(info)
+
+    # ------------------------------------------------------------------------------------ parts
+    def finished(self) -> set[int]:
+        """Selection indices whose marking part exists; the other tables' parts of unfinished prompts and any
+        half-written file are removed."""
+        marker = self.path / f"{self.tables[-1]}.parquet"
+        done = {_index(p) for p in marker.glob("part-*.parquet")}
+        for table in self.tables[:-1]:
+            for part in (self.path / f"{table}.parquet").glob("part-*.parquet"):
+                if _index(part) not in done:
+                    part.unlink()
+        for tmp in self.path.rglob(".*.tmp"):
+            tmp.unlink()
+        return done
+
+    def finished_outputs(self) -> list[list[int]]:
+        """The finished prompts' output ids, turn by turn, in selection order (what a resume replays)."""
+        folder = self.path / f"{self.tables[-1]}.parquet"
+        parts = sorted(folder.glob("part-*.parquet"))
+        if not parts:
+            return []
+        frame = pd.concat([pq.read_table(p, columns=["index", "turn", "output_ids"]).to_pandas() for p in parts])
+        return [[int(t) for t in ids] for ids in frame.sort_values(["index", "turn"]).output_ids]
+
+    def write_prompt(self, index: int, parts: dict[str, pa.Table]) -> None:
+        """One prompt's rows, a part per table, each whole or not at all, the marking table last."""
+        for table in self.tables:
+            if table in parts:
+                with self._writing(self.path / f"{table}.parquet" / f"part-{index:05d}.parquet") as path:
+                    write_atomically(path, lambda tmp: pq.write_table(parts[table], tmp))
+
+    @contextmanager
+    def _writing(self, path: Path) -> Iterator[Path]:
+        try:
+            yield path
+        except OSError as err:
+            raise WriteFailed(f"cannot write {path}: {err.strerror or err}") from None
+
+    # ------------------------------------------------------------------------------------ the session
+    @contextmanager
+    def session(self, resume: bool, note: Callable[[str], None]) -> Iterator[RunFolder]:
+        """Own the folder for the block (`folders.claim`), with SIGTERM handled as Ctrl-C; a block that ends by
+        an interruption or a failed write leaves run.json "interrupted" or "failed" with the reason, and every
+        finished prompt in place for `--resume`."""
+        with claim(self.path, resume, note), _sigterm_interrupts():
+            try:
+                yield self
+            except KeyboardInterrupt as err:
+                self._end_early("interrupted", "SIGTERM" if isinstance(err, Terminated) else "Ctrl-C")
+                raise
+            except WriteFailed as err:
+                self._end_early("failed", str(err))
+                raise
+
+    def _end_early(self, status: str, reason: str) -> None:
+        """Say in run.json how the session ended, if a session had started and run.json can still be written."""
+        try:
+            info = self.read_info()
+        except (OSError, ValueError):
+            return  # nothing started (the model was still loading on a fresh run), or run.json is unreadable
+        if info.status != "running":
+            return
+        info.status, info.reason = status, reason
+        if info.sessions:
+            info.sessions[-1].update(finished=now(), ended=status)
+        try:
+            self.write_info(info)
+        except WriteFailed:
+            pass  # the disk is still full: run.json keeps "running", the error line already says why
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While the block runs, SIGTERM raises `Terminated` (a KeyboardInterrupt) in the main thread."""
+    def interrupt(signum, frame):
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _index(part: Path) -> int:
+    return int(part.stem.split("-")[1])

@@ -26,7 +26,6 @@ over greedy traces and labels each with the accepted length of its draft):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import unicodedata
 from collections import deque
@@ -35,12 +34,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from specbench_cli.core.method import DecodeState, Method, Proposer, Route
+from specbench_cli.core.method import DecodeState, Proposer, Route
+from specbench_cli.core.options import proposer_options
 from methods.checkpoints import locate, warn_if_stale
 from methods.eagle3 import Eagle3
 from methods.predictors import PayoffPredictor
-from methods.suffix import SpecParams, Suffix, SuffixDraft
-from specbench_cli.core.target import Target
+from methods.routed import RoutedMethod
+from methods.suffix import Suffix, SuffixDraft
 from specbench_cli.core.tree import DraftTree
 
 CLASSES = ("whitespace", "punctuation", "line_break", "bracket", "delimiter")
@@ -109,30 +109,26 @@ class CacheDraft(Proposer):
         return self.tree
 
 
-class HybridVerified(Method):
+class HybridVerified(RoutedMethod):
     """The shared structure; subclasses say how a cache draft is scored and what the threshold is by default."""
 
-    routed = True
+    PROPOSERS = {"suffix": Suffix, "eagle3": Eagle3}
     drafter_names = ("eagle3",)
     inherent_syncs = "EAGLE-3's own when it drafts; the cache lookup and the decision are host work"
 
     @dataclass
-    class Options(SpecParams):  # the suffix cache: SpecParams' defaults (HVD Table 7)
-        # EAGLE-3 in HVD's setting (HVD seed; the EAGLE Qwen3 evaluation script): 32 tree tokens, depth 8, top-k 4.
-        depth: int = 8
-        top_k: int = 4
-        total_token: int = 32
+    class Options:
         threshold: float = math.nan  # the paper's τ; NaN = the method's default (hvd: the calibration card's, 6)
         lazy_catchup: bool = True
-        RANGES = {**SpecParams.RANGES, **Eagle3.Options.RANGES, "threshold": (0, None)}  # checked before loading
-        DEFAULT_TEXT = {"threshold": "calibrated (hvd) / depth (hvd-freq)"}
+        suffix: Suffix.Options = proposer_options(Suffix.Options)  # SpecParams' defaults (HVD Table 7)
+        # EAGLE-3 in HVD's setting (HVD seed; the EAGLE Qwen3 evaluation script): 32 tree tokens, depth 8, top-k 4.
+        eagle3: Eagle3.Options = proposer_options(Eagle3.Options, depth=8, top_k=4, total_token=32)
+        RANGES = {"threshold": (0, None)}  # checked before loading
+        DEFAULT_TEXT = {"threshold": "calibrated (hvd) / eagle3.depth (hvd-freq)"}
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
-        o = options
-        cache = {f.name: getattr(o, f.name) for f in dataclasses.fields(SpecParams)}
-        self.suffix = Suffix(Suffix.Options(**cache), model, drafters)
-        self.eagle3 = Eagle3(Eagle3.Options(o.depth, o.top_k, o.total_token), model, drafters)
+        self.suffix, self.eagle3 = self.proposers["suffix"], self.proposers["eagle3"]
         self.cache = CacheDraft()
         self.classes = token_classes(model.tokenizer, int(model.model.config.vocab_size))
         self.history = History()
@@ -141,26 +137,13 @@ class HybridVerified(Method):
     def score(self, draft: SuffixDraft, x: np.ndarray) -> float:
         raise NotImplementedError
 
-    # ------------------------------------------------------------------------------------ proposer plumbing
-    def attach(self, target: Target) -> None:
-        self.eagle3.attach(target)
-
     def start(self, state: DecodeState) -> None:
-        self.suffix.start(state)
-        self.eagle3.start(state)
+        super().start(state)
         self.history = History()
 
     def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
-        self.suffix.observe(state, new_tokens)
-        self.eagle3.observe(state, new_tokens)  # keeps the accepted rows' features: no compute
+        super().observe(state, new_tokens)
         self.history.add(self.chose_cache, max(len(new_tokens) - 1, 0))
-
-    def finish(self, state: DecodeState) -> None:
-        self.suffix.finish(state)
-        self.eagle3.finish(state)
-
-    def absorb(self, output_ids: list[int]) -> None:
-        self.suffix.absorb(output_ids)
 
     # ------------------------------------------------------------------------------------ routing
     def route(self, state: DecodeState) -> Route:
@@ -199,7 +182,7 @@ class HvdFreq(HybridVerified):
 
     def __init__(self, options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
-        self.tau = options.threshold if not math.isnan(options.threshold) else float(options.depth)
+        self.tau = options.threshold if not math.isnan(options.threshold) else float(options.eagle3.depth)
 
     def score(self, draft: SuffixDraft, x: np.ndarray) -> float:
         return draft.score

@@ -24,12 +24,14 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench_cli.core.method import DecodeState, Method, Route
+from specbench_cli.core.method import DecodeState, Method, Proposer, Route
+from specbench_cli.core.options import proposer_options
 from methods.checkpoints import CheckpointError, locate, warn_if_stale
 from methods.dflash import DFlash
 from methods.eagle3 import Eagle3
 from methods.layers import causal_mask
 from methods.predictors import Router
+from methods.routed import RoutedMethod
 from specbench_cli.core.target import Target
 
 
@@ -50,32 +52,32 @@ class FullLayerCatchUp(Eagle3):
         return kv
 
 
-class WhiFlash(Method):
-    routed = True
+class WhiFlash(RoutedMethod):
+    PROPOSERS = {"eagle3": Eagle3, "dflash": DFlash}
     drafter_names = ("eagle3", "dflash")
     inherent_syncs = "EAGLE-3's or DFlash's own, plus one per round: the policy's decision to host"
     needs_artifact = False  # True: no --opt threshold can stand in for the artifact (the neural router)
 
     @dataclass
-    class Options(Eagle3.Options):  # EAGLE-3's tree: WhiFlash Table 7 (depth 8, top-k 10, 60 tokens)
-        block_size: int = 0  # DFlash: the checkpoint's block (16 for the z-lab drafters)
+    class Options:
         threshold: float = math.nan  # the policy's threshold; NaN = the calibrated value (per category for the entropy policy)
         lazy_catchup: bool = True
         kv_only: bool = True
+        eagle3: Eagle3.Options = proposer_options(Eagle3.Options)  # WhiFlash Table 7: depth 8, top-k 10, 60 tokens
+        dflash: DFlash.Options = proposer_options(DFlash.Options)  # the checkpoint's block (16 for the z-lab drafters)
         # The neural policy's threshold is a predicted ΔAL, which may be negative.
-        RANGES = {**Eagle3.Options.RANGES, **DFlash.Options.RANGES, "threshold": (None, None)}
-        DEFAULT_TEXT = {**DFlash.Options.DEFAULT_TEXT, "threshold": "calibrated"}
-
-        def __post_init__(self) -> None:
-            DFlash.Options(self.block_size)  # DFlash's own rule for its block
+        RANGES = {"threshold": (None, None)}
+        DEFAULT_TEXT = {"threshold": "calibrated"}
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
-        o = options
-        eagle3 = Eagle3 if o.kv_only else FullLayerCatchUp
-        self.eagle3 = eagle3(Eagle3.Options(o.depth, o.top_k, o.total_token), model, drafters)
-        self.dflash = DFlash(DFlash.Options(o.block_size), model, drafters)
+        self.eagle3, self.dflash = self.proposers["eagle3"], self.proposers["dflash"]
         self.calibrated = self._calibration()
+
+    def build(self, name: str, cls: type[Method]) -> Proposer:
+        if name == "eagle3" and not self.options.kv_only:
+            cls = FullLayerCatchUp
+        return super().build(name, cls)
 
     @classmethod
     def reads_calibration(cls, options: Options) -> bool:
@@ -94,19 +96,6 @@ class WhiFlash(Method):
         card = json.loads((self.calibration_folder / "config.json").read_text())
         warn_if_stale(card, {n: self.drafter_ref(n) for n in self.drafter_names}, self.name, self.model.spec.name)
         return card
-
-    # ------------------------------------------------------------------------------------ proposer plumbing
-    def attach(self, target: Target) -> None:
-        self.eagle3.attach(target)
-        self.dflash.attach(target)
-
-    def start(self, state: DecodeState) -> None:
-        self.eagle3.start(state)
-        self.dflash.start(state)
-
-    def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
-        self.eagle3.observe(state, new_tokens)  # both keep the accepted rows' features: no compute
-        self.dflash.observe(state, new_tokens)
 
     # ------------------------------------------------------------------------------------ routing
     def route(self, state: DecodeState) -> Route:

@@ -583,17 +583,16 @@ def show_jobs(grid, shards: int | None) -> None:
 
 def show_lists() -> None:
     """Methods, models and datasets: tables on a wide terminal, a plain list where a table would cut ids."""
-    import dataclasses
-
+    from specbench_cli.core.options import default_texts, options_record
     from specbench_cli.models import MODELS
     from specbench_cli.registry import METHODS, method_class
 
     methods = []
     for name, entry in METHODS.items():
         cls, about = method_class(name), entry.about
-        shown = getattr(cls.Options, "DEFAULT_TEXT", {})
-        opts = " ".join(f"{f.name}={f.default}" + (f" ({shown[f.name]})" if f.name in shown else "")
-                        for f in dataclasses.fields(cls.Options)) or "—"
+        shown = default_texts(cls.Options)
+        opts = " ".join(f"{k}={v}" + (f" ({shown[k]})" if k in shown else "")
+                        for k, v in options_record(cls.Options()).items()) or "—"
         drafters = " ".join([*cls.drafter_names, *(f"({d}, optional)" for d in cls.optional_drafters)]) or "—"
         methods.append((name, about, drafters, opts))
     models = [(m.name, m.target, "\n".join(f"{k}: {v}" for k, v in m.drafters.items()) or "—", m.about)

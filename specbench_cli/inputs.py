@@ -8,7 +8,6 @@ any model loads.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specbench_cli.core.errors import UsageError, unknown
+from specbench_cli.core.options import options_record
 from specbench_cli.datasets import Prompt, dataset_slug, load_dataset, parse_shard, select, warmup_prompts
 from specbench_cli.models import ModelSpec, get_model_spec
 from specbench_cli.registry import METHODS
@@ -70,6 +70,7 @@ class Plan:
     device: torch.device | None = None
     dtype: torch.dtype | None = None
     compile_mode: str | None = None  # None = eager; "reduce-overhead" (CUDA graphs) on GPU, "inductor" on CPU
+    notes: list[str] = field(default_factory=list)  # lines to show before the run starts (deprecated spellings)
 
     def settings(self) -> dict:
         """What run.json records as the run's settings (and a resume must match)."""
@@ -77,7 +78,7 @@ class Plan:
         return {"method": c.method, "model": c.model, "dataset": c.dataset, "categories": c.categories,
                 "limit": c.limit, "shard": f"{self.shard[0]}/{self.shard[1]}", "max_new_tokens": c.max_new_tokens,
                 "temperature": c.temperature, "seed": c.seed, "dtype": str(self.dtype).removeprefix("torch."),
-                "options": dataclasses.asdict(self.options), "target": self.spec.target, "drafters": self.drafters,
+                "options": options_record(self.options), "target": self.spec.target, "drafters": self.drafters,
                 "warmup": [p.id for p in self.warmup],
                 "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)}}
 

@@ -151,7 +151,7 @@ def switching_sweep(method, target, kv_lens, backlogs, reps: int, warmup: int, p
     limit = getattr(target.model.config, "max_position_embeddings", None) or (max(kv_lens) + most + 1)
     gen = torch.Generator().manual_seed(0)
     rows, clock = [], "?"
-    for L in [k for k in kv_lens if k + most + method.options.total_token < limit]:
+    for L in [k for k in kv_lens if k + most + eagle3.options.total_token < limit]:
         ids = torch.randint(0, c.vocab, (L,), generator=gen).tolist()
         target.prefill(ids)
         feats = torch.randn(L + most, 3 * c.target_hidden, generator=gen).to(device, dtype)

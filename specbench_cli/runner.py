@@ -21,7 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from methods.checkpoints import weights_id
-from specbench_cli.core.method import Method, drafter_ref, parse_options
+from specbench_cli.core.method import Method, drafter_ref
+from specbench_cli.core.options import parse_options
 from specbench_cli import hardware
 from specbench_cli.telemetry import GpuTelemetry
 from specbench_cli.datasets import Prompt
@@ -47,7 +48,8 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None) -> 
     torch; no model loads here."""
     chosen = chosen or check_run(config, env)
     cls = method_class(config.method)
-    options = parse_options(cls, config.opts)
+    notes: list[str] = []
+    options = parse_options(cls, config.opts, notes)
     drafters = _parse_drafters(config.drafters, cls)
     for name in cls.drafter_names:
         drafter_ref(cls, chosen.spec, drafters, name)  # a missing drafter is reported before anything loads
@@ -55,7 +57,7 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None) -> 
     dtype = resolve_dtype(config.dtype, device)
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if config.compile else None
     return dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device, dtype=dtype,
-                               compile_mode=mode)
+                               compile_mode=mode, notes=notes)
 
 
 def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
@@ -209,7 +211,7 @@ def new_session(device: torch.device, telemetry: dict | None = None) -> dict:
     return {"started": now(), "environment": {**hardware.environment(device), **(telemetry or {})}}
 
 
-def _decoding(plan: Plan, model: LoadedModel | None, split: bool = False) -> LoadedModel:
+def loaded_target(plan: Plan, model: LoadedModel | None, split: bool = False) -> LoadedModel:
     """The target, loaded now unless a caller (calibrate, which runs several records on one target) has it."""
     return model if model is not None else load_model(plan.spec, plan.device, plan.dtype, split)
 
@@ -248,6 +250,8 @@ class RunJob:
 def execute(plan: Plan, console: Console, model: LoadedModel | None = None) -> Path:
     """Take the results folder (one writer per folder), then record the run and print its summary. `model`: an
     already loaded target of the plan's model, device and dtype."""
+    for line in plan.notes:
+        console.print(line, highlight=False, soft_wrap=True)
     folder = RunFolder(plan.out, RUN_TABLES)
     with folder.session(plan.config.resume, lambda line: console.print(line, highlight=False)):
         _record(plan, folder, console, model)
@@ -262,7 +266,7 @@ def _record(plan: Plan, folder: RunFolder, console: Console, model: LoadedModel 
     resumed = folder.resumed(plan.settings(), session["environment"], weights=weights) if plan.config.resume else None
     done = folder.finished() if resumed else set()
     split = plan.config.device == "split"
-    model = _decoding(plan, model, split)
+    model = loaded_target(plan, model, split)
     runner = Runner(plan, model)
     longest = runner.check_lengths()  # a prompt past the model's context is refused before anything decodes
     info = resumed or RunInfo(plan.settings(), session["started"], session["environment"], more={

@@ -53,3 +53,24 @@ def distilled(tmp_path_factory):
     from tests.drafter_fixtures import Distilled
 
     return Distilled(tmp_path_factory.mktemp("distilled"))
+
+
+@pytest.fixture
+def drawn(monkeypatch) -> dict:
+    """What each figure saved during the test drew, by file name: its axes' titles, legend labels and the number
+    of data points per series (lines, bars, steps), read from the figure before it is written."""
+    from specbench_cli.analysis import plots
+
+    seen: dict[str, dict] = {}
+    real = plots.save
+
+    def save(fig, folder, name):
+        axes = fig.get_axes()
+        legends = [t.get_text() for ax in axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+        points = [len(line.get_xdata()) for ax in axes for line in ax.get_lines()]
+        points += [len(c) for ax in axes for c in ax.containers]
+        seen[name] = {"titles": [ax.get_title() for ax in axes], "legend": legends, "points": points}
+        return real(fig, folder, name)
+
+    monkeypatch.setattr(plots, "save", save)
+    return seen

@@ -78,6 +78,12 @@ BAD = [
     (["run", "--method", "dflash", "--opt", "block_size=1"], "block_size=1 drafts nothing"),
     (["run", "--method", "pld", "--opt", "min_ngram=5"], "min_ngram=5 is above max_ngram=3"),
     (["run", "--method", "hvd", "--opt", "threshold=inf"], "threshold=inf is out of range for hvd"),
+    # a routed method's proposers' options: each parsed and range-checked by the proposer's own Options
+    (["run", "--method", "whiflash-entropy", "--opt", "eagle3.top_k=0"], "eagle3.top_k=0 is out of range for whiflash-entropy"),
+    (["run", "--method", "whiflash-entropy", "--opt", "dflash.block_size=1"], "block_size=1 drafts nothing"),
+    (["run", "--method", "hvd", "--opt", "suffix.max_depth=-5"], "suffix.max_depth=-5 is out of range for hvd"),
+    (["run", "--method", "hvd", "--opt", "eagle3.nosuch=1"], "unknown option for hvd 'eagle3.nosuch'"),
+    (["run", "--method", "hvd", "--opt", "eagle3.depth=x"], "bad value for --opt eagle3.depth: 'x' is not a int"),
     # checkpoints that cannot be loaded
     (["run", "--model", "mine", "--target", "empty"], "target checkpoint folder"),
     (["run", "--model", "mine", "--target", "no_config"], "has no config.json"),
@@ -180,10 +186,30 @@ def test_bad_input_is_answered_before_torch_is_imported():
 def test_every_method_declares_a_range_for_each_numeric_option():
     """check_ranges looks each number up in the Options' RANGES: a method that forgot one fails here."""
     from specbench_cli.registry import METHODS, method_class
-    from specbench_cli.core.method import parse_options
+    from specbench_cli.core.options import parse_options
 
     for name in METHODS:
         parse_options(method_class(name), [])  # the defaults pass their own ranges
+
+
+def test_routed_options_nest_each_proposers_and_the_flat_spelling_still_works_with_a_note():
+    from methods.dflash import DFlash
+    from methods.eagle3 import Eagle3
+    from methods.whiflash import WhiFlashEntropy
+    from specbench_cli.core.options import options_record, parse_options
+
+    notes: list[str] = []
+    dotted = parse_options(WhiFlashEntropy, ["eagle3.depth=4", "dflash.block_size=8", "threshold=1.2"], notes)
+    assert dotted.eagle3 == Eagle3.Options(depth=4) and dotted.dflash == DFlash.Options(block_size=8)
+    assert dotted.threshold == 1.2 and not notes
+    flat = parse_options(WhiFlashEntropy, ["depth=4", "block_size=8", "threshold=1.2"], notes)
+    assert flat == dotted and len(notes) == 2 and "write --opt eagle3.depth=" in notes[0]
+    record = options_record(dotted)
+    assert record["eagle3.depth"] == 4 and record["dflash.block_size"] == 8 and record["eagle3.top_k"] == 10
+    # HVD's own EAGLE-3 setting (32/8/4) is its default, not EAGLE-3's (60/8/10)
+    from methods.hvd import Hvd
+
+    assert parse_options(Hvd, []).eagle3 == Eagle3.Options(depth=8, top_k=4, total_token=32)
 
 
 def test_the_torch_free_bucket_default_is_the_engines():

@@ -62,6 +62,8 @@ def test_model_drafters(distilled, name):
 
 
 def test_routed_method(distilled):
+    from methods.dflash import DFlash
+    from methods.eagle3 import Eagle3
     from methods.whiflash import WhiFlashEntropy
     from tests.drafter_fixtures import loaded
 
@@ -69,7 +71,8 @@ def test_routed_method(distilled):
     _, _, dflash = distilled("dflash", "llama")
 
     def method(threshold: float) -> WhiFlashEntropy:
-        options = WhiFlashEntropy.Options(threshold=threshold, depth=4, top_k=4, total_token=16, block_size=4)
+        options = WhiFlashEntropy.Options(threshold=threshold, eagle3=Eagle3.Options(depth=4, top_k=4, total_token=16),
+                                          dflash=DFlash.Options(block_size=4))
         return WhiFlashEntropy(options, loaded(target), {"eagle3": str(eagle3), "dflash": str(dflash)})
 
     entropies = sorted(r.extras["entropy"] for r in run_method(target, method(-1.0), corpus[0][:24]).rounds)

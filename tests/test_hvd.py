@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from methods.checkpoints import CheckpointError
+from methods.eagle3 import Eagle3
 from methods.hvd import CLASSES, FEATURES, History, Hvd, HvdFreq, features, token_classes
 from methods.predictors import PayoffPredictor
 from specbench_cli.calibration.calibrate import Latency
@@ -19,7 +20,7 @@ from specbench_cli.calibration.hvd import CacheTurn, frequency_rule, quality, ro
 from tests.drafter_fixtures import SAMPLING_TEMPERATURE, loaded
 from tests.helpers import assert_lossless, assert_multi_turn_lossless, run_method, sampling_p_value
 
-SMALL = {"depth": 4, "top_k": 4, "total_token": 16}  # a CPU-sized EAGLE-3 tree
+SMALL = {"eagle3": Eagle3.Options(depth=4, top_k=4, total_token=16)}  # a CPU-sized EAGLE-3 tree
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_multi_turn_is_lossless(setup, median_score, tmp_path):
 
 def test_sampling_keeps_the_target_distribution(setup):
     target, corpus, _ = setup
-    make = lambda: freq(setup, threshold=0.0, depth=3, total_token=10)  # noqa: E731  cache whenever it has a draft
+    make = lambda: freq(setup, threshold=0.0, eagle3=Eagle3.Options(depth=3, top_k=4, total_token=10))  # noqa: E731  cache whenever it has a draft
     assert sampling_p_value(target, make, corpus[0][:24], SAMPLING_TEMPERATURE) > 1e-3
 
 
@@ -107,7 +108,7 @@ def test_replayed_features_are_the_live_ones(setup, median_score):
     target, corpus, drafters = setup
     prompt = corpus[0][:24]
     live = run_method(target, freq(setup, threshold=median_score), prompt)
-    replayers = {"eagle3": Eagle3(Eagle3.Options(**SMALL), loaded(target), drafters),
+    replayers = {"eagle3": Eagle3(SMALL["eagle3"], loaded(target), drafters),
                  "suffix": Suffix(Suffix.Options(), loaded(target))}
     replay = replay_turn(Target(target, torch.device("cpu")), replayers,
                          Trace("p", 0, "c", "s", prompt, live.output_ids))

@@ -187,9 +187,11 @@ def test_report_bad_input_is_one_line(tmp_path):
     assert "no runs found" in invoke(tmp_path / "empty").output
 
 
-def test_a_dataset_given_as_a_path_names_report_files_by_a_safe_slug(tmp_path):
+def test_a_dataset_given_as_a_path_names_report_files_by_a_safe_slug(tmp_path, drawn):
     """`run --dataset "data/my set.jsonl"` records the path; report files are named by the file's stem."""
     write_run(tmp_path / "runs" / "r", "suffix", TURNS, dataset="data/my set.jsonl")
     result = invoke(tmp_path / "runs", "--out", tmp_path / "rep")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "rep" / "subtasks_my-set.md").exists() and (tmp_path / "rep" / "per_subtask_my-set.png").exists()
+    figure = drawn["per_subtask_my-set"]
+    assert "suffix" in figure["legend"] and figure["points"] and all(n > 0 for n in figure["points"])

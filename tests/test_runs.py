@@ -22,6 +22,7 @@ pytestmark = needs_embedded
 COMMON = ["--model", "smollm2-135m", "--threads", "2"]
 TOKENS = "32"  # per turn in the multi-turn runs and the committed drafters' runs (they are compared): CI time
 SMALL_TREE = ["--opt", "total_token=8", "--opt", "depth=3", "--opt", "top_k=3"]  # EAGLE-3-style trees: CPU time in CI
+ROUTED_TREE = [p if p == "--opt" else f"eagle3.{p}" for p in SMALL_TREE]  # the same tree as a routed method's EAGLE-3
 
 
 def run_cli(*args: str) -> None:
@@ -44,10 +45,10 @@ def drafters(embedded, tmp_path_factory):
             "confu": ["--drafter", f"confu={write_confu(root / 'confu', target)}", *SMALL_TREE],
             "sps": ["--drafter", f"sps={embedded_folder()}"],
             # the committed eagle3 and dflash drafters; a threshold inside the entropies seen, so it switches
-            "whiflash-entropy": ["--opt", "threshold=2.0", *SMALL_TREE, "--opt", "block_size=4"],
+            "whiflash-entropy": ["--opt", "threshold=2.0", *ROUTED_TREE, "--opt", "dflash.block_size=4"],
             # the committed eagle3 drafter and the suffix cache; a low score threshold, so both draft
-            "hvd-freq": ["--opt", "threshold=1.0", *SMALL_TREE],
-            "hvd": ["--opt", "threshold=1.0", *SMALL_TREE]}  # the committed payoff predictor
+            "hvd-freq": ["--opt", "threshold=1.0", *ROUTED_TREE],
+            "hvd": ["--opt", "threshold=1.0", *ROUTED_TREE]}  # the committed payoff predictor
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +329,7 @@ def test_committed_drafters_are_lossless_and_beat_a_random_one(multi_turn, tmp_p
         assert trained.accepted.sum() > 2 * read_table(multi_turn[method], "rounds").accepted.sum()
 
 
-def test_report_over_real_runs_is_lossless_and_complete(multi_turn, tmp_path):
+def test_report_over_real_runs_is_lossless_and_complete(multi_turn, tmp_path, drawn):
     """`report` over the multi-turn runs: every method identical to baseline, speedups against that baseline."""
     root = next(iter(multi_turn.values())).parent
     out = tmp_path / "report"
@@ -341,15 +342,20 @@ def test_report_over_real_runs_is_lossless_and_complete(multi_turn, tmp_path):
     overview = pd.read_csv(out / "overview.csv").set_index("method")
     assert overview.loc["suffix", "speedup"] > 0 and overview.loc["suffix", "baseline"].endswith("/baseline")
     assert (out / "survival.png").exists() and (out / "per_subtask_spec-bench.pdf").exists()
+    drafting = {"suffix", "pld", "eagle3", "dflash", "dart", "confu", "sps", "whiflash-entropy", "hvd", "hvd-freq"}
+    drawn_methods = {label.split("[")[0] for label in drawn["survival"]["legend"]}
+    assert drawn_methods >= drafting and all(n > 0 for n in drawn["survival"]["points"])  # a curve per drafter
+    assert {label.split("[")[0] for label in drawn["per_subtask_spec-bench"]["legend"]} >= drafting
 
 
-def test_profile_phases_and_head(tmp_path):
+def test_profile_phases_and_head(tmp_path, drawn):
     phases = CliRunner().invoke(app, ["profile", "--phases", "--method", "suffix", *COMMON, "--limit", "1",
                                       "--max-new-tokens", "24", "--warmup", "0", "--out", str(tmp_path / "p")])
     assert phases.exit_code == 0, phases.output
     table = pd.read_parquet(tmp_path / "p" / "profile" / "phases.parquet").set_index("part")
     assert table.loc["verify", "mean_ms"] > 0 and table.loc["round", "share_pct"] == pytest.approx(100)
     assert (tmp_path / "p" / "profile" / "phases.pdf").exists()
+    assert {"draft_body", "verify"} <= set(drawn["phases"]["legend"]) and "suffix" in drawn["phases"]["legend"]
     head = CliRunner().invoke(app, ["profile", "--component", "head", "--method", "flashhead", *COMMON, "--reps", "5",
                                     "--warmup-reps", "1", "--out", str(tmp_path / "h")])
     assert head.exit_code == 0, head.output
@@ -368,31 +374,54 @@ def test_hvd_routes_on_the_real_model(multi_turn):
 
     for method in ("hvd", "hvd-freq"):  # hvd: the committed payoff predictor (drafters/smollm2-135m/hvd)
         rounds = read_table(multi_turn[method], "rounds")
-        assert set(rounds.proposer) <= {"suffix", "eagle3"} and rounds.router_score.notna().all()
+        assert set(rounds.proposer) == {"suffix", "eagle3"}, f"{method} never switched: {set(rounds.proposer)}"
+        assert rounds.router_score.notna().all()
         assert (rounds.features.str.split(",").map(len) == len(FEATURES)).all()
 
 
-def test_oracle_calibrate_and_the_neural_router(tmp_path):
-    """oracle → replay records and oracle rows; calibrate (tiny) → an artifact that run loads."""
+# oracle -> calibrate -> run, one step per test (each later step's fixture runs the earlier one), so a failure
+# names the step that broke.
+@pytest.fixture(scope="module")
+def oracle_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("chain") / "o"
     oracle = CliRunner().invoke(app, ["oracle", "--drafters", "eagle3,suffix", *COMMON, "--limit", "1", "--max-new-tokens",
-                                      "24", "--warmup", "0", "--out", str(tmp_path / "o")])
-    assert oracle.exit_code == 0, oracle.output
-    replay = pd.read_parquet(tmp_path / "o" / "replay.parquet")
-    assert set(replay.drafter) == {"eagle3", "suffix"} and (replay.accepted >= 0).all()
-    drafts = pd.read_parquet(tmp_path / "o" / "drafts.parquet")  # the suffix cache's draft at every position
-    assert set(drafts.drafter) == {"suffix"} and len(drafts) == (replay.drafter == "suffix").sum()
-    assert "Oracle-Token" in (tmp_path / "o" / "oracle_o.md").read_text()
-    cal = tmp_path / "cal"
+                                      "24", "--warmup", "0", "--out", str(out)])
+    assert oracle.exit_code == 0, f"step 1, oracle: {oracle.output}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def neural_router(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chain_cal")
     result = CliRunner().invoke(app, ["calibrate", "--method", "whiflash-neural", *COMMON, "--prompts", "3",
-                                      "--max-new-tokens", "16", "--steps", "20", "--out", str(cal),
-                                      "--work", str(tmp_path / "work")])
-    assert result.exit_code == 0, result.output
-    card = json.loads((cal / "config.json").read_text())
-    assert card["train_pairs"] > 0 and card["latency"]["eagle3_round_ms"] > 0 and (cal / "router.safetensors").exists()
+                                      "--max-new-tokens", "16", "--steps", "20", "--out", str(root / "cal"),
+                                      "--work", str(root / "work")])
+    assert result.exit_code == 0, f"step 2, calibrate: {result.output}"
+    return root / "cal"
+
+
+def test_chain_1_oracle_writes_replay_drafts_and_oracle_rows(oracle_dir):
+    replay = pd.read_parquet(oracle_dir / "replay.parquet")
+    assert set(replay.drafter) == {"eagle3", "suffix"} and (replay.accepted >= 0).all()
+    drafts = pd.read_parquet(oracle_dir / "drafts.parquet")  # the suffix cache's draft at every position
+    assert set(drafts.drafter) == {"suffix"} and len(drafts) == (replay.drafter == "suffix").sum()
+    assert "Oracle-Token" in (oracle_dir / "oracle_o.md").read_text()
+    assert json.loads((oracle_dir / "run.json").read_text())["status"] == "complete"
+
+
+def test_chain_2_calibrate_writes_a_router_card_and_its_sweep(neural_router):
+    card = json.loads((neural_router / "config.json").read_text())
+    assert card["train_pairs"] > 0 and card["latency"]["eagle3_round_ms"] > 0
+    assert (neural_router / "router.safetensors").exists()
     assert set(card["drafters"]) == {"eagle3", "dflash"}  # the fingerprints a run compares with what it loads
-    assert len(pd.read_csv(cal / "sweep.csv")) >= 7 and (cal / "sensitivity.png").exists()
-    run_cli("--method", "whiflash-neural", "--drafter", f"whiflash-neural={cal}", "--limit", "1", "--max-new-tokens", "24",
-            "--warmup", "0", "--out", str(tmp_path / "wn"))
+    sweep = pd.read_csv(neural_router / "sweep.csv")
+    assert len(sweep) >= 7 and (neural_router / "sensitivity.png").exists()
+    assert sweep.tokens_per_s.notna().all() and round(card["threshold"], 4) in set(sweep.threshold.round(4))  # what was drawn
+
+
+def test_chain_3_run_loads_the_calibrated_router(neural_router, tmp_path):
+    run_cli("--method", "whiflash-neural", "--drafter", f"whiflash-neural={neural_router}", "--limit", "1",
+            "--max-new-tokens", "24", "--warmup", "0", "--out", str(tmp_path / "wn"))
     assert read_table(tmp_path / "wn", "rounds").router_score.notna().all()
 
 
@@ -410,4 +439,5 @@ def test_hvd_calibration_makes_a_predictor_run_loads(tmp_path):
     run_cli("--method", "hvd", "--drafter", f"hvd={cal}", "--opt", "threshold=0", "--limit", "1",
             "--max-new-tokens", "24", "--warmup", "0", "--out", str(tmp_path / "hvd"))
     rounds = read_table(tmp_path / "hvd", "rounds")
-    assert set(rounds.proposer) <= {"suffix", "eagle3"} and (rounds.features.str.count(",") == len(FEATURES) - 1).all()
+    assert set(rounds.proposer) == {"suffix", "eagle3"}, f"hvd never switched: {set(rounds.proposer)}"
+    assert (rounds.features.str.count(",") == len(FEATURES) - 1).all()

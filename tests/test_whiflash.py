@@ -13,11 +13,13 @@ import torch
 
 from methods.checkpoints import CheckpointError, fingerprint
 from methods.predictors import Router
+from methods.dflash import DFlash
+from methods.eagle3 import Eagle3
 from methods.whiflash import WhiFlashEntropy, WhiFlashNeural
 from tests.drafter_fixtures import SAMPLING_TEMPERATURE, loaded
 from tests.helpers import assert_lossless, assert_multi_turn_lossless, run_method, sampling_p_value
 
-SMALL = {"depth": 4, "top_k": 4, "total_token": 16, "block_size": 4}  # CPU-sized trees and blocks
+SMALL = {"eagle3": Eagle3.Options(depth=4, top_k=4, total_token=16), "dflash": DFlash.Options(block_size=4)}  # CPU-sized
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,8 @@ def test_multi_turn_is_lossless(setup, median_entropy):
 
 def test_sampling_keeps_the_target_distribution(setup, median_entropy):
     target, corpus, _ = setup
-    make = lambda: entropy_method(setup, threshold=median_entropy, depth=3, total_token=10)  # noqa: E731
+    small = Eagle3.Options(depth=3, top_k=4, total_token=10)
+    make = lambda: entropy_method(setup, threshold=median_entropy, eagle3=small)  # noqa: E731
     assert sampling_p_value(target, make, corpus[0][:24], SAMPLING_TEMPERATURE) > 1e-3
 
 

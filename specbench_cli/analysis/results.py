@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench_cli.core.errors import UsageError
+from specbench_cli.core.options import options_record
 from specbench_cli.hardware import hardware_key
 from specbench_cli.records import read_table
 
@@ -196,7 +197,7 @@ def method_label(settings: dict) -> str:
     try:
         from specbench_cli.registry import method_class
 
-        defaults = {f.name: f.default for f in dataclasses.fields(method_class(method).Options)}
+        defaults = options_record(method_class(method).Options())
     except UsageError:  # a method this version does not know: show every option
         defaults = {}
     changed = [f"{k}={v}" for k, v in options.items() if not _same(defaults.get(k, object()), v)]

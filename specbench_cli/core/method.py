@@ -2,13 +2,11 @@
 
 A method is a `Proposer` (returns a DraftTree each round) or, for routed methods, a `Method` whose
 `route` picks one of several proposers each round. Hyper-parameters are a dataclass `Options` on the
-method class; `--opt key=value` fills it, typed by the dataclass fields.
+method class; `--opt key=value` fills it, typed by the dataclass fields (`core/options.py`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -17,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, Union
 
 import torch
 
-from specbench_cli.core.errors import UsageError, unknown
+from specbench_cli.core.errors import UsageError
 from specbench_cli.core.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -162,53 +160,3 @@ def drafter_ref(cls: type[Method], spec, overrides: dict[str, str], name: str) -
     missing = spec.missing_drafters.get(name) or cls.how_to_make.get(name, "").format(model=spec.name)
     why = f" ({missing})" if missing else ""
     raise UsageError(f"no {name} drafter is registered for model {spec.name}{why}; pass --drafter {name}=PATH_OR_HUB_ID")
-
-
-def parse_options(cls: type[Method], pairs: list[str]) -> Method.Options:
-    """Turn `key=value` strings into the method's typed Options; unknown keys and bad values are errors."""
-    fields = {f.name: f for f in dataclasses.fields(cls.Options)}
-    values: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key:
-            raise UsageError(f"malformed --opt '{pair}': expected key=value")
-        if key not in fields:
-            raise unknown(f"option for {cls.name}", key, fields) if fields else UsageError(f"method {cls.name} takes no --opt (got '{key}')")
-        values[key] = _convert(key, raw.strip(), fields[key].type)
-    options = cls.Options(**values)  # an Options' __post_init__ checks what involves two fields
-    check_ranges(cls, options)
-    return options
-
-
-def check_ranges(cls: type[Method], options: object) -> None:
-    """Every number of a method's Options within the range its `RANGES` declares ((low, high), None =
-    unbounded), and finite; NaN only where NaN is the default ("use the calibrated value")."""
-    ranges: dict = getattr(options, "RANGES", {})
-    for f in dataclasses.fields(options):
-        value = getattr(options, f.name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if math.isnan(value) and isinstance(f.default, float) and math.isnan(f.default):
-            continue
-        low, high = ranges[f.name]  # a KeyError here is a method that forgot to declare a range (a test checks)
-        if not (math.isfinite(value) and (low is None or value >= low) and (high is None or value <= high)):
-            bounds = " and ".join(b for b in (low is not None and f">= {low:g}", high is not None and f"<= {high:g}") if b)
-            raise UsageError(f"--opt {f.name}={value:g} is out of range for {cls.name}: it must be "
-                             f"{bounds or 'a finite number'}")
-
-
-def _convert(key: str, raw: str, typ: object) -> object:
-    name = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
-    try:
-        if name == "bool":
-            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError
-            return raw.lower() in ("true", "1", "yes")
-        if name == "int":
-            return int(raw)
-        if name == "float":
-            return float(raw)
-        return raw
-    except ValueError:
-        raise UsageError(f"bad value for --opt {key}: '{raw}' is not a {name}") from None

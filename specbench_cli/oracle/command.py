@@ -23,16 +23,16 @@ import pandas as pd
 import pyarrow as pa
 from rich.console import Console
 
-from specbench_cli.core.method import Method, drafter_ref, parse_options
+from specbench_cli.core.method import Method, drafter_ref
+from specbench_cli.core.options import options_record, parse_options
 from specbench_cli.core.errors import UsageError
 from specbench_cli.datasets import dataset_slug
 from specbench_cli.models import checkpoint_ref
 from specbench_cli.oracle.replay import Trace, replay_turn
 from specbench_cli.inputs import RunConfig
 from specbench_cli.registry import method_class
-from specbench_cli.loading import load_model
 from specbench_cli.run_folder import RunFolder, RunInfo, now
-from specbench_cli.runner import Plan, Runner, new_session, plan, record_prompts, warm_up
+from specbench_cli.runner import Plan, Runner, loaded_target, new_session, plan, record_prompts, warm_up
 
 NOT_REPLAYABLE = {"confu": "its future token comes from the target's verify pass, which replay does not run",
                   "hf-generate": "it runs its own loop", "baseline": "it drafts nothing"}
@@ -103,12 +103,12 @@ def execute(config: OracleConfig, console: Console, model=None) -> Path:
 def _record(config: OracleConfig, checked: Plan, options: dict[str, object], folder: RunFolder, console: Console,
             model) -> None:
     settings = {**checked.settings(), "method": "oracle", "drafters": config.drafters, "opts": config.opts,
-                "options": {n: dataclasses.asdict(o) for n, o in options.items()}}
+                "options": {n: options_record(o) for n, o in options.items()}}
     session = new_session(checked.device)
     # replay measures no time: a resume on another machine or thread count makes the same records
     resumed = folder.resumed(settings, session["environment"], measured=()) if config.run.resume else None
     done = folder.finished() if resumed else set()
-    runner = Runner(checked, model or load_model(checked.spec, checked.device, checked.dtype))  # baseline: the traces
+    runner = Runner(checked, loaded_target(checked, model))  # baseline decoding gives the traces
     longest = runner.check_lengths()
     drafters: dict[str, Method] = {n: method_class(n)(o, runner.model, checked.drafters) for n, o in options.items()}
     info = resumed or RunInfo(settings, session["started"], session["environment"], kind="oracle")

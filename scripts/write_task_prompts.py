@@ -1,4 +1,4 @@
-"""Write `datasets/train/written-tasks.jsonl`: training prompts for the tasks the three vendored sources lack.
+"""Write `datasets/train/written-tasks.jsonl.xz`: training prompts for the tasks the three vendored sources lack.
 
 The vendored prompts (GSM8K, GPTeacher roleplay and code; datasets/train/SOURCE.md) hold no summarisation,
 passage-grounded answering or translation, and drafters trained on them accept least on exactly those
@@ -13,11 +13,15 @@ Spec-Bench tasks. This script writes such prompts itself, in Spec-Bench's format
 Only roleplay rows outside the roleplay source's calibration share are used, so no router calibrates on a
 passage a drafter trained on. The output is deterministic (seed 0, greedy, fp32 on CPU).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/write_task_prompts.py   # 50 min on 2 CPU threads beside a test run
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/write_task_prompts.py ROLEPLAY_JSON   # 50 min on 2 CPU threads
+
+ROLEPLAY_JSON is the upstream GPTeacher roleplay file (datasets/train/SOURCE.md: the project ships only its
+prompts, and the passages are made of its responses); its sha256 is checked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -29,20 +33,24 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specbench_cli.datasets import DATASET_DIR  # noqa: E402
+from scripts.slim_training_prompts import UPSTREAM  # noqa: E402
+from specbench_cli.datasets import DATASET_DIR, write_vendored  # noqa: E402
 from specbench_cli.loading import load_model  # noqa: E402
 from specbench_cli.models import get_model_spec  # noqa: E402
 from specbench_cli.training.distill import calibration_prompts, generate, row_prompt  # noqa: E402
 
-OUT = DATASET_DIR / "train" / "written-tasks.jsonl"
+OUT = DATASET_DIR / "train" / "written-tasks.jsonl.xz"
 COUNTS = {"summarize": 640, "rag": 640, "translate": 320}
 PASSAGE_RESPONSES = (2, 5)  # responses per passage: ~1,200-3,000 characters, as Spec-Bench's ~3,000
 GERMAN_WORDS = {"der", "die", "das", "und", "ist", "ein", "eine", "nicht", "ich", "wir", "mit", "von", "zu", "sie"}
 
 
-def roleplay_rows() -> list[dict]:
+def roleplay_rows(upstream: Path) -> list[dict]:
     """Roleplay rows with prose responses whose prompt is not among the calibration prompts."""
-    rows = json.loads((DATASET_DIR / "train" / "roleplay-simple-deduped-roleplay-instruct.json").read_text())
+    sha = UPSTREAM["roleplay-simple-deduped-roleplay-instruct.json"][0]
+    if hashlib.sha256(upstream.read_bytes()).hexdigest() != sha:
+        sys.exit(f"{upstream}: not the upstream roleplay file datasets/train/SOURCE.md names (sha256 differs)")
+    rows = json.loads(upstream.read_text())
     held = set(calibration_prompts(10**6))
     return [r for r in rows if row_prompt(r, "instruction") not in held and len(r["response"]) >= 200]
 
@@ -93,11 +101,11 @@ def translate(rng: random.Random, rows: list[dict], n: int) -> list[str]:
 
 def main() -> None:
     rng = random.Random(0)
-    rows = roleplay_rows()
+    rows = roleplay_rows(Path(sys.argv[1]))
     written = {"summarize": summarize(rng, rows, COUNTS["summarize"]), "rag": rag(rng, rows, COUNTS["rag"]),
                "translate": translate(rng, rows, COUNTS["translate"])}
     lines = [json.dumps({"task": task, "prompt": p}, ensure_ascii=False) for task, ps in written.items() for p in ps]
-    OUT.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_vendored(OUT, ("\n".join(lines) + "\n").encode("utf-8"))
     print(f"wrote {len(lines)} prompts to {OUT}")
 
 

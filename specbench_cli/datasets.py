@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,9 @@ from specbench_cli.hub_datasets import GROUPS, HUB, Member, load_hub
 from specbench_cli.resources import resource_dir
 
 DATASET_DIR = resource_dir("datasets")
+# Vendored files ship xz-compressed (NAME.xz), so that a checkout copies quickly to a remote machine; a SOURCE.md's
+# sha256 is of the content, which is the upstream file byte for byte unless the SOURCE.md says otherwise.
+XZ_PRESET = 9 | lzma.PRESET_EXTREME
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 # The usual instruction for AIME in reasoning evaluations (Qwen2.5-Math evaluation's chat prompt).
 AIME_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -32,15 +36,15 @@ class DatasetFile:
 
 
 DATASETS: dict[str, DatasetFile] = {
-    "spec-bench": DatasetFile("spec_bench/question.jsonl", "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04",
+    "spec-bench": DatasetFile("spec_bench/question.jsonl.xz", "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04",
                               "Apache-2.0"),
-    "mt-bench": DatasetFile("mt_bench/question.jsonl", "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
+    "mt-bench": DatasetFile("mt_bench/question.jsonl.xz", "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
                             "Apache-2.0"),
-    "mt-bench-1turn": DatasetFile("mt_bench/question.jsonl", "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
+    "mt-bench-1turn": DatasetFile("mt_bench/question.jsonl.xz", "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
                                   "Apache-2.0", first_turn_only=True),
-    "aime24": DatasetFile("aime24/test.jsonl", "af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac",
+    "aime24": DatasetFile("aime24/test.jsonl.xz", "af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac",
                           "MIT (Qwen2.5-Math evaluation/; problems © MAA)"),
-    "aime25": DatasetFile("aime25/test.jsonl", "b4e273c02d3e7fe1b74b59eae768fc8230bfb0f79539890cb56f4361caac0331",
+    "aime25": DatasetFile("aime25/test.jsonl.xz", "b4e273c02d3e7fe1b74b59eae768fc8230bfb0f79539890cb56f4361caac0331",
                           "Apache-2.0 (AReaL; problems © MAA)"),
 }
 
@@ -55,14 +59,30 @@ class Prompt:
     reference: str | None = None
 
 
+def vendored_bytes(path: Path, sha256: str, what: str) -> bytes:
+    """A vendored file's content (decompressed if it ships as `.xz`), checked against the sha256 its SOURCE.md
+    gives."""
+    data = path.read_bytes()
+    data = lzma.decompress(data) if path.suffix == ".xz" else data
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise UsageError(f"{what} failed its checksum ({path}: sha256 {digest[:12]}…, expected {sha256[:12]}…)")
+    return data
+
+
+def write_vendored(path: Path, data: bytes) -> None:
+    """Write a vendored file as it ships: xz-compressed when its name ends in .xz (fixed settings, so the same
+    content gives the same bytes)."""
+    path.write_bytes(lzma.compress(data, preset=XZ_PRESET) if path.suffix == ".xz" else data)
+
+
 def load_dataset(name: str, base: Path = DATASET_DIR) -> list[Prompt]:
     """A registered name (checksum-verified) or a path to a `.jsonl` file."""
+    data = None
     if name in DATASETS:
         entry = DATASETS[name]
         path = base / entry.path
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        if digest != entry.sha256:
-            raise UsageError(f"dataset '{name}' failed its checksum ({path}: sha256 {digest[:12]}…, expected {entry.sha256[:12]}…)")
+        data = vendored_bytes(path, entry.sha256, f"dataset '{name}'")
     elif name in HUB or name in GROUPS:
         return load_suite(name)
     elif name.startswith(SPEED_BENCH):
@@ -74,7 +94,7 @@ def load_dataset(name: str, base: Path = DATASET_DIR) -> list[Prompt]:
     else:
         raise unknown("dataset", name, [*DATASETS, *HUB, *GROUPS])
     dataset = dataset_slug(name)
-    rows = _read_jsonl(path)
+    rows = _read_jsonl(path, data)
     if name in DATASETS and DATASETS[name].first_turn_only:
         rows = [(n, {**row, "turns": row["turns"][:1]}) for n, row in rows]
     prompts = [_normalise(dataset, row, f"{path}:{n}", i) for i, (n, row) in enumerate(rows)]
@@ -92,10 +112,11 @@ def dataset_slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(name).stem).strip("-.") or "dataset"
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
-    """(line number, row) for every non-blank line; each row must be a JSON object."""
+def _read_jsonl(path: Path, data: bytes | None = None) -> list[tuple[int, dict]]:
+    """(line number, row) for every non-blank line of `path` (or of `data`, its content already read); each row
+    must be a JSON object."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = (path.read_bytes() if data is None else data).decode("utf-8")
     except UnicodeDecodeError as err:
         raise UsageError(f"{path}: not UTF-8 text (byte {err.start}); save the file as UTF-8") from None
     rows = []

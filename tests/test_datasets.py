@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import lzma
 import shutil
 
 import pytest
 
-from specbench_cli.datasets import DATASET_DIR, DATASETS, load_dataset, parse_shard, select
+from specbench_cli.datasets import DATASET_DIR, DATASETS, load_dataset, parse_shard, select, write_vendored
 from specbench_cli.core.errors import UsageError
 
 
@@ -29,7 +30,8 @@ def test_checksum_mismatch_is_refused(tmp_path):
     shutil.copytree(DATASET_DIR / "aime25", tmp_path / "aime25")
     path = tmp_path / DATASETS["aime25"].path
     path.chmod(0o644)
-    path.write_text(path.read_text().replace("bases", "basis", 1))
+    text = lzma.decompress(path.read_bytes()).decode()
+    write_vendored(path, text.replace("bases", "basis", 1).encode())  # shipped compressed, as the real file
     with pytest.raises(UsageError, match="checksum"):
         load_dataset("aime25", base=tmp_path)
 

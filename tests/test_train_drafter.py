@@ -252,7 +252,9 @@ def test_a_late_source_joins_after_the_corpora_built_without_it(monkeypatch):
     from specbench_cli.training import distill
 
     with_late, calibration = training_prompts(), calibration_prompts(200)
-    written = {json.loads(line)["prompt"] for line in (distill.DATASET_DIR / "train" / "written-tasks.jsonl").open()}
+    name = "written-tasks.jsonl.xz"
+    content = distill.vendored_bytes(distill.DATASET_DIR / "train" / name, distill.TRAIN_FILES[name][0], name)
+    written = {json.loads(line)["prompt"] for line in content.decode().splitlines()}
     monkeypatch.setattr(distill, "TRAIN_FILES", {k: v for k, v in distill.TRAIN_FILES.items() if k not in distill.LATE_FILES})
     before = training_prompts()
     join = distill.LATE_JOIN
@@ -409,9 +411,9 @@ def test_a_grown_corpus_holds_what_a_build_of_all_its_prompts_holds(embedded, tm
 def test_a_killed_build_resumes_from_its_answers_and_a_shipped_corpus_is_not_generated_again(embedded, tmp_path,
                                                                                            monkeypatch):
     """Finished answer batches are logged, so a killed build generates only the rest (a batch cut mid-write
-    is dropped); answers shipped with the drafters (a gzipped corpus.json) are not generated at all; either
+    is dropped); answers shipped with the drafters (an xz-compressed corpus.json) are not generated at all; either
     must give the corpus an uninterrupted build gives, and answers to other prompts are refused."""
-    import gzip
+    from specbench_cli.datasets import write_vendored
 
     from specbench_cli.training import distill
 
@@ -432,8 +434,8 @@ def test_a_killed_build_resumes_from_its_answers_and_a_shipped_corpus_is_not_gen
     assert calls == [2] and resumed.sequences == whole.sequences
     assert np.array_equal(resumed.features, whole.features)
 
-    shipped = tmp_path / "corpus.json.gz"
-    shipped.write_bytes(gzip.compress((tmp_path / "whole" / "corpus.json").read_bytes()))
+    shipped = tmp_path / "corpus.json.xz"
+    write_vendored(shipped, (tmp_path / "whole" / "corpus.json").read_bytes())
     calls.clear()
     small = distill.build(embedded, texts[:3], tmp_path / "first", layers, 6, 2, shipped=shipped)
     grown = distill.extend(embedded, small, texts, 6, 2, shipped=shipped)

@@ -14,8 +14,7 @@ k most likely next tokens at each position and their probabilities under its ful
 
 from __future__ import annotations
 
-import gzip
-import hashlib
+import lzma
 import json
 import random
 from dataclasses import dataclass, field, replace
@@ -25,20 +24,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specbench_cli.datasets import DATASET_DIR
+from specbench_cli.datasets import DATASET_DIR, vendored_bytes
 from specbench_cli.core.errors import UsageError
 
-# file -> (sha256, how a row becomes a prompt)
+# file (JSONL, xz-compressed) -> (sha256 of its content, how a row becomes a prompt). The three upstream sources
+# ship only the fields their prompts are made of (scripts/slim_training_prompts.py; datasets/train/SOURCE.md).
 TRAIN_FILES = {
-    "gsm8k_train.jsonl": ("17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465", "question"),
-    "roleplay-simple-deduped-roleplay-instruct.json": ("b5d57a0d92162fd0b78988fe352e8512b435363919caf63efc3759d5a1555023", "instruction"),
-    "codegen-instruct.json": ("8b0be81f22b86bccab30f573351b62efb3391da229d2ee817a65ce0abb08b29d", "instruction"),
-    "written-tasks.jsonl": ("3bae74467b0b787e142864b1dc84a4343aaa2bb03e984796550f5b3a2edac8c5", "prompt"),
+    "gsm8k_train.prompts.jsonl.xz": ("a892bf973e2148c3d3eeecc9a115348e1e337d92e398c705c81fae74f2990a59", "question"),
+    "roleplay-simple-deduped-roleplay-instruct.prompts.jsonl.xz": (
+        "0e14df4d2e4282e87340302c294c53b1ac67ae606f51c4d56a974a8e7bf48446", "instruction"),
+    "codegen-instruct.prompts.jsonl.xz": ("5cca0bc30dc15d11acf32ab3e8d61eadc9b41a9243457b42a1d13ec732092e37", "instruction"),
+    "written-tasks.jsonl.xz": ("3bae74467b0b787e142864b1dc84a4343aaa2bb03e984796550f5b3a2edac8c5", "prompt"),
 }
 # Sources added after corpora had been built from the others join the prompt order where those corpora end, so
 # that such a corpus (the committed drafters' 2,000 prompts, and the answers shipped for them) stays the first
 # prompts of the list and grows by extension instead of being rebuilt.
-LATE_FILES = {"written-tasks.jsonl"}
+LATE_FILES = {"written-tasks.jsonl.xz"}
 LATE_JOIN = 2000
 
 
@@ -74,11 +75,8 @@ def _sources(seed: int) -> dict[str, list[str]]:
     """Each training file's prompts, checksummed, then shuffled with `seed`."""
     sources = {}
     for name, (sha, kind) in TRAIN_FILES.items():
-        path = DATASET_DIR / "train" / name
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != sha:
-            raise UsageError(f"{path}: checksum differs from datasets/train/SOURCE.md")
-        rows = [json.loads(line) for line in data.decode().splitlines()] if name.endswith(".jsonl") else json.loads(data)
+        data = vendored_bytes(DATASET_DIR / "train" / name, sha, "training prompts")
+        rows = [json.loads(line) for line in data.decode().splitlines()]
         texts = [row_prompt(r, kind) for r in rows]
         random.Random(seed).shuffle(texts)
         sources[name] = texts
@@ -94,9 +92,9 @@ def row_prompt(row: dict, kind: str) -> str:
 
 def shipped_corpus(model: str) -> Path:
     """Answers the target gave to its first training prompts, among them those its committed drafters trained
-    on (a corpus.json, gzipped; see datasets/train/SOURCE.md), which a build takes instead of generating
+    on (a corpus.json, xz-compressed; see datasets/train/SOURCE.md), which a build takes instead of generating
     them again; it may not exist."""
-    return DATASET_DIR / "train" / "distilled" / f"{model}.corpus.json.gz"
+    return DATASET_DIR / "train" / "distilled" / f"{model}.corpus.json.xz"
 
 
 def _interleave(groups: list[list[str]]) -> list[str]:
@@ -300,13 +298,13 @@ def _answer_line(max_new_tokens: int, prompt_len: int, sequence: list[int]) -> s
 
 
 def shipped_answers(shipped: Path | None, max_new_tokens: int) -> dict[tuple[int, ...], list[int]]:
-    """The answers a shipped corpus (`shipped_corpus`: gzipped `corpus.json`) holds, by chat-templated prompt,
+    """The answers a shipped corpus (`shipped_corpus`: an xz-compressed `corpus.json`) holds, by chat-templated prompt,
     when it was built with the same `max_new_tokens`; none otherwise. A build takes them instead of
     generating them, so the committed drafters' corpus is the same on every machine, even one whose float
     rounding would change a greedy answer."""
     if shipped is None or not shipped.exists():
         return {}
-    meta = json.loads(gzip.decompress(shipped.read_bytes()))
+    meta = json.loads(lzma.decompress(shipped.read_bytes()))
     if meta["max_new_tokens"] != max_new_tokens:
         return {}
     return {tuple(seq[:n]): seq for n, seq in zip(meta["prompt_lens"], meta["sequences"])}

@@ -7,21 +7,42 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from specbench_cli.core.errors import UsageError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  help="Benchmark speculative decoding methods: lossless outputs, per-round timings, Parquet records.")
 console = Console()
 err_console = Console(stderr=True)
+RESUMABLE = ("run", "profile", "oracle", "sweep", "calibrate", "train-drafter")  # commands with --resume (or resuming)
 
 
 def fail(message: str) -> None:
     err_console.print(f"error: {message}", highlight=False, soft_wrap=True, markup=False)
     raise typer.Exit(2)
+
+
+class Commands(TyperGroup):
+    """Every command ends the same way on bad input (one line, exit 2) and on Ctrl-C or SIGTERM (one line, exit
+    130 or 143): handled here once, for the console script and for tests that invoke `app` alike."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except UsageError as err:
+            fail(str(err))
+        except KeyboardInterrupt as err:  # SIGTERM is `run_folder.Terminated` while a run owns its folder
+            term = type(err).__name__ == "Terminated"
+            kept = ": finished prompts are kept; continue with --resume" if ctx.invoked_subcommand in RESUMABLE else ""
+            err_console.print(f"interrupted{' (SIGTERM)' if term else ''}{kept}", highlight=False)
+            raise typer.Exit(143 if term else 130)
+
+
+app = typer.Typer(cls=Commands, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Benchmark speculative decoding methods: lossless outputs, per-round timings, Parquet records.")
 
 
 # Options `run` and `profile` share (one declaration, one help text).
@@ -80,24 +101,15 @@ def run(
 
 
 def _execute(config, threads: int | None) -> Path:
-    """Plan and execute a run; bad input and Ctrl-C end the way every command ends them."""
+    """Plan and execute a run (bad input is answered before torch is imported)."""
     from specbench_cli.inputs import at_least, check_run
 
-    try:
-        at_least("--threads", threads, 1)
-        chosen = check_run(config, dict(os.environ))  # answers bad input before torch is imported
-        from specbench_cli.runner import execute, plan
+    at_least("--threads", threads, 1)
+    chosen = check_run(config, dict(os.environ))
+    from specbench_cli.runner import execute, plan
 
-        use_threads(threads)
-        return execute(plan(config, dict(os.environ), chosen), console)
-    except UsageError as err:
-        fail(str(err))
-    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (run_folder.Terminated) while a run owns its folder
-        from specbench_cli.run_folder import Terminated
-
-        term = isinstance(err, Terminated)
-        err_console.print(f"interrupted{' (SIGTERM)' if term else ''}: finished prompts are kept; continue with --resume")
-        raise typer.Exit(143 if term else 130)
+    use_threads(threads)
+    return execute(plan(config, dict(os.environ), chosen), console)
 
 
 def use_threads(threads: int | None) -> None:
@@ -151,74 +163,31 @@ def profile(
     measured = "switching" if switching else component
     about = {"switching": "--switching profiles a routed method's catch-up",
              "head": "--component head compares the dense head with FlashHead"}
-    try:
-        others = supports(method, measured) if measured else []
-    except UsageError as err:
-        fail(str(err))
+    others = supports(method, measured) if measured else []
     if others:
         fail(f"{about[measured]}: use --method {' or '.join(others)}")
-    try:
-        at_least("--threads", threads, 1)
-        at_least("--reps", reps, 1)
-        at_least("--warmup-reps", warmup_reps, 0)
-        for length in (*(kv_lens or ()), *(backlogs or ())):
-            at_least("--kv-len and --backlog", length, 1)
-    except UsageError as err:
-        fail(str(err))
+    at_least("--threads", threads, 1)
+    at_least("--reps", reps, 1)
+    at_least("--warmup-reps", warmup_reps, 0)
+    for length in (*(kv_lens or ()), *(backlogs or ())):
+        at_least("--kv-len and --backlog", length, 1)
     suffix = "_head" if component else "_switching" if switching else ""
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,
                        warmup=warmup, opts=opt or [], target=target, drafters=drafter or [], compile=compile,
                        compile_buckets=compile_buckets, out=out or Path("results") / "profile" / f"{model}_{dataset_slug(dataset)}_{method}{suffix}")
-    try:
-        if phases:
-            run_dir = _execute(config, threads)
-            from specbench_cli import profile as prof
+    if phases:
+        run_dir = _execute(config, threads)
+        from specbench_cli import profile as prof
 
-            written = prof.phases(run_dir, console)
-        else:
-            from specbench_cli import profile as prof
+        written = prof.phases(run_dir, console)
+    else:
+        from specbench_cli import profile as prof
 
-            written = _component_profile(config, threads, reps, warmup_reps, "switching" if switching else "head",
-                                         kv_lens or list(prof.SWITCH_KV), backlogs or list(prof.SWITCH_BACKLOG))
-    except UsageError as err:
-        fail(str(err))
+        use_threads(threads)
+        written = prof.component(config, reps, warmup_reps, "switching" if switching else "head",
+                                 kv_lens or list(prof.SWITCH_KV), backlogs or list(prof.SWITCH_BACKLOG), console)
     console.print(f"wrote {', '.join(str(p) for p in written)}")
-
-
-def _component_profile(config, threads: int | None, reps: int, warmup_reps: int, what: str,
-                       kv_lens: list[int], backlogs: list[int]) -> list[Path]:
-    """--component head (dense vs FlashHead) or --switching (WhiFlash catch-up cost) on the loaded method."""
-    from specbench_cli.analysis import plots
-    from specbench_cli import profile as prof
-    from specbench_cli.folders import claim
-    from specbench_cli.loading import load_model
-    from specbench_cli.runner import Runner, plan, progress_bar
-    from specbench_cli.analysis.tables import Table
-
-    use_threads(threads)
-    checked = plan(config, dict(os.environ))
-    with claim(checked.out, resume=False, note=console.print):
-        loaded = load_model(checked.spec, checked.device, checked.dtype, config.device == "split")
-        runner = Runner(checked, loaded)
-        header = f"({{clock}} clock, {reps} reps after {warmup_reps} warm-up"
-        if what == "head":
-            ids = loaded.encode_chat([{"role": "user", "content": checked.prompts[0].turns[0]}])
-            frame, clock = prof.head_benchmark(runner.method, runner.target, ids, reps, warmup_reps)
-            title = f"flashhead · {config.model}: dense head vs FlashHead {header}; FlashHead thesis Tables 4.1-4.4)"
-            figure = plots.head_bars
-        else:
-            with progress_bar(console) as bar:
-                task = bar.add_task("switching sweep", total=len(kv_lens) * len(backlogs), stats="")
-                frame, clock = prof.switching_sweep(runner.method, runner.target, kv_lens, backlogs, reps, warmup_reps,
-                                                    lambda: bar.update(task, advance=1))
-            title = f"{config.method} · {config.model}: catch-up cost of a switch {header}; WhiFlash Table 4/12)"
-            figure = plots.switching
-        table = Table(what, title.format(clock=clock), frame)
-        console.print(table.rich())
-        frame.to_parquet(checked.out / f"{what}.parquet")
-        return [*table.write(checked.out), checked.out / f"{what}.parquet",
-                *plots.save(figure(frame, clock), checked.out, what)]
 
 
 @app.command("train-drafter")
@@ -253,115 +222,53 @@ def train_drafter(
     from specbench_cli.inputs import at_least
     from specbench_cli.models import drafter_folder, get_model_spec
     from specbench_cli.registry import corpus_layers, recipe_class
+    from specbench_cli.training.inputs import init_checkpoint, training_folder
 
-    try:
-        recipe = recipe_class(method)  # an unknown method fails here, before anything loads
-        spec = get_model_spec(model)
-        for option, value, low in (("--threads", threads, 1), ("--prompts", prompts, 1), ("--steps", steps, 1),
-                                   ("--max-new-tokens", max_new_tokens, 1), ("--batch-size", batch_size, 1),
-                                   ("--ttt", ttt, 1), ("--draft-vocab", draft_vocab, 1), ("--anchors", anchors, 1),
-                                   ("--intermediate", intermediate, 1), ("--draft-layers", draft_layers, 0),
-                                   ("--block-size", block_size, 2), ("--slots", slots, 1), ("--minutes", minutes, 0),
-                                   ("--eval-every", eval_every, 1), ("--anneal", anneal, 0)):
-            at_least(option, value, low)
-        if anneal > steps:
-            raise UsageError(f"--anneal must be at most --steps ({steps}), got {anneal}")
-        if not (lr > 0 and gamma > 0):
-            raise UsageError(f"--lr and --gamma must be > 0 (got {lr:g}, {gamma:g})")
-        out = _training_folder(out or drafter_folder(model, method), resume)
-    except UsageError as err:
-        fail(str(err))
+    recipe = recipe_class(method)  # an unknown method fails here, before anything loads
+    spec = get_model_spec(model)
+    for option, value, low in (("--threads", threads, 1), ("--prompts", prompts, 1), ("--steps", steps, 1),
+                               ("--max-new-tokens", max_new_tokens, 1), ("--batch-size", batch_size, 1),
+                               ("--ttt", ttt, 1), ("--draft-vocab", draft_vocab, 1), ("--anchors", anchors, 1),
+                               ("--intermediate", intermediate, 1), ("--draft-layers", draft_layers, 0),
+                               ("--block-size", block_size, 2), ("--slots", slots, 1), ("--minutes", minutes, 0),
+                               ("--eval-every", eval_every, 1), ("--anneal", anneal, 0)):
+        at_least(option, value, low)
+    if anneal > steps:
+        raise UsageError(f"--anneal must be at most --steps ({steps}), got {anneal}")
+    if not (lr > 0 and gamma > 0):
+        raise UsageError(f"--lr and --gamma must be > 0 (got {lr:g}, {gamma:g})")
+    out = training_folder(out or drafter_folder(model, method), resume)
     import torch
 
     from specbench_cli.loading import load_model, resolve_device
     from specbench_cli.models import cache_root
     from specbench_cli.runner import progress_bar
+    from specbench_cli.training import distill
     from specbench_cli.training.train import TrainSettings, command_line, train
 
-    try:
-        use_threads(threads)
-        # Gradients that travel back through a frozen target (ConFu) become denormal floats, which x86 CPUs
-        # handle ~10x slower; flushing them to zero changes nothing a drafter learns.
-        torch.set_flush_denormal(True)
-        loaded = load_model(spec, resolve_device(device), torch.float32)
-        folder = corpus or cache_root() / "distill" / model
-        layers = corpus_layers(loaded.model.config.num_hidden_layers)  # one corpus serves every recipe
-        with progress_bar(console) as bar:
-            data = _corpus(loaded, folder, layers, prompts, max_new_tokens, batch_size, seed, recipe.needs_topk, bar)
-            settings = TrainSettings(method=method, steps=steps, lr=lr, ttt=ttt, draft_vocab=draft_vocab,
-                                     intermediate=intermediate, draft_layers=draft_layers, block_size=block_size,
-                                     anchors=anchors, slots=slots, gamma=gamma, seed=seed, minutes=minutes,
-                                     eval_every=eval_every, anneal=anneal,
-                                     init=_init(init, method, spec))
-            task = bar.add_task(f"training {method}", total=steps, stats="")
+    use_threads(threads)
+    # Gradients that travel back through a frozen target (ConFu) become denormal floats, which x86 CPUs
+    # handle ~10x slower; flushing them to zero changes nothing a drafter learns.
+    torch.set_flush_denormal(True)
+    loaded = load_model(spec, resolve_device(device), torch.float32)
+    folder = corpus or cache_root() / "distill" / model
+    layers = corpus_layers(loaded.model.config.num_hidden_layers)  # one corpus serves every recipe
+    with progress_bar(console) as bar:
+        data = distill.prepare(loaded, folder, layers, prompts, max_new_tokens, batch_size, seed, recipe.needs_topk, bar)
+        settings = TrainSettings(method=method, steps=steps, lr=lr, ttt=ttt, draft_vocab=draft_vocab,
+                                 intermediate=intermediate, draft_layers=draft_layers, block_size=block_size,
+                                 anchors=anchors, slots=slots, gamma=gamma, seed=seed, minutes=minutes,
+                                 eval_every=eval_every, anneal=anneal,
+                                 init=init_checkpoint(init, method, spec))
+        task = bar.add_task(f"training {method}", total=steps, stats="")
 
-            def progress(step: int, loss: float, acc) -> None:
-                stats = f"loss {loss:.3f}" + (f"  held-out top-1 {' '.join(f'{a:.2f}' for a in acc)}" if acc else "")
-                bar.update(task, completed=step, stats=stats)
+        def progress(step: int, loss: float, acc) -> None:
+            stats = f"loss {loss:.3f}" + (f"  held-out top-1 {' '.join(f'{a:.2f}' for a in acc)}" if acc else "")
+            bar.update(task, completed=step, stats=stats)
 
-            card = train(loaded.model, data, out, settings, command_line(), progress, resume)
-        console.print(f"wrote {out} ({card['wall_seconds']:.0f} s, {data.tokens} corpus tokens); "
-                      f"held-out top-1 per position: {card['heldout_top1_per_position']}")
-    except UsageError as err:
-        fail(str(err))
-
-
-def _init(init: str | None, method: str, spec) -> str:
-    """The checkpoint a run starts from: --init as given ('none': from scratch); by default ConFu starts
-    from the model's registered EAGLE-3 drafter and the others from scratch."""
-    if init == "none":
-        return ""
-    return init or (_relative_to_cwd(spec.drafters.get("eagle3", "")) if method == "confu" else "")
-
-
-def _relative_to_cwd(path: str) -> str:
-    """`path` relative to the working directory when it lies beneath it, so a card records
-    `drafters/<model>/eagle3` rather than one machine's absolute path; a hub id or an outside path as is."""
-    cwd = Path.cwd().resolve()
-    resolved = Path(path).resolve() if path and Path(path).exists() else None
-    if resolved is None or not resolved.is_relative_to(cwd):
-        return path
-    return str(resolved.relative_to(cwd))
-
-
-def _training_folder(out: Path, resume: bool) -> Path:
-    if out.exists() and not resume:
-        raise UsageError(f"{out} exists; pass --resume to continue its training or --out for a new folder")
-    if resume and not out.is_dir():
-        raise UsageError(f"--resume: no training to continue at {out}")
-    return out
-
-
-def _corpus(loaded, folder: Path, layers: list[int], prompts: int | None, max_new_tokens: int, batch_size: int,
-            seed: int, needs_topk: bool, bar):
-    """The self-distillation corpus in `folder` with `prompts` sequences: built if missing, grown if it holds
-    fewer (the target answers only the new prompts), its first `prompts` if it holds more; as it is when
-    `prompts` is None. The target's top-k distributions are added when the recipe needs them."""
-    from specbench_cli.training import distill
-
-    shipped = distill.shipped_corpus(loaded.spec.name)
-
-    def counter(what: str, n: int):
-        task = bar.add_task(what, total=n, stats="")
-        return lambda k: bar.update(task, advance=k)
-
-    if not (folder / "corpus.json").exists():
-        texts = distill.training_prompts(prompts, seed)
-        new = len(texts)
-        data = distill.build(loaded, texts, folder, layers, max_new_tokens, batch_size, seed,
-                             counter("answering training prompts", new), shipped, counter("teacher passes", new))
-    else:
-        data = distill.Corpus.load(folder)
-        if prompts is not None and prompts > len(data.sequences):
-            texts = distill.training_prompts(prompts, seed)
-            new = len(texts) - len(data.sequences)
-            if new > 0:  # there are only so many training prompts
-                data = distill.extend(loaded, data, texts, max_new_tokens, batch_size, seed,
-                                      counter("answering training prompts", new), shipped,
-                                      counter("teacher passes", new))
-    if needs_topk and not data.has_topk:  # for the whole folder, so that its files fit every later use
-        distill.cache_topk(loaded.model, data, progress=counter("target top-k distributions", len(data.sequences)))
-    return data if prompts is None else data.first(prompts)
+        card = train(loaded.model, data, out, settings, command_line(), progress, resume)
+    console.print(f"wrote {out} ({card['wall_seconds']:.0f} s, {data.tokens} corpus tokens); "
+                  f"held-out top-1 per position: {card['heldout_top1_per_position']}")
 
 
 @app.command()
@@ -392,15 +299,12 @@ def oracle(
                            max_new_tokens=max_new_tokens, dtype=dtype, device=device, warmup=warmup, out=out,
                            resume=resume, target=target, drafters=drafter or [], compile=compile,
                            compile_buckets=compile_buckets)
-    try:
-        at_least("--threads", threads, 1)
-        from specbench_cli.oracle import command as oracle_run
+    at_least("--threads", threads, 1)
+    from specbench_cli.oracle import command as oracle_run
 
-        config = oracle_run.OracleConfig([d.strip() for d in drafters.split(",") if d.strip()], run_config, opt or [])
-        use_threads(threads)
-        folder = oracle_run.execute(config, console)
-    except UsageError as err:
-        fail(str(err))
+    config = oracle_run.OracleConfig([d.strip() for d in drafters.split(",") if d.strip()], run_config, opt or [])
+    use_threads(threads)
+    folder = oracle_run.execute(config, console)
     from specbench_cli.analysis import report as rep
     from specbench_cli.analysis.results import load
 
@@ -430,24 +334,21 @@ def calibrate(
     from specbench_cli.inputs import at_least
     from specbench_cli.registry import calibrator
 
-    try:
-        calibrate_with = calibrator(method)  # a method without a calibrator fails here, in one line
-        from specbench_cli.models import drafter_folder, get_model_spec
+    calibrate_with = calibrator(method)  # a method without a calibrator fails here, in one line
+    from specbench_cli.models import drafter_folder, get_model_spec
 
-        get_model_spec(model)
-        for option, value, low in (("--prompts", prompts, 1), ("--max-new-tokens", max_new_tokens, 1),
-                                   ("--steps", steps, 1), ("--confirm", confirm, 0), ("--threads", threads, 1)):
-            at_least(option, value, low)
-        folder = out or drafter_folder(model, method)
-        if folder.exists() and not overwrite:
-            raise UsageError(f"{folder} exists; pass --overwrite to replace the calibration or --out for another folder")
-        config = cal.CalibrateConfig(method, model, dataset, prompts or (4 if method == "whiflash-entropy" else 96),
-                                     max_new_tokens, steps, confirm,
-                                     work or Path("results") / f"calibrate_{model}_{method}", folder)
-        use_threads(threads)
-        calibrate_with(config, console)  # prints its own result line
-    except UsageError as err:
-        fail(str(err))
+    get_model_spec(model)
+    for option, value, low in (("--prompts", prompts, 1), ("--max-new-tokens", max_new_tokens, 1),
+                               ("--steps", steps, 1), ("--confirm", confirm, 0), ("--threads", threads, 1)):
+        at_least(option, value, low)
+    folder = out or drafter_folder(model, method)
+    if folder.exists() and not overwrite:
+        raise UsageError(f"{folder} exists; pass --overwrite to replace the calibration or --out for another folder")
+    config = cal.CalibrateConfig(method, model, dataset, prompts or (4 if method == "whiflash-entropy" else 96),
+                                 max_new_tokens, steps, confirm,
+                                 work or Path("results") / f"calibrate_{model}_{method}", folder)
+    use_threads(threads)
+    calibrate_with(config, console)  # prints its own result line
     console.print(f"wrote {folder}")
 
 
@@ -471,26 +372,23 @@ def report(
     from specbench_cli.analysis.parity import load_expectations
     from specbench_cli.analysis.results import load
 
+    at_least("--max-regression", max_regression, 0)
+    folder = out or results_dirs[0] / "report"
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--out {folder} is a file; name a folder for the report")
+    if folder.exists() and any(folder.iterdir()) and not overwrite:
+        raise UsageError(f"report folder {folder} exists; pass --overwrite to replace it or --out for another")
+    expectations = load_expectations(expect) if expect else []
+    results = load(results_dirs)
+    reference = load([compare]) if compare else None
+    labels = [g.label for g in results.groups]
+    for label in along or []:
+        if label not in labels:
+            raise unknown("method label for --along", label, labels)
     try:
-        at_least("--max-regression", max_regression, 0)
-        folder = out or results_dirs[0] / "report"
-        if folder.exists() and not folder.is_dir():
-            raise UsageError(f"--out {folder} is a file; name a folder for the report")
-        if folder.exists() and any(folder.iterdir()) and not overwrite:
-            raise UsageError(f"report folder {folder} exists; pass --overwrite to replace it or --out for another")
-        expectations = load_expectations(expect) if expect else []
-        results = load(results_dirs)
-        reference = load([compare]) if compare else None
-        labels = [g.label for g in results.groups]
-        for label in along or []:
-            if label not in labels:
-                raise unknown("method label for --along", label, labels)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise UsageError(f"cannot create report folder {folder}: {err.strerror}") from None
-    except UsageError as err:
-        fail(str(err))
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create report folder {folder}: {err.strerror}") from None
     from specbench_cli.analysis.divergence import run_classifier
 
     tables = rep.all_tables(results, run_classifier() if classify else None)
@@ -544,28 +442,25 @@ def sweep(
     from specbench_cli import sweep as sw
     from specbench_cli.inputs import at_least
 
-    try:
-        at_least("--threads", threads, 1)
-        at_least("--shards", shards, 1)
-        grid = sw.load(config)
-        if list_:
-            show_jobs(grid, shards)
+    at_least("--threads", threads, 1)
+    at_least("--shards", shards, 1)
+    grid = sw.load(config)
+    if list_:
+        show_jobs(grid, shards)
+        return
+    if slurm:
+        n = shards or len(grid.jobs)
+        if submit:
+            console.print(f"submitted array job {sw.submit(config, grid, n, concurrency, hours, cpus)} ({n} tasks)")
             return
-        if slurm:
-            n = shards or len(grid.jobs)
-            if submit:
-                console.print(f"submitted array job {sw.submit(config, grid, n, concurrency, hours, cpus)} ({n} tasks)")
-                return
-            script = grid.out / "sweep.sbatch"
-            script.parent.mkdir(parents=True, exist_ok=True)
-            script.write_text(sw.slurm_script(config, grid, n, concurrency, hours, cpus))
-            console.print(f"wrote {script} ({len(grid.jobs)} jobs in {n} array tasks); submit with: sbatch {script}")
-            return
-        use_threads(threads)
-        ran, skipped = sw.run_shard(str(config), shard, console, dict(os.environ))
-        console.print(f"sweep {config}: ran {ran} jobs, skipped {skipped} finished ones; results in {grid.out}")
-    except UsageError as err:
-        fail(str(err))
+        script = grid.out / "sweep.sbatch"
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(sw.slurm_script(config, grid, n, concurrency, hours, cpus))
+        console.print(f"wrote {script} ({len(grid.jobs)} jobs in {n} array tasks); submit with: sbatch {script}")
+        return
+    use_threads(threads)
+    ran, skipped = sw.run_shard(str(config), shard, console, dict(os.environ))
+    console.print(f"sweep {config}: ran {ran} jobs, skipped {skipped} finished ones; results in {grid.out}")
 
 
 def show_jobs(grid, shards: int | None) -> None:
@@ -584,6 +479,7 @@ def show_jobs(grid, shards: int | None) -> None:
 def show_lists() -> None:
     """Methods, models and datasets: tables on a wide terminal, a plain list where a table would cut ids."""
     from specbench_cli.core.options import default_texts, options_record
+    from specbench_cli.datasets import dataset_rows
     from specbench_cli.models import MODELS
     from specbench_cli.registry import METHODS, method_class
 
@@ -602,35 +498,6 @@ def show_lists() -> None:
                 ("datasets", ("name", "source", "revision", "prompts", "categories", "licence", "here?"), dataset_rows()))
     for title, columns, rows in sections:
         show_section(title, columns, rows)
-
-
-def dataset_rows() -> list[tuple[str, ...]]:
-    """Every dataset --dataset accepts: vendored files, hub datasets, the papers' suites, the open formats."""
-    from specbench_cli.datasets import DATASETS, load_dataset
-    from specbench_cli.hub_datasets import GROUPS, HUB, OURS, cached
-
-    rows = []
-    for name, entry in DATASETS.items():
-        prompts = load_dataset(name)
-        rows.append((name, f"datasets/{entry.path}" + (" (first turns)" if entry.first_turn_only else ""),
-                     "vendored, sha256 checked", str(len(prompts)), " ".join(sorted({p.category for p in prompts})),
-                     entry.licence, "yes"))
-    for name, e in HUB.items():
-        files = f" (files: {e.files[0]}" + (f" and {len(e.files) - 1} more)" if len(e.files) > 1 else ")") if e.files else ""
-        source = " ".join(x for x in (e.hub_id, e.config, e.split) if x) + files + (
-            "; prompts built our way" if e.source == OURS else "")
-        rows.append((name, source, e.revision[:12] if e.revision else "main, not pinned yet", str(e.size), e.category,
-                     e.licence, "cached" if cached(e) else "downloads on first use"))
-    for name, members in GROUPS.items():
-        sizes = {m.size for m in members}
-        each = f" ({sizes.pop()} of each)" if len(sizes) == 1 and None not in sizes else ""
-        rows.append((name, "suite: " + " ".join(m.name for m in members) + each,
-                     "as its members", str(sum(m.size or m.entry.size for m in members)),
-                     " ".join(dict.fromkeys(m.category or m.entry.category for m in members)), "as its members", "—"))
-    rows += [("speed-bench:PATH", "SPEED-Bench, prepared by its prepare_data.py (see README)", "—", "880 (qualitative)",
-              "its 11 categories", "per source", "—"),
-             ("FILE.jsonl", "your own prompts: turns or prompt per line", "—", "—", "category field", "yours", "—")]
-    return rows
 
 
 def show_section(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:

@@ -273,3 +273,32 @@ def warmup_prompts(everything: list[Prompt], scored: list[Prompt], n: int) -> li
     scored_ids = {p.id for p in scored}
     spare = [p for p in everything if p.id not in scored_ids]
     return (spare or [BUILTIN_WARMUP])[:n]
+
+
+def dataset_rows() -> list[tuple[str, ...]]:
+    """Every dataset --dataset accepts, for `run --list`: vendored files, hub datasets, the papers' suites, the open
+    formats."""
+    from specbench_cli.hub_datasets import OURS, cached
+
+    rows = []
+    for name, entry in DATASETS.items():
+        prompts = load_dataset(name)
+        rows.append((name, f"datasets/{entry.path}" + (" (first turns)" if entry.first_turn_only else ""),
+                     "vendored, sha256 checked", str(len(prompts)), " ".join(sorted({p.category for p in prompts})),
+                     entry.licence, "yes"))
+    for name, e in HUB.items():
+        files = f" (files: {e.files[0]}" + (f" and {len(e.files) - 1} more)" if len(e.files) > 1 else ")") if e.files else ""
+        source = " ".join(x for x in (e.hub_id, e.config, e.split) if x) + files + (
+            "; prompts built our way" if e.source == OURS else "")
+        rows.append((name, source, e.revision[:12] if e.revision else "main, not pinned yet", str(e.size), e.category,
+                     e.licence, "cached" if cached(e) else "downloads on first use"))
+    for name, members in GROUPS.items():
+        sizes = {m.size for m in members}
+        each = f" ({sizes.pop()} of each)" if len(sizes) == 1 and None not in sizes else ""
+        rows.append((name, "suite: " + " ".join(m.name for m in members) + each,
+                     "as its members", str(sum(m.size or m.entry.size for m in members)),
+                     " ".join(dict.fromkeys(m.category or m.entry.category for m in members)), "as its members", "—"))
+    rows += [("speed-bench:PATH", "SPEED-Bench, prepared by its prepare_data.py (see README)", "—", "880 (qualitative)",
+              "its 11 categories", "per source", "—"),
+             ("FILE.jsonl", "your own prompts: turns or prompt per line", "—", "—", "category field", "yours", "—")]
+    return rows

@@ -188,3 +188,36 @@ def switching_sweep(method, target, kv_lens, backlogs, reps: int, warmup: int, p
             if progress:
                 progress()
     return pd.DataFrame(rows), clock
+
+
+def component(config, reps: int, warmup_reps: int, what: str, kv_lens: list[int], backlogs: list[int],
+              console: Console) -> list[Path]:
+    """`--component head` (dense vs FlashHead) or `--switching` (WhiFlash catch-up cost) on the loaded method: a
+    table (terminal, .md/.csv/.tex), the Parquet frame and a figure in the results folder, which it claims."""
+    import os
+
+    from specbench_cli.analysis import plots
+    from specbench_cli.folders import claim
+    from specbench_cli.runner import Runner, loaded_target, plan, progress_bar
+
+    checked = plan(config, dict(os.environ))
+    with claim(checked.out, resume=False, note=console.print):
+        runner = Runner(checked, loaded_target(checked, None, config.device == "split"))
+        header = f"({{clock}} clock, {reps} reps after {warmup_reps} warm-up"
+        if what == "head":
+            ids = runner.model.encode_chat([{"role": "user", "content": checked.prompts[0].turns[0]}])
+            frame, clock = head_benchmark(runner.method, runner.target, ids, reps, warmup_reps)
+            title = f"flashhead · {config.model}: dense head vs FlashHead {header}; FlashHead thesis Tables 4.1-4.4)"
+            figure = plots.head_bars
+        else:
+            with progress_bar(console) as bar:
+                task = bar.add_task("switching sweep", total=len(kv_lens) * len(backlogs), stats="")
+                frame, clock = switching_sweep(runner.method, runner.target, kv_lens, backlogs, reps, warmup_reps,
+                                               lambda: bar.update(task, advance=1))
+            title = f"{config.method} · {config.model}: catch-up cost of a switch {header}; WhiFlash Table 4/12)"
+            figure = plots.switching
+        table = Table(what, title.format(clock=clock), frame)
+        console.print(table.rich())
+        frame.to_parquet(checked.out / f"{what}.parquet")
+        return [*table.write(checked.out), checked.out / f"{what}.parquet",
+                *plots.save(figure(frame, clock), checked.out, what)]

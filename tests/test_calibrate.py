@@ -10,7 +10,7 @@ import pytest
 from methods.predictors import Router
 from specbench_cli.calibration.calibrate import (TABLE2_THRESHOLDS, Latency, break_even_threshold, entropy_grid, entropy_sweep,
                                      fit, simulate, throughput)
-from specbench_cli.oracle.oracles import static_rounds
+from specbench_cli.analysis.oracles import static_rounds
 
 LAT = Latency(eagle3=30.0, other=10.0, catchup_per_token=0.5)
 

@@ -235,7 +235,7 @@ def test_default_drafter_folder_falls_back_to_the_cache_when_the_project_is_read
 
 
 def test_a_default_init_inside_the_project_is_recorded_relative(tmp_path, monkeypatch):
-    from specbench_cli.cli import _relative_to_cwd
+    from specbench_cli.training.inputs import relative_to_cwd as _relative_to_cwd
     (tmp_path / "drafters" / "eagle3").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     assert _relative_to_cwd(str(tmp_path / "drafters" / "eagle3")) == "drafters/eagle3"

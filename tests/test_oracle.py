@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specbench_cli.oracle import oracles as oracle
+from specbench_cli.analysis import oracles as oracle
 from specbench_cli.analysis import report
 from specbench_cli.analysis.results import load
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from specbench_cli.oracle import oracles as oracle
+from specbench_cli.analysis import oracles as oracle
 from specbench_cli.datasets import dataset_slug
 from specbench_cli.analysis.metrics import (first_divergence, group_column, histogram, position_acceptance, summarise,
                                    tau_turn_mean)

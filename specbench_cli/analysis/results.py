@@ -51,7 +51,7 @@ class RunGroup:
 class OracleRun:
     dir: Path
     info: dict
-    replay: pd.DataFrame  # per position and drafter: accepted (see specbench_cli.oracle.oracles)
+    replay: pd.DataFrame  # per position and drafter: accepted (see specbench_cli.analysis.oracles)
 
 
 @dataclass

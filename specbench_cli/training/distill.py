@@ -437,3 +437,32 @@ def cache_topk(target: torch.nn.Module, corpus: Corpus, k: int = 16, progress=No
     del ids, probs
     for name in ("topk_ids", "topk_probs"):  # renamed last, so an interrupted pass leaves no half file behind
         (corpus.folder / f"{name}.tmp.npy").rename(corpus.folder / f"{name}.npy")
+
+
+def prepare(loaded, folder: Path, layers: list[int], prompts: int | None, max_new_tokens: int, batch_size: int,
+            seed: int, needs_topk: bool, bar) -> Corpus:
+    """The self-distillation corpus in `folder` with `prompts` sequences: built if missing, grown if it holds
+    fewer (the target answers only the new prompts), its first `prompts` if it holds more; as it is when
+    `prompts` is None. The target's top-k distributions are added when the recipe needs them."""
+    shipped = shipped_corpus(loaded.spec.name)
+
+    def counter(what: str, n: int):
+        task = bar.add_task(what, total=n, stats="")
+        return lambda k: bar.update(task, advance=k)
+
+    if not (folder / "corpus.json").exists():
+        texts = training_prompts(prompts, seed)
+        new = len(texts)
+        data = build(loaded, texts, folder, layers, max_new_tokens, batch_size, seed,
+                     counter("answering training prompts", new), shipped, counter("teacher passes", new))
+    else:
+        data = Corpus.load(folder)
+        if prompts is not None and prompts > len(data.sequences):
+            texts = training_prompts(prompts, seed)
+            new = len(texts) - len(data.sequences)
+            if new > 0:  # there are only so many training prompts
+                data = extend(loaded, data, texts, max_new_tokens, batch_size, seed,
+                              counter("answering training prompts", new), shipped, counter("teacher passes", new))
+    if needs_topk and not data.has_topk:  # for the whole folder, so that its files fit every later use
+        cache_topk(loaded.model, data, progress=counter("target top-k distributions", len(data.sequences)))
+    return data if prompts is None else data.first(prompts)

@@ -16,8 +16,10 @@ files next to the model weights, so they load as `--drafter sps=REPO` (the model
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,3 +207,21 @@ class FlashHead(SpS):
 
     def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[int, torch.Tensor | None]:
         return self.flash.top_token(hidden), None  # greedy point mass at every temperature
+
+    @torch.inference_mode()
+    def head_probes(self, target, prompt_ids: list[int]) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
+        """What `profile --component head` times (FlashHead thesis Tables 4.1-4.4), per head (dense, FlashHead):
+        the head alone on the prompt's last hidden state, and a whole draft step (the prompt's last token through
+        the draft body again, then the head)."""
+        state = DecodeState(list(prompt_ids), len(prompt_ids), target, 0.0, None)
+        self.start(state)
+        hidden = self.feed(list(prompt_ids), state)
+        length = self.fed
+        heads = {"dense": lambda h: SpS.head(self, h, state), "FlashHead": lambda h: self.head(h, state)}
+
+        def step(head) -> None:
+            self.truncate(length)  # forget the previous repetition's token
+            head(self.feed([prompt_ids[-1]], state))
+
+        return {variant: (functools.partial(head, hidden), functools.partial(step, head))
+                for variant, head in heads.items()}

@@ -97,6 +97,14 @@ class WhiFlash(RoutedMethod):
         warn_if_stale(card, {n: self.drafter_ref(n) for n in self.drafter_names}, self.name, self.model.spec.name)
         return card
 
+    # ------------------------------------------------------------------------------------ what profiling times
+    def switching_probes(self, target: Target, length: int, backlogs: list[int], generator: torch.Generator):
+        """`profile --switching` measures the switch into EAGLE-3: its round and its catch-up."""
+        return self.eagle3.switching_probes(target, length, backlogs, generator)
+
+    def switching_room(self) -> int:
+        return self.eagle3.switching_room()
+
     # ------------------------------------------------------------------------------------ routing
     def route(self, state: DecodeState) -> Route:
         use_eagle3, h, score = self.decide(state)

@@ -20,7 +20,6 @@ import pandas as pd
 import torch
 from rich.console import Console
 
-from specbench_cli.core.method import DecodeState
 from specbench_cli.core.errors import UsageError
 from specbench_cli.analysis.phases import flashhead_view, phase_table
 from specbench_cli.records import read_table
@@ -101,29 +100,14 @@ def stats(component: str, variant: str, ms: list[float]) -> dict:
 
 @torch.inference_mode()
 def head_benchmark(method, target, prompt_ids: list[int], reps: int, warmup: int) -> tuple[pd.DataFrame, str]:
-    """Dense head vs FlashHead of a `flashhead` method's draft model: the head alone on one hidden state,
-    and a whole draft step (one token through the draft body, then the head), each `reps` times."""
-    from specbench_cli.core.method import DecodeState
-    from methods.sps import SpS
-
-    device = method.model.device
-    state = DecodeState(list(prompt_ids), len(prompt_ids), target, 0.0, None)
-    method.start(state)
-    hidden = method.feed(list(prompt_ids), state)
-    length = method.fed
-    heads = {"dense": lambda h: SpS.head(method, h, state), "FlashHead": lambda h: method.head(h, state)}
-
-    def step(head) -> None:
-        method.truncate(length)  # forget the previous repetition's token
-        head(method.feed([prompt_ids[-1]], state))
-
+    """Dense head vs FlashHead of a `flashhead` method's draft model: the method's `head_probes` say what the head
+    alone and a whole draft step are; each is timed `reps` times."""
+    probes = method.head_probes(target, prompt_ids)
     rows, clock = [], "?"
-    for variant, head in heads.items():
-        ms, clock = repeat(lambda: head(hidden), device, reps, warmup)
-        rows.append(stats("head", variant, ms))
-    for variant, head in heads.items():
-        ms, clock = repeat(lambda: step(head), device, reps, warmup)
-        rows.append(stats("draft step", variant, ms))
+    for component, which in (("head", 0), ("draft step", 1)):
+        for variant, fns in probes.items():
+            ms, clock = repeat(fns[which], target.device, reps, warmup)
+            rows.append(stats(component, variant, ms))
     frame = pd.DataFrame(rows)
     dense = frame.set_index(["component", "variant"]).mean_ms
     frame["speedup_vs_dense"] = [dense[(c, "dense")] / m for c, m in zip(frame.component, frame.mean_ms)]
@@ -137,51 +121,19 @@ SWITCH_BACKLOG = (1, 64, 128, 512, 1024)  # and backlog tokens
 
 @torch.inference_mode()
 def switching_sweep(method, target, kv_lens, backlogs, reps: int, warmup: int, progress=None) -> tuple[pd.DataFrame, str]:
-    """Catch-up cost of a switch to EAGLE-3 as a share of a round at each base KV length (WhiFlash Table 4/12).
-
-    At base length L the target's cache holds L tokens (one prefill of random ids) and the EAGLE-3 draft
-    cache L rows; a round is the target's verify of a full EAGLE-3 tree plus EAGLE-3's draft; a catch-up of
-    B tokens is the KV-only prefill of B-1 rows plus the full layer on the newest, over L + B - 1 cached rows."""
-    from methods.layers import causal_mask
-
-    eagle3, device = method.eagle3, target.device
-    draft, c = eagle3.draft, eagle3.draft.config
-    dtype = draft.fc.weight.dtype
+    """Catch-up cost of a switch as a share of a round at each base KV length (WhiFlash Table 4/12): the method's
+    `switching_probes` (a routed method's, handed on by its EAGLE-3) say what a round and a catch-up are; this
+    times them. Base lengths past the target's context (with room for a tree and the largest backlog) are skipped."""
     most = max(backlogs)
     limit = getattr(target.model.config, "max_position_embeddings", None) or (max(kv_lens) + most + 1)
     gen = torch.Generator().manual_seed(0)
     rows, clock = [], "?"
-    for L in [k for k in kv_lens if k + most + eagle3.options.total_token < limit]:
-        ids = torch.randint(0, c.vocab, (L,), generator=gen).tolist()
-        target.prefill(ids)
-        feats = torch.randn(L + most, 3 * c.target_hidden, generator=gen).to(device, dtype)
-        tok = torch.randint(0, c.vocab, (L + most + 1,), generator=gen).to(device)
-        before = draft.keys_values(feats[:L - 1], tok[1:L], torch.arange(L - 1, device=device))
-        full = draft.keys_values(feats[:L], tok[1:L + 1], torch.arange(L, device=device))
-        state = DecodeState(ids + [int(tok[L])], L, target, 0.0, None)
-
-        def draft_round():
-            eagle3.restore(before, feats[L - 1:L])  # advance() adds the newest row itself
-            return eagle3.propose(state)
-
-        tree = draft_round()
-
-        def one_round() -> None:
-            draft_round()
-            target.verify(state.tokens[-1], tree)  # verify writes past the committed length: nothing to undo
-
-        round_ms, clock = repeat(one_round, device, reps, warmup)
+    for L in [k for k in kv_lens if k + most + method.switching_room() < limit]:
+        one_round, catch_ups = method.switching_probes(target, L, list(backlogs), gen)
+        round_ms, clock = repeat(one_round, target.device, reps, warmup)
         mean_round = float(pd.Series(round_ms).mean())
-        for B in backlogs:
-            def catch_up(B=B) -> None:
-                pos = torch.arange(L, L + B, device=device)
-                kv = full
-                if B > 1:  # KV-only rows, then the full layer on the newest
-                    k, v = draft.keys_values(feats[L:L + B - 1], tok[L + 1:L + B], pos[:-1])
-                    kv = (torch.cat((full[0], k), 1), torch.cat((full[1], v), 1))
-                draft.step(feats[L + B - 1:L + B], tok[L + B:L + B + 1], pos[-1:], kv, causal_mask(1, L + B - 1, device))
-
-            ms, clock = repeat(catch_up, device, reps, warmup)
+        for B, catch_up in catch_ups.items():
+            ms, clock = repeat(catch_up, target.device, reps, warmup)
             mean = float(pd.Series(ms).mean())
             rows.append({"kv_len": L, "backlog": B, "catchup_ms": mean, "round_ms": mean_round,
                          "catchup_pct_of_round": 100 * mean / mean_round})

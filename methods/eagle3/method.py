@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -83,10 +85,56 @@ class Eagle3(FeatureDrafter):
             self.kv = append_kv(self.kv, self.backlog_kv(feats[:-1], ids, positions))
         self.pending = [feats[-1:]]
 
-    def restore(self, kv: tuple[torch.Tensor, torch.Tensor], pending: torch.Tensor) -> None:
-        """Set the draft cache to `kv` with the features `pending` not yet absorbed, so a round can be replayed
-        from a fixed state (profile --switching)."""
-        self.kv, self.pending = kv, [pending]
+    # ------------------------------------------------------------------------------------ what profiling times
+    @torch.inference_mode()
+    def switching_probes(self, target, length: int, backlogs: list[int],
+                         generator: torch.Generator) -> tuple[Callable[[], None], dict[int, Callable[[], None]]]:
+        """What `profile --switching` times at base length `length` (WhiFlash Table 4/12), over random ids and
+        features: one round (the draft over a `length`-row cache, then the target's verify of its tree; the
+        target's cache holds `length` tokens) and, per backlog B, a switch's catch-up (KV-only rows for B-1
+        tokens, the full layer on the newest, over length + B - 1 cached rows)."""
+        draft, c, device = self.draft, self.draft.config, target.device
+        most, L = max(backlogs), length
+        ids = torch.randint(0, c.vocab, (L,), generator=generator).tolist()
+        target.prefill(ids)
+        feats = torch.randn(L + most, 3 * c.target_hidden, generator=generator).to(device, draft.fc.weight.dtype)
+        tok = torch.randint(0, c.vocab, (L + most + 1,), generator=generator).to(device)
+        before = draft.keys_values(feats[:L - 1], tok[1:L], torch.arange(L - 1, device=device))
+        full = draft.keys_values(feats[:L], tok[1:L + 1], torch.arange(L, device=device))
+        state = DecodeState(ids + [int(tok[L])], L, target, 0.0, None)
+
+        def draft_round() -> DraftTree:
+            self.kv, self.pending = before, [feats[L - 1:L]]  # a fixed state; advance() adds the newest row itself
+            return self.propose(state)
+
+        tree = draft_round()
+
+        def one_round() -> None:
+            draft_round()
+            target.verify(state.tokens[-1], tree)  # verify writes past the committed length: nothing to undo
+
+        def catch_up(B: int) -> None:
+            pos = torch.arange(L, L + B, device=device)
+            kv = full
+            if B > 1:  # KV-only rows, then the full layer on the newest
+                k, v = draft.keys_values(feats[L:L + B - 1], tok[L + 1:L + B], pos[:-1])
+                kv = (torch.cat((full[0], k), 1), torch.cat((full[1], v), 1))
+            draft.step(feats[L + B - 1:L + B], tok[L + B:L + B + 1], pos[-1:], kv, causal_mask(1, L + B - 1, device))
+
+        return one_round, {B: functools.partial(catch_up, B) for B in backlogs}
+
+    def switching_room(self) -> int:
+        """Positions a round adds past the base length (its tree), which `profile --switching` keeps free."""
+        return self.options.total_token
+
+    def kv_only_probe(self, rows: int) -> Callable[[], None]:
+        """What calibration times per backlog size: the KV-only prefill of `rows` random rows (a lazy catch-up)."""
+        draft, c = self.draft, self.draft.config
+        device = next(draft.parameters()).device
+        feats = torch.randn(rows, 3 * c.target_hidden, device=device, dtype=draft.fc.weight.dtype)
+        ids = torch.randint(0, c.vocab, (rows,), device=device)
+        pos = torch.arange(rows, device=device)
+        return torch.inference_mode()(lambda: draft.keys_values(feats, ids, pos))
 
     @property
     def absorbed(self) -> int:

@@ -193,22 +193,18 @@ def break_even_threshold(lat: Latency, mean_al_d: float) -> float:
 
 # ---------------------------------------------------------------------------------------------- measuring
 def catchup_cost(eagle3, backlogs=(1, 64, 512), reps: int = 5) -> float:
-    """ms per backlog token of EAGLE-3's KV-only prefill (slope of a least-squares line over backlogs)."""
-    draft = eagle3.draft
-    c = draft.config
-    device = next(draft.parameters()).device
+    """ms per backlog token of EAGLE-3's KV-only prefill (`kv_only_probe`; slope of a least-squares line over
+    backlogs)."""
+    device = eagle3.model.device
     times = []
     for b in backlogs:
-        feats = torch.randn(b, 3 * c.target_hidden, device=device, dtype=draft.fc.weight.dtype)
-        ids = torch.randint(0, c.vocab, (b,), device=device)
-        pos = torch.arange(b, device=device)
-        with torch.inference_mode():
-            draft.keys_values(feats, ids, pos)
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                draft.keys_values(feats, ids, pos)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+        probe = eagle3.kv_only_probe(b)
+        probe()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            probe()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append((time.perf_counter() - t0) / reps * 1e3)
     slope = np.polyfit(np.array(backlogs, float), np.array(times), 1)[0]
     return float(max(slope, 0.0))

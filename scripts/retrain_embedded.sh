@@ -69,9 +69,9 @@ EOF
 # Drafters. ConFu starts from the registered EAGLE-3, so it follows the adopted one.
 step eagle3 train eagle3 --init "$drafters/eagle3" --steps 3000 --anneal 2900 --eval-every 500
 step adopt-eagle3 adopt eagle3
-step dflash train dflash --init "$drafters/dflash" --anchors 32 --lr 5e-4 --steps 1000 --anneal 900 --eval-every 250
+step dflash train dflash --init "$drafters/dflash" --opt dflash.anchors=32 --lr 5e-4 --steps 1000 --anneal 900 --eval-every 250
 step adopt-dflash adopt dflash
-step confu train confu --anchors 32 --lr 5e-4 --steps 600 --eval-every 200
+step confu train confu --opt confu.anchors=32 --lr 5e-4 --steps 600 --eval-every 200
 step adopt-confu adopt confu
 step dart train dart --init "$drafters/dart" --steps 4000 --anneal 3900 --eval-every 500
 step adopt-dart adopt dart

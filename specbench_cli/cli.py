@@ -204,14 +204,15 @@ def train_drafter(
     minutes: Annotated[float, typer.Option(help="Stop at the first held-out evaluation after this many minutes of training in this session (a resumed run's earlier sessions do not count), if --steps are not done by then (0: no limit).")] = 0.0,
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate (linear warm-up).")] = 1e-3,
     anneal: Annotated[int, typer.Option(help="Over the last N steps the learning rate falls to 0 along a half cosine (N = --steps − 100 is SpecForge's warm-up + cosine schedule; with --resume and more --steps, a run continued at a constant rate ends annealed). 0: constant after the warm-up, as the committed drafters were trained.")] = 0,
-    ttt: Annotated[int, typer.Option(help="EAGLE-3 training-time-test steps.")] = 3,
-    draft_vocab: Annotated[int, typer.Option(help="eagle3/dart draft vocabulary size (most frequent corpus tokens).")] = 4096,
-    intermediate: Annotated[int, typer.Option(help="eagle3/dart/dflash draft MLP width.")] = 1024,
-    draft_layers: Annotated[int, typer.Option(help="dflash: draft layers (default 1); sps: target layers kept (default 2).")] = 0,
-    block_size: Annotated[int, typer.Option(help="dflash block size.")] = 8,
-    anchors: Annotated[int, typer.Option(help="dflash/dart/confu: anchor positions sampled per sequence.")] = 64,
-    slots: Annotated[int, typer.Option(help="dart: mask slots (draft_length).")] = 4,
-    gamma: Annotated[float, typer.Option(help="dart: KL weight of level l is gamma^l.")] = 0.6,
+    opt: Annotated[Optional[list[str]], typer.Option(help="A recipe setting METHOD.KEY=VALUE (repeatable; METHOD: the one trained): ttt (eagle3 training-time-test steps, default 3), draft_vocab (eagle3/dart draft vocabulary: most frequent corpus tokens, 4096), intermediate (eagle3/dart/dflash draft MLP width, 1024), draft_layers (dflash: draft layers, default 1; sps: target layers kept, default 2; 0 = the recipe's default), block_size (dflash block, 8), anchors (dflash/dart/confu anchor positions per sequence, 64), slots (dart mask slots, 4), gamma (dart: KL weight of level l is gamma^l, 0.6). E.g. --opt eagle3.ttt=5.")] = None,
+    ttt: Annotated[Optional[int], typer.Option(help="Deprecated: --opt eagle3.ttt=N.", hidden=True)] = None,
+    draft_vocab: Annotated[Optional[int], typer.Option(help="Deprecated: --opt METHOD.draft_vocab=N.", hidden=True)] = None,
+    intermediate: Annotated[Optional[int], typer.Option(help="Deprecated: --opt METHOD.intermediate=N.", hidden=True)] = None,
+    draft_layers: Annotated[Optional[int], typer.Option(help="Deprecated: --opt METHOD.draft_layers=N.", hidden=True)] = None,
+    block_size: Annotated[Optional[int], typer.Option(help="Deprecated: --opt dflash.block_size=N.", hidden=True)] = None,
+    anchors: Annotated[Optional[int], typer.Option(help="Deprecated: --opt METHOD.anchors=N.", hidden=True)] = None,
+    slots: Annotated[Optional[int], typer.Option(help="Deprecated: --opt dart.slots=N.", hidden=True)] = None,
+    gamma: Annotated[Optional[float], typer.Option(help="Deprecated: --opt dart.gamma=X.", hidden=True)] = None,
     init: Annotated[Optional[str], typer.Option(help="Checkpoint (folder or hub id) the draft starts from, fine-tuned with a fresh optimiser; its shape and vocabulary (mask token) replace the shape options. ConFu starts from an EAGLE-3 one. Default: from scratch; for confu, the model's registered eagle3 drafter ('none' = from scratch). A checkpoint trained on the same corpus keeps its held-out split.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for the split, the order and the initialisation.")] = 0,
     resume: Annotated[bool, typer.Option(help="Continue a training run in --out from its saved state.")] = False,
@@ -222,21 +223,23 @@ def train_drafter(
     from specbench_cli.inputs import at_least
     from specbench_cli.models import drafter_folder, get_model_spec
     from specbench_cli.registry import corpus_layers, recipe_class
-    from specbench_cli.training.inputs import init_checkpoint, training_folder
+    from specbench_cli.training.inputs import TrainSettings, init_checkpoint, train_settings, training_folder
 
     recipe = recipe_class(method)  # an unknown method fails here, before anything loads
     spec = get_model_spec(model)
     for option, value, low in (("--threads", threads, 1), ("--prompts", prompts, 1), ("--steps", steps, 1),
                                ("--max-new-tokens", max_new_tokens, 1), ("--batch-size", batch_size, 1),
-                               ("--ttt", ttt, 1), ("--draft-vocab", draft_vocab, 1), ("--anchors", anchors, 1),
-                               ("--intermediate", intermediate, 1), ("--draft-layers", draft_layers, 0),
-                               ("--block-size", block_size, 2), ("--slots", slots, 1), ("--minutes", minutes, 0),
-                               ("--eval-every", eval_every, 1), ("--anneal", anneal, 0)):
+                               ("--minutes", minutes, 0), ("--eval-every", eval_every, 1), ("--anneal", anneal, 0)):
         at_least(option, value, low)
-    if anneal > steps:
-        raise UsageError(f"--anneal must be at most --steps ({steps}), got {anneal}")
-    if not (lr > 0 and gamma > 0):
-        raise UsageError(f"--lr and --gamma must be > 0 (got {lr:g}, {gamma:g})")
+    flags = {"ttt": ttt, "draft_vocab": draft_vocab, "intermediate": intermediate, "draft_layers": draft_layers,
+             "block_size": block_size, "anchors": anchors, "slots": slots, "gamma": gamma}
+    notes = [f"note: --{k.replace('_', '-')} is deprecated and will be removed in the next release; write --opt "
+             f"{method}.{k}={v}" for k, v in flags.items() if v is not None]
+    settings = train_settings(TrainSettings(method=method, steps=steps, lr=lr, seed=seed, minutes=minutes,
+                                            eval_every=eval_every, anneal=anneal, init=init_checkpoint(init, method, spec)),
+                              [*(f"{method}.{k}={v}" for k, v in flags.items() if v is not None), *(opt or [])], [])
+    for line in notes:
+        err_console.print(line, highlight=False, soft_wrap=True)
     out = training_folder(out or drafter_folder(model, method), resume)
     import torch
 
@@ -244,7 +247,7 @@ def train_drafter(
     from specbench_cli.models import cache_root
     from specbench_cli.runner import progress_bar
     from specbench_cli.training import distill
-    from specbench_cli.training.train import TrainSettings, command_line, train
+    from specbench_cli.training.train import command_line, train
 
     use_threads(threads)
     # Gradients that travel back through a frozen target (ConFu) become denormal floats, which x86 CPUs
@@ -255,11 +258,6 @@ def train_drafter(
     layers = corpus_layers(loaded.model.config.num_hidden_layers)  # one corpus serves every recipe
     with progress_bar(console) as bar:
         data = distill.prepare(loaded, folder, layers, prompts, max_new_tokens, batch_size, seed, recipe.needs_topk, bar)
-        settings = TrainSettings(method=method, steps=steps, lr=lr, ttt=ttt, draft_vocab=draft_vocab,
-                                 intermediate=intermediate, draft_layers=draft_layers, block_size=block_size,
-                                 anchors=anchors, slots=slots, gamma=gamma, seed=seed, minutes=minutes,
-                                 eval_every=eval_every, anneal=anneal,
-                                 init=init_checkpoint(init, method, spec))
         task = bar.add_task(f"training {method}", total=steps, stats="")
 
         def progress(step: int, loss: float, acc) -> None:

@@ -67,6 +67,10 @@ BAD = [
     (["train-drafter", "--minutes", "-1"], "--minutes must be at least 0"),
     (["train-drafter", "--eval-every", "0"], "--eval-every must be at least 1"),
     (["train-drafter", "--steps", "100", "--anneal", "101"], "--anneal must be at most --steps (100)"),
+    (["train-drafter", "--method", "dflash", "--opt", "dflash.block_size=1"], "--opt dflash.block_size=1 is out of range for dflash's recipe"),
+    (["train-drafter", "--method", "dflash", "--opt", "eagle3.ttt=2"], "malformed --opt 'eagle3.ttt=2': expected dflash.KEY=VALUE"),
+    (["train-drafter", "--method", "eagle3", "--opt", "eagle3.ttt=x"], "bad value for --opt eagle3.ttt: 'x' is not a int"),
+    (["train-drafter", "--method", "dart", "--ttt", "0"], "--opt dart.ttt=0 is out of range"),
     (["train-drafter", "--resume", "--out", "no/such/drafter"], "no training to continue"),
     (["report", "fake", "--compare", "fake", "--max-regression", "-5"], "--max-regression must be at least 0"),
     (["report", "fake", "--along", "nosuch"], "unknown method label for --along 'nosuch'"),
@@ -210,6 +214,22 @@ def test_routed_options_nest_each_proposers_and_the_flat_spelling_still_works_wi
     from methods.hvd import Hvd
 
     assert parse_options(Hvd, []).eagle3 == Eagle3.Options(depth=8, top_k=4, total_token=32)
+
+
+def test_a_deprecated_train_drafter_flag_still_works_with_a_note():
+    result = CliRunner().invoke(app, ["train-drafter", "--method", "eagle3", "--ttt", "2"])  # the folder exists
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines[0] == "note: --ttt is deprecated and will be removed in the next release; write --opt eagle3.ttt=2"
+    assert result.exit_code == 2 and "exists; pass --resume" in lines[1], result.output
+
+
+def test_train_drafter_recipe_settings_take_the_dotted_dialect():
+    from specbench_cli.training.inputs import TrainSettings, train_settings
+
+    base = TrainSettings(method="dart", steps=50)
+    dotted = train_settings(base, ["dart.slots=6", "dart.gamma=0.5", "dart.draft-vocab=2048"], [])
+    assert (dotted.slots, dotted.gamma, dotted.draft_vocab, dotted.steps) == (6, 0.5, 2048, 50)
+    assert train_settings(base, [], []) == base
 
 
 def test_the_torch_free_bucket_default_is_the_engines():

@@ -27,10 +27,12 @@ def parse_options(cls: type, pairs: list[str], notes: list[str] | None = None) -
     """Turn `key=value` strings into the typed Options of method class `cls`; unknown keys and bad values are errors.
     A routed method's proposer options are written `NAME.key=value`; the flat `key=value` of the previous
     release still reaches the one proposer that has `key`, with a deprecation line added to `notes`."""
-    return _parse(cls.name, cls.Options(), pairs, "", notes if notes is not None else [])
+    return parse_into(cls.name, cls.Options(), pairs, "", notes if notes is not None else [])
 
 
-def _parse(name: str, base: object, pairs: list[str], prefix: str, notes: list[str]) -> object:
+def parse_into(name: str, base: object, pairs: list[str], prefix: str, notes: list[str]) -> object:
+    """`base` (an Options-like dataclass) with `pairs` applied, typed and range-checked; `name` and `prefix`
+    (how the user wrote the keys) are for the messages."""
     fields = {f.name: f for f in dataclasses.fields(base)}
     inner = {n: [] for n in nested(type(base))}
     values: dict[str, object] = {}
@@ -55,7 +57,7 @@ def _parse(name: str, base: object, pairs: list[str], prefix: str, notes: list[s
         values[key] = _convert(prefix + key, raw.strip(), fields[key].type)
     for sub, sub_pairs in inner.items():
         if sub_pairs:
-            values[sub] = _parse(name, getattr(base, sub), sub_pairs, f"{prefix}{sub}.", notes)
+            values[sub] = parse_into(name, getattr(base, sub), sub_pairs, f"{prefix}{sub}.", notes)
     options = dataclasses.replace(base, **values)  # an Options' __post_init__ checks what involves two fields
     check_ranges(name, options, prefix)
     return options

@@ -23,35 +23,10 @@ import torch
 
 from specbench_cli.folders import write_atomically
 from specbench_cli.training.distill import Corpus
+from specbench_cli.training.inputs import TrainSettings
 from specbench_cli.core.errors import UsageError
 from specbench_cli.registry import recipe_class
 from specbench_cli.training.recipes import Recipe, Sample
-
-
-@dataclass
-class TrainSettings:
-    method: str = "eagle3"
-    steps: int = 2000
-    lr: float = 1e-3
-    warmup: int = 100
-    anneal: int = 0  # last steps over which the learning rate falls to 0 (half cosine); 0: constant after warm-up
-    max_len: int = 384  # tokens per training sequence (longer ones keep their last: see `trained_span`)
-    holdout: float = 0.05  # share of sequences held out for evaluation (0: none, nothing evaluated) ...
-    holdout_max: int = 256  # ... but at most this many (enough labels; a large corpus need not hold out more)
-    eval_every: int = 200
-    seed: int = 0
-    minutes: float = 0.0  # stop at the first evaluation after this much training time (0: run all `steps`)
-    # draft shapes (recipes ignore what does not apply to them)
-    draft_vocab: int = 4096  # eagle3, dart: most frequent corpus tokens
-    intermediate: int = 1024  # eagle3, dart, dflash: draft MLP width
-    draft_layers: int = 0  # dflash: draft decoder layers; sps: target layers kept; 0 = the recipe's default
-    # objectives
-    ttt: int = 3  # eagle3 training-time-test steps (EAGLE-3 trains with 7; scaled down for CPU)
-    block_size: int = 8  # dflash block
-    anchors: int = 64  # dflash, dart, confu: anchor positions sampled per sequence
-    slots: int = 4  # dart draft_length (mask slots)
-    gamma: float = 0.6  # dart: KL weight of level l is gamma^l (the DART seed's Table 4)
-    init: str = ""  # checkpoint the draft starts from ("" = from scratch; confu reads an EAGLE-3)
 
 
 def trained_span(length: int, max_len: int) -> slice:

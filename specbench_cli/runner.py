@@ -164,7 +164,8 @@ class Runner:
 
 # ---------------------------------------------------------------------------------------------- the run's life
 class PromptJob(Protocol):
-    """What a kind of run does with a prompt; `record_prompts` does the rest (warm-up, resume, parts, progress)."""
+    """What a kind of run does with a prompt; `RunFolder`, `warm_up` and `record_prompts` do the rest (the folder,
+    resume, warm-up, parts, progress)."""
 
     def warm_up(self, prompt: Prompt) -> None:
         """Decode a warm-up prompt: not recorded, but cross-prompt state (a suffix cache) keeps its outputs."""

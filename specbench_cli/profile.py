@@ -114,6 +114,10 @@ def head_benchmark(method, target, prompt_ids: list[int], reps: int, warmup: int
     return frame, clock
 
 
+# What a method offers for each registry `profiles` measurement (test_registry checks every listed method has it).
+PROBES = {"head": ("head_probes",), "switching": ("switching_probes", "switching_room")}
+
+
 # ---------------------------------------------------------------------------------------------- switching
 SWITCH_KV = (512, 1024, 2048, 4096, 8192, 16384)  # WhiFlash Table 4/12: base KV lengths
 SWITCH_BACKLOG = (1, 64, 128, 512, 1024)  # and backlog tokens

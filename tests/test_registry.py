@@ -33,3 +33,13 @@ def test_capabilities_answer_for_what_a_method_lacks():
 def test_profile_asks_the_registry_which_methods_it_can_measure():
     result = CliRunner().invoke(app, ["profile", "--switching", "--method", "hvd"])
     assert result.exit_code == 2 and "use --method whiflash-entropy or whiflash-neural" in result.output
+
+
+def test_a_method_listing_a_profile_measurement_offers_its_probes():
+    from specbench_cli.profile import PROBES
+
+    for name, e in METHODS.items():
+        assert set(e.profiles) <= set(PROBES), f"{name} lists an unknown profile measurement"
+        for measurement in e.profiles:
+            missing = [hook for hook in PROBES[measurement] if not callable(getattr(method_class(name), hook, None))]
+            assert not missing, f"{name} lists '{measurement}' but has no {', '.join(missing)}"

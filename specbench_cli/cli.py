@@ -177,7 +177,7 @@ def profile(
                        warmup=warmup, opts=opt or [], target=target, drafters=drafter or [], compile=compile,
                        compile_buckets=compile_buckets, out=out or Path("results") / "profile" / f"{model}_{dataset_slug(dataset)}_{method}{suffix}")
     if phases:
-        run_dir = _execute(config, threads)
+        run_dir = _execute(config, threads)  # checks the run's input before torch (which profile imports) loads
         from specbench_cli import profile as prof
 
         written = prof.phases(run_dir, console)
@@ -237,7 +237,7 @@ def train_drafter(
              f"{method}.{k}={v}" for k, v in flags.items() if v is not None]
     settings = train_settings(TrainSettings(method=method, steps=steps, lr=lr, seed=seed, minutes=minutes,
                                             eval_every=eval_every, anneal=anneal, init=init_checkpoint(init, method, spec)),
-                              [*(f"{method}.{k}={v}" for k, v in flags.items() if v is not None), *(opt or [])], [])
+                              [*(f"{method}.{k}={v}" for k, v in flags.items() if v is not None), *(opt or [])])
     for line in notes:
         err_console.print(line, highlight=False, soft_wrap=True)
     out = training_folder(out or drafter_folder(model, method), resume)

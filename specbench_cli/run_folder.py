@@ -127,6 +127,14 @@ class RunFolder:
         info.sessions.append(session)
         self.write_info(info)
 
+    def complete(self, info: RunInfo, **facts) -> None:
+        """Every prompt is done: the session's end time and `facts` (what a kind measured of it) into the last
+        session, run.json "complete" with the run's totals over its sessions."""
+        info.sessions[-1].update(finished=now(), **facts)
+        info.status, info.finished = "complete", info.sessions[-1]["finished"]
+        info.more.update(session_totals(info.sessions))
+        self.write_info(info)
+
     # ------------------------------------------------------------------------------------ parts
     def finished(self) -> set[int]:
         """Selection indices whose marking part exists; the other tables' parts of unfinished prompts and any
@@ -195,6 +203,17 @@ class RunFolder:
             self.write_info(info)
         except WriteFailed:
             pass  # the disk is still full: run.json keeps "running", the error line already says why
+
+
+def session_totals(sessions: list[dict]) -> dict:
+    """Top-level memory and energy of a run made of sessions: the peak over sessions, the summed energy (only what
+    the sessions recorded: an oracle's record neither)."""
+    totals = {k: max(s[k] for s in sessions if k in s) for k in ("peak_rss_mb", "cuda_max_allocated_mb",
+                                                                  "cuda_max_reserved_mb") if any(k in s for s in sessions)}
+    if all("energy_j" in s and "tokens" in s for s in sessions):
+        joules, tokens = sum(s["energy_j"] for s in sessions), sum(s["tokens"] for s in sessions)
+        totals.update(energy_j=round(joules, 3), energy_per_token_j=round(joules / tokens, 6) if tokens else None)
+    return totals
 
 
 @contextmanager

@@ -287,11 +287,8 @@ def _record(plan: Plan, folder: RunFolder, console: Console, model: LoadedModel 
     record_prompts(folder, job, plan, done, console, f"{plan.config.method} on {plan.config.dataset}")
     if runner.target.late_compiles:
         info.more["compile"]["late"] = runner.target.late_compiles  # sizes past every bucket: compiled inside a round
-    session.update(finished=now(), prompts=len(plan.prompts) - len(done), tokens=job.generated,
-                   **hardware.peak_memory(plan.device), **gpu.stop(job.generated))  # energy: this session's
-    info.status, info.finished = "complete", session["finished"]
-    info.more.update(_run_totals(info.sessions))
-    folder.write_info(info)
+    folder.complete(info, prompts=len(plan.prompts) - len(done), tokens=job.generated,
+                    **hardware.peak_memory(plan.device), **gpu.stop(job.generated))  # energy: this session's
 
 
 def drafter_weights(plan: Plan) -> dict[str, str]:
@@ -307,16 +304,6 @@ def drafter_weights(plan: Plan) -> dict[str, str]:
     refs = {name: drafter_ref(cls, plan.spec, plan.drafters, name) for name in [*cls.drafter_names, *optional]}
     once = functools.cache(weights_id)  # DART's draft and trie often share one folder: read it once
     return {name: once(ref, ("config.json",) if name == cls.calibration else ()) for name, ref in refs.items()}
-
-
-def _run_totals(sessions: list[dict]) -> dict:
-    """Top-level memory and energy of a run made of sessions: the peak over sessions, the summed energy."""
-    totals = {k: max(s[k] for s in sessions if k in s) for k in ("peak_rss_mb", "cuda_max_allocated_mb",
-                                                                  "cuda_max_reserved_mb") if any(k in s for s in sessions)}
-    if all("energy_j" in s and "tokens" in s for s in sessions):
-        joules, tokens = sum(s["energy_j"] for s in sessions), sum(s["tokens"] for s in sessions)
-        totals.update(energy_j=round(joules, 3), energy_per_token_j=round(joules / tokens, 6) if tokens else None)
-    return totals
 
 
 def _clock(seconds: float) -> str:

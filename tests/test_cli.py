@@ -227,9 +227,9 @@ def test_train_drafter_recipe_settings_take_the_dotted_dialect():
     from specbench_cli.training.inputs import TrainSettings, train_settings
 
     base = TrainSettings(method="dart", steps=50)
-    dotted = train_settings(base, ["dart.slots=6", "dart.gamma=0.5", "dart.draft-vocab=2048"], [])
+    dotted = train_settings(base, ["dart.slots=6", "dart.gamma=0.5", "dart.draft-vocab=2048"])
     assert (dotted.slots, dotted.gamma, dotted.draft_vocab, dotted.steps) == (6, 0.5, 2048, 50)
-    assert train_settings(base, [], []) == base
+    assert train_settings(base, []) == base
 
 
 def test_the_torch_free_bucket_default_is_the_engines():

@@ -34,7 +34,8 @@ def parse_into(name: str, base: object, pairs: list[str], prefix: str, notes: li
     """`base` (an Options-like dataclass) with `pairs` applied, typed and range-checked; `name` and `prefix`
     (how the user wrote the keys) are for the messages."""
     fields = {f.name: f for f in dataclasses.fields(base)}
-    inner = {n: [] for n in nested(type(base))}
+    subs = {n: {f.name for f in dataclasses.fields(sub)} for n, sub in nested(type(base)).items()}
+    inner: dict[str, list[str]] = {n: [] for n in subs}
     values: dict[str, object] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
@@ -45,7 +46,7 @@ def parse_into(name: str, base: object, pairs: list[str], prefix: str, notes: li
         if dot and head in inner:
             inner[head].append(f"{rest}={raw}")
             continue
-        owners = [n for n, sub in nested(type(base)).items() if key in {f.name for f in dataclasses.fields(sub)}]
+        owners = [n for n, keys in subs.items() if key in keys]
         if key not in fields and len(owners) == 1:
             notes.append(f"note: --opt {key}= is deprecated for {name} and will be removed in the next release; "
                          f"write --opt {owners[0]}.{key}=")

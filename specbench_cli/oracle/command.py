@@ -31,7 +31,7 @@ from specbench_cli.models import checkpoint_ref
 from specbench_cli.oracle.replay import Trace, replay_turn
 from specbench_cli.inputs import RunConfig
 from specbench_cli.registry import method_class
-from specbench_cli.run_folder import RunFolder, RunInfo, now
+from specbench_cli.run_folder import RunFolder, RunInfo
 from specbench_cli.runner import Plan, Runner, loaded_target, new_session, plan, record_prompts, warm_up
 
 NOT_REPLAYABLE = {"confu": "its future token comes from the target's verify pass, which replay does not run",
@@ -119,9 +119,7 @@ def _record(config: OracleConfig, checked: Plan, options: dict[str, object], fol
     job = OracleJob(runner, drafters)
     warm_up(folder, job, checked, console)
     record_prompts(folder, job, checked, done, console, f"oracle replay of {', '.join(drafters)}")
-    session["finished"] = info.finished = now()
-    info.status = "complete"
-    folder.write_info(info)
+    folder.complete(info)
 
 
 class OracleJob:

@@ -48,7 +48,7 @@ class TrainSettings:
             raise UsageError(f"--lr and gamma must be > 0 (got {self.lr:g}, {self.gamma:g})")
 
 
-def train_settings(base: TrainSettings, opts: list[str], notes: list[str]) -> TrainSettings:
+def train_settings(base: TrainSettings, opts: list[str]) -> TrainSettings:
     """`base` (the command's flags) with the recipe settings `--opt METHOD.key=value` sets (METHOD: the method
     trained), each checked against `TrainSettings.RANGES`."""
     pairs = []
@@ -58,7 +58,7 @@ def train_settings(base: TrainSettings, opts: list[str], notes: list[str]) -> Tr
             raise UsageError(f"malformed --opt '{pair}': expected {base.method}.KEY=VALUE with KEY one of "
                              f"{', '.join(TrainSettings.RECIPE)}")
         pairs.append(rest)
-    return parse_into(f"{base.method}'s recipe", base, pairs, f"{base.method}.", notes)
+    return parse_into(f"{base.method}'s recipe", base, pairs, f"{base.method}.", notes=[])  # nothing nested: no notes
 
 
 def init_checkpoint(init: str | None, method: str, spec) -> str:

@@ -13,6 +13,7 @@ Clocks: CUDA events on GPU (synchronised once per measurement), perf_counter on 
 
     python benchmarks/engine.py --device cpu --threads 2                 # eager only, fp32
     python benchmarks/engine.py --device cuda --dtype bfloat16 --compile # the GPU table
+    python benchmarks/engine.py --device cpu --threads 2 --dtype bfloat16 --invariant  # what exact bf16 costs
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def random_tree(n: int, vocab: int, rng: random.Random) -> DraftTree:
 
 
 @torch.inference_mode()
-def verify_curve(model, device, context: int, reps: int, compile_mode: str | None) -> dict[str, dict[int, float]]:
+def verify_curve(model, device, context: int, reps: int, compile_mode: str | None,
+                 invariant: bool = False) -> dict[str, dict[int, float]]:
     from transformers import DynamicCache
 
     vocab = model.config.vocab_size
@@ -94,6 +96,13 @@ def verify_curve(model, device, context: int, reps: int, compile_mode: str | Non
                                            device, reps) for n in NS}
     trees = {n: random_tree(n - 1, vocab, rng) for n in NS}
     curves["ours eager tree"] = {n: timed(lambda n=n: eager.verify(ids[context - 1], trees[n]), device, reps) for n in NS}
+    if invariant:  # rows computed as one-token decodes (a tree's path is verified again in the loop: not here)
+        exact = Target(model, device, invariant=True)
+        exact.prefill(ids[:context - 1])
+        curves["ours invariant chain"] = {n: timed(lambda n=n: exact.verify(ids[context - 1], DraftTree.chain(ids[context:context + n - 1])),
+                                                   device, reps) for n in NS}
+        curves["ours invariant tree"] = {n: timed(lambda n=n: exact.verify(ids[context - 1], trees[n]), device, reps)
+                                         for n in NS}
     if compile_mode:
         compiled = Target(model, device, compile=compile_mode, buckets=NS)
         compiled.plan(context + 2 * max(NS))
@@ -105,16 +114,17 @@ def verify_curve(model, device, context: int, reps: int, compile_mode: str | Non
 
 
 @torch.inference_mode()
-def decode_rates(loaded, device, prompt: list[int], new: int, compile_mode: str | None) -> dict[str, dict]:
+def decode_rates(loaded, device, prompt: list[int], new: int, compile_mode: str | None,
+                 invariant: bool = False) -> dict[str, dict]:
     """Baseline tokens/s (decode only, first token excluded) for our loop and for generate()."""
     model = loaded.model
     settings = DecodeSettings(new, 0.0, frozenset())  # no stop: every engine decodes exactly `new` tokens
     rows: dict[str, dict] = {}
     outputs = {}
-    for name, mode in (("ours eager", None), ("ours compiled", compile_mode)):
-        if name == "ours compiled" and not mode:
+    for name, mode in (("ours eager", None), ("ours eager invariant", None), ("ours compiled", compile_mode)):
+        if (name == "ours compiled" and not mode) or (name == "ours eager invariant" and not invariant):
             continue
-        target = Target(model, device, compile=mode)
+        target = Target(model, device, compile=mode, invariant=name == "ours eager invariant")
         if mode:
             target.plan(len(prompt) + new)
             target.warm_up((1,))
@@ -130,8 +140,9 @@ def decode_rates(loaded, device, prompt: list[int], new: int, compile_mode: str 
         if static and not compile_mode:
             continue
         rows[name] = {"tok/s": generate_rate(model, device, prompt, new, static), "host overhead / round": float("nan")}
-    if len(outputs) == 2:
-        rows["ours compiled"]["same tokens as eager"] = outputs["ours compiled"] == outputs["ours eager"]
+    for name in ("ours compiled", "ours eager invariant"):
+        if name in outputs:
+            rows[name]["same tokens as eager"] = outputs[name] == outputs["ours eager"]
     return rows
 
 
@@ -164,6 +175,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--compile", action="store_true", help="also the compiled Target and generate() with a static cache")
+    ap.add_argument("--invariant", action="store_true", help="also the batch-invariant Target (core.target)")
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here too")
     args = ap.parse_args()
     if args.threads:
@@ -176,7 +188,7 @@ def main() -> None:
     clock = "CUDA events" if device.type == "cuda" else "perf_counter"
     where = f"{args.model} {str(dtype).removeprefix('torch.')} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}"
 
-    curves = verify_curve(loaded.model, device, args.context, args.reps, mode)
+    curves = verify_curve(loaded.model, device, args.context, args.reps, mode, args.invariant)
     table = Table(title=f"verify cost c(n) = t(n) / t(1), context {args.context}; t(1) ms in the last column ({where}, {clock})")
     table.add_column("forward")
     for n in NS:
@@ -189,7 +201,7 @@ def main() -> None:
     console.print(table)
 
     prompt = loaded.encode_chat([{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}])
-    rates = decode_rates(loaded, device, prompt, args.new, mode)
+    rates = decode_rates(loaded, device, prompt, args.new, mode, args.invariant)
     size = weight_bytes(loaded.model)
     peak = copy_bandwidth(device)
     table = Table(title=f"baseline decode, {args.new} new tokens, prompt {len(prompt)} tokens ({where}, {clock}); "

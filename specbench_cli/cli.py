@@ -60,6 +60,7 @@ TargetRef = Annotated[Optional[str], typer.Option(help="Target checkpoint (local
 Drafters = Annotated[Optional[list[str]], typer.Option(help="Drafter checkpoint NAME=PATH_OR_HUB_ID (repeatable), replacing the model's registered one; names per method in run --list.")]
 Compile = Annotated[bool, typer.Option(help="Compile the target's decode and verify forwards with static shapes (torch.compile: CUDA graphs via mode reduce-overhead on GPU, inductor on CPU). Compilation happens before the first timed prompt and is reported in run.json. Default: off (eager), the engine SD papers measure; on CPU compiling rarely pays, on GPU it removes the launch overhead that dominates small models.")]
 CompileBuckets = Annotated[str, typer.Option(help="--compile: verify sizes compiled once each; a forward is padded to the smallest that fits (masked padding).")]
+BatchInvariant = Annotated[str, typer.Option(help="auto, on or off: compute every row of a multi-token verify exactly as a one-token decode computes it (each row its own attention problem, GEMMs in pieces of at most 32 rows), so that in bf16/fp16 every method's output equals the baseline's bit for bit. Costs verify time (see the README). auto: on for bf16/fp16 on the CPU without --compile, off otherwise.")]
 Threads = Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")]
 
 
@@ -85,6 +86,7 @@ def run(
     threads: Threads = None,
     compile: Compile = False,
     compile_buckets: CompileBuckets = "1,4,16,64",
+    batch_invariant: BatchInvariant = "auto",
     list_: Annotated[bool, typer.Option("--list", help="List methods, models and datasets, then exit.")] = False,
 ) -> None:
     """Decode a dataset with one method and write rounds.parquet, prompts.parquet and run.json."""
@@ -96,7 +98,8 @@ def run(
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        shard=shard, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
                        device=device, warmup=warmup, out=out, resume=resume, opts=opt or [], target=target,
-                       drafters=drafter or [], compile=compile, compile_buckets=compile_buckets)
+                       drafters=drafter or [], compile=compile, compile_buckets=compile_buckets,
+                       batch_invariant=batch_invariant)
     _execute(config, threads)
 
 
@@ -147,6 +150,7 @@ def profile(
     threads: Threads = None,
     compile: Compile = False,
     compile_buckets: CompileBuckets = "1,4,16,64",
+    batch_invariant: BatchInvariant = "auto",
 ) -> None:
     """Where the time goes: per-phase round breakdown (--phases) or component microbenchmarks (--component head).
     Every profile writes Parquet, a Markdown/CSV/LaTeX table and a PNG/PDF plot, and names its clock."""
@@ -175,7 +179,7 @@ def profile(
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,
                        warmup=warmup, opts=opt or [], target=target, drafters=drafter or [], compile=compile,
-                       compile_buckets=compile_buckets, out=out or Path("results") / "profile" / f"{model}_{dataset_slug(dataset)}_{method}{suffix}")
+                       compile_buckets=compile_buckets, batch_invariant=batch_invariant, out=out or Path("results") / "profile" / f"{model}_{dataset_slug(dataset)}_{method}{suffix}")
     if phases:
         run_dir = _execute(config, threads)  # checks the run's input before torch (which profile imports) loads
         from specbench_cli import profile as prof

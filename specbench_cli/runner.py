@@ -31,7 +31,7 @@ from specbench_cli.core.turn import DecodeSettings, TurnResult
 from specbench_cli.core.errors import UsageError
 from specbench_cli.analysis.metrics import tau
 from specbench_cli.inputs import Plan, RunConfig, check_run
-from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype
+from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype, resolve_invariant
 from specbench_cli.models import checkpoint_ref
 from specbench_cli.registry import method_class
 from specbench_cli.records import NAN, RUN_TABLES, PromptRecord, RoundRecord, output_hash, run_parts
@@ -56,8 +56,9 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None) -> 
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if config.compile else None
+    invariant = resolve_invariant(config.batch_invariant, dtype, device, compiled=mode is not None)
     return dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device, dtype=dtype,
-                               compile_mode=mode, notes=notes)
+                               compile_mode=mode, batch_invariant=invariant, notes=notes)
 
 
 def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
@@ -83,7 +84,7 @@ class Runner:
     def __init__(self, plan: Plan, model: LoadedModel) -> None:
         self.plan = plan
         self.model = model
-        self.target = Target(model.model, model.device, plan.compile_mode, plan.buckets)
+        self.target = Target(model.model, model.device, plan.compile_mode, plan.buckets, plan.batch_invariant)
         self.method: Method = plan.method_cls(plan.options, model, plan.drafters)
         self.settings = DecodeSettings(plan.config.max_new_tokens, plan.config.temperature, model.stop_ids)
         self.run_name = plan.out.name

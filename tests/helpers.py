@@ -104,17 +104,19 @@ def chi_square_p(observed: list[float], expected: list[float]) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
 
 
-def baseline_output(model: torch.nn.Module, prompt: list[int], max_new: int = 150) -> list[int]:
+def baseline_output(model: torch.nn.Module, prompt: list[int], max_new: int = 150, invariant: bool = False) -> list[int]:
     from methods.baseline import Baseline
 
-    return run_method(model, Baseline(Baseline.Options(), None), prompt, max_new=max_new).output_ids
+    target = Target(model, torch.device("cpu"), invariant=invariant)
+    return run_method(model, Baseline(Baseline.Options(), None), prompt, max_new=max_new, target=target).output_ids
 
 
 def assert_lossless(model: torch.nn.Module, method: Method, prompt: list[int], max_new: int = 150,
                     min_accepted: int = 1, target: Target | None = None) -> TurnResult:
-    """The method's greedy output equals the (eager) baseline's, and it accepted at least `min_accepted` drafts."""
+    """The method's greedy output equals the (eager) baseline's, and it accepted at least `min_accepted` drafts
+    (a batch-invariant `target` is compared with a batch-invariant baseline)."""
     result = run_method(model, method, prompt, max_new=max_new, target=target)
-    assert result.output_ids == baseline_output(model, prompt, max_new)
+    assert result.output_ids == baseline_output(model, prompt, max_new, invariant=bool(target and target.invariant))
     accepted = sum(r.accepted for r in result.rounds)
     assert accepted >= min_accepted, f"only {accepted} draft tokens accepted: the acceptance path barely ran"
     return result

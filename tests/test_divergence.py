@@ -94,6 +94,16 @@ def test_report_counts_ties_and_gates_on_mismatches(tmp_path):
     assert report.lossless(results).frame.set_index("method").loc["pld", "unclassified"] == 2  # no classifier
 
 
+def test_batch_invariant_runs_admit_no_ties(tmp_path):
+    """Two batch-invariant runs in one dtype compute every row as a one-token decode: any greedy divergence is
+    a mismatch, whatever a float32 recomputation says of the margin there."""
+    exact = {"dtype": "bfloat16", "batch_invariant": True}
+    write_run(tmp_path / "base", "baseline", [Turn("A", "qa", [0] * 3, 300.0, depth=0, ids=[5, 6, 7, 8])], settings=exact)
+    write_run(tmp_path / "m", "pld", [Turn("A", "qa", [1, 1], 200.0, ids=[5, 6, 99, 8])], settings=exact)
+    row = report.lossless(load([tmp_path]), lambda *args: "numeric tie").frame.set_index("method").loc["pld"]
+    assert (row["numeric ties"], row["mismatches"]) == (0, 1)
+
+
 def test_a_target_that_is_not_here_leaves_divergences_unclassified(capsys):
     from specbench_cli.analysis.divergence import run_classifier
 

@@ -151,6 +151,7 @@ def lossless(results: Results, classify: Classifier | None = None) -> Table:
             continue
         theirs = base.prompts.set_index(["prompt_id", "turn"])
         temperature = g.info["settings"]["temperature"]
+        exact = _exact_pair(g.info["settings"], base.info["settings"])
         diverged, kinds, shared = [], [], 0
         for r in g.prompts.itertuples(index=False):
             if (r.prompt_id, r.turn) not in theirs.index:
@@ -165,6 +166,8 @@ def lossless(results: Results, classify: Classifier | None = None) -> Table:
             prompt, mine = _ids(reference.get("prompt_ids")), _ids(getattr(r, "prompt_ids", None))
             if prompt and mine and prompt != mine:
                 kind = "inherited"  # a later turn whose prompt holds an earlier turn's different answer
+            elif exact and temperature == 0:
+                kind = "mismatch"  # both computed every row as a one-token decode: no rounding excuses it
             elif classify is not None and temperature == 0 and prompt and at < min(len(ours), len(expected)):
                 kind = classify(g.info, prompt + expected[:at], expected[at], ours[at])
             kinds.append(kind)
@@ -177,6 +180,11 @@ def lossless(results: Results, classify: Classifier | None = None) -> Table:
     return Table("lossless", "Lossless check against the baseline run (at temperature 0 every method must be 1.00; "
                  "a divergence is a numeric tie when the float32 top-2 margin there is below the dtype's threshold)",
                  pd.DataFrame(rows), "at temperature > 0 outputs differ by design; compare distributions instead")
+
+
+def _exact_pair(ours: dict, baseline: dict) -> bool:
+    """Both runs batch-invariant in the same dtype: their greedy outputs must be equal bit for bit."""
+    return bool(ours.get("batch_invariant") and baseline.get("batch_invariant")) and ours.get("dtype") == baseline.get("dtype")
 
 
 def oracle_tables(results: Results) -> list[Table]:

@@ -1,7 +1,8 @@
 """The one decode loop every method runs in.
 
     prefill -> first token
-    while not done: route -> catch-up -> [extra target forward] -> draft -> verify -> accept -> commit
+    while not done: route -> catch-up -> [extra target forward] -> draft -> verify -> accept
+                    -> [batch-invariant greedy tree: verify and accept the path again as a chain] -> commit
 
 Each round emits the accepted draft tokens plus one bonus token, cut at the first stop token and at the
 max-new-tokens budget (never overshooting; tokens past a stop are neither emitted nor counted).
@@ -14,9 +15,10 @@ from collections.abc import Mapping
 
 import torch
 
-from specbench_cli.core.acceptance import accept
+from specbench_cli.core.acceptance import Acceptance, accept
 from specbench_cli.core.method import DecodeState, Method, Route
 from specbench_cli.core.target import Target
+from specbench_cli.core.tree import DraftTree
 from specbench_cli.core.timing import PhaseClock, sync
 from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut, pick
 
@@ -63,6 +65,9 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
             logits = target.verify(tokens[-1], tree, extras)
         with clock.phase("accept"):
             result = accept(tree, logits, settings.temperature, generator)
+        size, depth = len(tree), max(tree.depths()) if len(tree) else 0
+        if target.invariant and settings.temperature == 0 and not tree.is_chain:
+            tree, logits, result = _exact_path(target, tokens[-1], tree, result.path, clock)
         new, stopped = cut(result.tokens, settings.stop_ids, settings.max_new_tokens - len(out))
         with clock.phase("commit"):
             state.next_logits = logits[result.path[-1]]
@@ -71,8 +76,7 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
             out.extend(new)
             method.observe(state, new)  # a routed method passes it to every proposer
         clock.end_round()
-        depth = max(tree.depths()) if len(tree) else 0
-        infos.append(RoundInfo(proposer=proposer.name, tree_size=len(tree), draft_depth=depth, accepted=result.accepted,
+        infos.append(RoundInfo(proposer=proposer.name, tree_size=size, draft_depth=depth, accepted=result.accepted,
                                emitted=len(new), kv_len=kv_len, target_forwards=target.forwards - forwards,
                                extras=route.extras))
     sync(device)
@@ -81,3 +85,15 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
     for info, phases in zip(infos, clock.resolve()):
         info.phases = phases
     return TurnResult(out, "stop_token" if stopped else "max_new_tokens", ttft_ms, decode_ms, infos)
+
+
+def _exact_path(target: Target, root: int, tree: DraftTree, path: list[int],
+                clock: PhaseClock) -> tuple[DraftTree, torch.Tensor, Acceptance]:
+    """A batch-invariant target's greedy tree round: the accepted path verified again as a chain
+    (`Target.verify_path`) and accepted on those logits, which a one-token decode would compute. Its time
+    counts as verify and, on its own, as `reverify`."""
+    with clock.phase("verify"), clock.phase("reverify"):
+        logits = target.verify_path(root, tree, path)
+    chain = DraftTree.chain([tree.tokens[i - 1] for i in path[1:]])
+    with clock.phase("accept"):
+        return chain, logits, accept(chain, logits, 0.0)

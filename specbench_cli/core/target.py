@@ -22,6 +22,10 @@ The extension points, all generic (this module names no method):
   tree's logits, and `root_logits` when an earlier `forward` already cached the root.
 - `reserve(n)`: entries at the front of the cache that only side rows see (a learned soft prompt).
 - `forward(tokens)`: a plain append outside verify, for a method that needs target forwards of its own.
+
+Batch-invariant (`invariant=True`, eager): every row of a chain's verify is computed bit for bit as a
+one-token decode computes it (`_rows`, `_kv_span`, one attention problem per row), so that in bf16 a method's
+greedy output equals plain one-token decoding's; a tree's path is verified again as a chain (`verify_path`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from specbench_cli.core.tree import DraftTree
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 ROOM = 256  # cache slots kept free past prompt + max-new-tokens for the largest verify (grown if a tree needs more)
 DEFAULT_BUCKETS = (1, 4, 16, 64)  # compiled verify sizes (a 60-node tree + root fits 64, a 16-token block 16)
+ROW_BLOCK = 32  # batch-invariant GEMMs take at most this many rows at a time (see `Target._rows`)
 
 
 @dataclass
@@ -123,9 +128,10 @@ class StaticKV:
 
 class Target:
     def __init__(self, model: torch.nn.Module, device: torch.device, compile: str | None = None,
-                 buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, invariant: bool = False) -> None:
         check_supported(model)
         self.model = model
+        self.invariant = invariant  # every row computed as a one-row forward computes it (see `_kv_span`)
         self.device = device
         self.kv = StaticKV(model)
         self.length = 0  # tokens whose KV is committed
@@ -228,6 +234,20 @@ class Target:
         return logits
 
     @torch.inference_mode()
+    def verify_path(self, root: int, tree: DraftTree, path: list[int]) -> torch.Tensor:
+        """Logits [len(path), V] of the tree's path `path` (node indices, root first) verified again as a chain.
+
+        A batch-invariant target computes a chain's rows exactly as one-token decodes, but not a tree's: the
+        CPU attention kernel's result depends on where in the cache a row's visible entries sit (its vector
+        lanes follow the slot), and a tree node's ancestors are not at the slots a decode puts them. So greedy
+        decoding of a tree verifies the accepted path again, as a chain. Side rows of the tree's verify stay,
+        re-indexed to the chain's nodes (drafters read them; they need not be exact)."""
+        side = self.side_hidden
+        logits = self.verify(root, DraftTree.chain([tree.tokens[i - 1] for i in path[1:]]))
+        self.side_hidden = None if side is None else side[path]
+        return logits
+
+    @torch.inference_mode()
     def forward(self, tokens: list[int]) -> torch.Tensor:
         """Append `tokens` to the cache in one causal forward; returns their logits [n, V]."""
         n = len(tokens)
@@ -280,14 +300,31 @@ class Target:
         attention replaces the mask and no [n, n] mask or score matrix is built for a long prompt."""
         base = self.offset + self.length
         block = None if block is None else block.to(self.device)
+        kv_len = base + embeds.shape[0] if block is None else self._kv_span(base + embeds.shape[0])
         hidden, captured = self._layers(embeds, positions, block, sees_reserved.to(self.device),
-                                        torch.tensor(base, device=self.device), base + embeds.shape[0])
+                                        torch.tensor(base, device=self.device), kv_len)
         self.captured = dict(zip(self._capture, captured))
         return hidden
 
+    def _kv_span(self, end: int) -> int:
+        """Cache slots a masked forward attends over when its rows end at slot `end`.
+
+        Batch-invariant: one 16-slot block past the block holding `end`. On this CPU's bf16 attention kernel
+        (PyTorch's flash kernel) a row's output changes when the attended span ends inside the 16-slot block of
+        the row's last visible slot and is the same for every span past it (measured over 88 prefix lengths),
+        so a one-row decode and a verify row at the same position then agree bit for bit."""
+        return -(-end // 16) * 16 + 16 if self.invariant else end
+
+    def _rows(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """fn (a row-wise module: projection, MLP, head) over x [1, rows, H]; batch-invariant: in pieces of
+        at most 32 rows, the most for which the CPU's bf16 GEMM gives each row the one-row result."""
+        if not self.invariant or x.shape[-2] <= ROW_BLOCK:
+            return fn(x)
+        return torch.cat([fn(piece) for piece in x.split(ROW_BLOCK, dim=-2)], dim=-2)
+
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.model.get_output_embeddings()
-        return head(hidden.to(head.weight.device))
+        return self._rows(head, hidden.to(head.weight.device))
 
     def _layers(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor | None,
                 sees_reserved: torch.Tensor, base: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -309,7 +346,7 @@ class Target:
                 mask = None if mask is None else mask.to(dev)
             h = h + self._attention(block_module.self_attn, block_module.input_layernorm(h), cos, sin, mask, slots,
                                     self.kv.layer(i)[:, :, :kv_len])
-            h = h + block_module.mlp(block_module.post_attention_layernorm(h))
+            h = h + self._rows(block_module.mlp, block_module.post_attention_layernorm(h))
             if i in self._capture:
                 captured.append(h[0])
         return base_model.norm(h)[0], captured
@@ -324,23 +361,29 @@ class Target:
         own = ((rel >= 0) & (rel < rows)) & block.gather(1, rel.clamp(0, rows - 1).expand(rows, kv_len))
         return (prefix | own)[None, None]
 
-    @staticmethod
-    def _attention(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                   slots: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    def _attention(self, attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   mask: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         """One attention block reading and writing the static cache `kv` [2, kv heads, kv_len, d]."""
         rows, d = x.shape[1], attn.head_dim
-        q = attn.q_proj(x).view(1, rows, -1, d)
-        k = attn.k_proj(x).view(1, rows, -1, d)
-        v = attn.v_proj(x).view(1, rows, -1, d)
+        q = self._rows(attn.q_proj, x).view(1, rows, -1, d)
+        k = self._rows(attn.k_proj, x).view(1, rows, -1, d)
+        v = self._rows(attn.v_proj, x).view(1, rows, -1, d)
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rotary
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         kv[0].index_copy_(1, slots, k[0])
         kv[1].index_copy_(1, slots, v[0])
+        if self.invariant and mask is not None and rows > 1:
+            # each row its own one-query problem (rows as the batch, the cache shared by expansion): a row's
+            # result then does not depend on which other rows share its forward
+            keys, values = (kv[j][None].expand(rows, -1, -1, -1) for j in (0, 1))
+            out = F.scaled_dot_product_attention(q[0].transpose(0, 1)[:, :, None], keys, values,
+                                                 attn_mask=mask[0, 0][:, None, None], scale=attn.scaling, enable_gqa=True)
+            return self._rows(attn.o_proj, out.reshape(1, rows, -1))
         out = F.scaled_dot_product_attention(q, kv[0][None], kv[1][None], attn_mask=mask, is_causal=mask is None,
                                              scale=attn.scaling, enable_gqa=True)
-        return attn.o_proj(out.transpose(1, 2).reshape(1, rows, -1))
+        return self._rows(attn.o_proj, out.transpose(1, 2).reshape(1, rows, -1))
 
     # ------------------------------------------------------------------------------------ compiled path
     def bucket(self, rows: int) -> int:

@@ -1,0 +1,127 @@
+"""A batch-invariant target computes every verify row bit for bit as a one-token decode computes it.
+
+In bf16 a plain verify does not: its GEMMs and attention take other code paths for more rows and a longer
+attended span, so a lossless method's output leaves the bf16 baseline's at near-ties. With
+`Target(invariant=True)` the logits of every node of a tree (or chain) equal those of decoding that node's path
+one token at a time, and so a method's bf16 output equals the bf16 baseline's exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specbench_cli.cli import app
+from specbench_cli.core.errors import UsageError
+from specbench_cli.core.target import Target
+from specbench_cli.core.tree import DraftTree
+from specbench_cli.loading import resolve_invariant
+from specbench_cli.records import read_table
+from tests.conftest import needs_embedded, tiny_model
+from tests.helpers import OracleTree, assert_lossless, baseline_output, random_prompt
+from tests.test_verify import path_to, random_tree
+
+CPU = torch.device("cpu")
+
+
+def decoded_logits(model, prefix: list[int], path: list[int], invariant: bool = True) -> list[torch.Tensor]:
+    """Logits after prefix[-1] and after each token of `path`, each from a one-row forward."""
+    target = Target(model, CPU, invariant=invariant)
+    target.prefill(prefix[:-1])
+    out, root = [], prefix[-1]
+    for token in [*path, None]:
+        out.append(target.verify(root, DraftTree.chain([]))[0])
+        target.commit([0])
+        root = token
+    return out
+
+
+def assert_rows_are_decodes(model, prefix: list[int], chain: list[int], path_of: DraftTree | None = None) -> None:
+    """A chain's verify rows (or, with `path_of`, the tree's path `chain` verified again by `verify_path`)
+    equal one-token decodes bit for bit."""
+    target = Target(model, CPU, invariant=True)
+    target.prefill(prefix[:-1])
+    if path_of is None:
+        logits = target.verify(prefix[-1], DraftTree.chain(chain))
+        tokens = chain
+    else:
+        target.verify(prefix[-1], path_of)
+        logits = target.verify_path(prefix[-1], path_of, chain)
+        tokens = [path_of.tokens[i - 1] for i in chain[1:]]
+    for depth, decoded in enumerate(decoded_logits(model, prefix, tokens)):
+        diff = (logits[depth].float() - decoded.float()).abs().max().item()
+        assert diff == 0, f"row {depth} of {len(logits)}: verify differs from a one-token decode by {diff}"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_tiny_bf16_chain_rows_equal_one_token_decodes(arch):
+    model = tiny_model(arch).to(torch.bfloat16)
+    for length, rows in ((30, 8), (45, 40), (530, 20)):  # a short chain, > 32 rows, a span past 512
+        assert_rows_are_decodes(model, random_prompt(length, seed=length), random_prompt(rows, seed=rows))
+
+
+@needs_embedded
+def test_embedded_bf16_chain_rows_and_tree_paths_equal_one_token_decodes(embedded):
+    """The real shapes (576 hidden, 49152-token head, 9 query / 3 kv heads), where the CPU kernels take other
+    paths for more rows and longer spans; a tree's rows are not exact (see `Target.verify_path`), its path
+    verified again is."""
+    bf16 = embedded.model.to(torch.bfloat16)
+    try:
+        prompt = embedded.encode_chat([{"role": "user", "content": "Explain why the sky is blue, in detail."}])
+        assert_rows_are_decodes(bf16, prompt, random_prompt(40, vocab=4000, seed=2))
+        tree = random_tree(random.Random(0), 40, 4000)
+        deepest = max(range(1, len(tree) + 1), key=lambda node: len(path_to(tree, node)))
+        assert_rows_are_decodes(bf16, prompt, path_to(tree, deepest), path_of=tree)
+    finally:
+        embedded.model.to(torch.float32)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("chain", [False, True])
+def test_bf16_methods_equal_the_bf16_baseline(arch, chain):
+    """A drafter that accepts often (trees with non-prefix accepted paths, or chains): the output equals the
+    bf16 baseline token for token, without any classification of ties."""
+    model = tiny_model(arch).to(torch.bfloat16)
+    for seed in range(3):
+        prompt = random_prompt(40, seed=seed + 10)
+        method = OracleTree(baseline_output(model, prompt, 120, invariant=True), 96, seed=seed, chain=chain)
+        assert_lossless(model, method, prompt, max_new=120, min_accepted=20, target=Target(model, CPU, invariant=True))
+
+
+@needs_embedded
+def test_embedded_bf16_runs_equal_the_bf16_baseline_turn_by_turn(tmp_path):
+    """The default bf16 CPU run (batch-invariant by `auto`): EAGLE-3's 60-node tree and DFlash's block on a
+    multi-turn selection give the baseline's ids in every turn."""
+    outputs = {}
+    for method in ("baseline", "eagle3", "dflash"):
+        result = CliRunner().invoke(app, ["run", "--method", method, "--dtype", "bfloat16", "--limit", "2",
+                                          "--max-new-tokens", "40", "--warmup", "0", "--out", str(tmp_path / method)])
+        assert result.exit_code == 0, result.output
+        prompts = read_table(tmp_path / method, "prompts").sort_values(["prompt_id", "turn"])
+        outputs[method] = [list(ids) for ids in prompts.output_ids]
+        assert json.loads((tmp_path / method / "run.json").read_text())["settings"]["batch_invariant"] is True
+    assert len(outputs["baseline"]) >= 3  # a multi-turn prompt is in the selection
+    assert outputs["eagle3"] == outputs["baseline"] and outputs["dflash"] == outputs["baseline"]
+
+
+def test_auto_turns_it_on_for_half_precision_on_the_cpu_eager():
+    assert resolve_invariant("auto", torch.bfloat16, CPU, compiled=False)
+    assert resolve_invariant("auto", torch.float16, CPU, compiled=False)
+    assert not resolve_invariant("auto", torch.float32, CPU, compiled=False)
+    assert not resolve_invariant("auto", torch.bfloat16, CPU, compiled=True)
+    assert not resolve_invariant("auto", torch.bfloat16, torch.device("cuda"), compiled=False)
+    assert resolve_invariant("on", torch.float32, CPU, compiled=False)
+    assert not resolve_invariant("off", torch.bfloat16, CPU, compiled=False)
+    with pytest.raises(UsageError, match="drop --compile"):
+        resolve_invariant("on", torch.bfloat16, CPU, compiled=True)
+
+
+def test_bad_settings_exit_2_before_a_model_loads(tmp_path):
+    for args, says in ((["--batch-invariant", "sometimes"], "--batch-invariant"),
+                       (["--batch-invariant", "on", "--compile"], "drop --compile")):
+        result = CliRunner().invoke(app, ["run", "--limit", "1", "--out", str(tmp_path / "r"), *args])
+        assert result.exit_code == 2 and says in result.output, result.output

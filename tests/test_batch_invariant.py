@@ -1,9 +1,10 @@
-"""A batch-invariant target computes every verify row bit for bit as a one-token decode computes it.
+"""A batch-invariant target computes every chain verify row bit for bit as a one-token decode computes it.
 
 In bf16 a plain verify does not: its GEMMs and attention take other code paths for more rows and a longer
 attended span, so a lossless method's output leaves the bf16 baseline's at near-ties. With
-`Target(invariant=True)` the logits of every node of a tree (or chain) equal those of decoding that node's path
-one token at a time, and so a method's bf16 output equals the bf16 baseline's exactly.
+`Target(invariant=True)` the logits of every row of a chain, and of a tree's path verified again as a chain
+(`Target.verify_path`), equal those of decoding it one token at a time, and so a method's bf16 output equals
+the bf16 baseline's exactly.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from tests.test_verify import path_to, random_tree
 CPU = torch.device("cpu")
 
 
-def decoded_logits(model, prefix: list[int], path: list[int], invariant: bool = True) -> list[torch.Tensor]:
-    """Logits after prefix[-1] and after each token of `path`, each from a one-row forward."""
-    target = Target(model, CPU, invariant=invariant)
+def decoded_logits(model, prefix: list[int], path: list[int]) -> list[torch.Tensor]:
+    """Logits after prefix[-1] and after each token of `path`, each from a one-row forward (batch-invariant)."""
+    target = Target(model, CPU, invariant=True)
     target.prefill(prefix[:-1])
     out, root = [], prefix[-1]
     for token in [*path, None]:
@@ -50,8 +51,8 @@ def assert_rows_are_decodes(model, prefix: list[int], chain: list[int], path_of:
         tokens = chain
     else:
         target.verify(prefix[-1], path_of)
-        logits = target.verify_path(prefix[-1], path_of, chain)
-        tokens = [path_of.tokens[i - 1] for i in chain[1:]]
+        replayed, logits = target.verify_path(prefix[-1], path_of, chain)
+        tokens = replayed.tokens
     for depth, decoded in enumerate(decoded_logits(model, prefix, tokens)):
         diff = (logits[depth].float() - decoded.float()).abs().max().item()
         assert diff == 0, f"row {depth} of {len(logits)}: verify differs from a one-token decode by {diff}"

@@ -93,7 +93,6 @@ def _exact_path(target: Target, root: int, tree: DraftTree, path: list[int],
     (`Target.verify_path`) and accepted on those logits, which a one-token decode would compute. Its time
     counts as verify and, on its own, as `reverify`."""
     with clock.phase("verify"), clock.phase("reverify"):
-        logits = target.verify_path(root, tree, path)
-    chain = DraftTree.chain([tree.tokens[i - 1] for i in path[1:]])
+        chain, logits = target.verify_path(root, tree, path)
     with clock.phase("accept"):
         return chain, logits, accept(chain, logits, 0.0)

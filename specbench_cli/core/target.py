@@ -234,18 +234,19 @@ class Target:
         return logits
 
     @torch.inference_mode()
-    def verify_path(self, root: int, tree: DraftTree, path: list[int]) -> torch.Tensor:
-        """Logits [len(path), V] of the tree's path `path` (node indices, root first) verified again as a chain.
+    def verify_path(self, root: int, tree: DraftTree, path: list[int]) -> tuple[DraftTree, torch.Tensor]:
+        """The tree's path `path` (node indices, root first) verified again as a chain: the chain and its
+        logits [len(path), V].
 
         A batch-invariant target computes a chain's rows exactly as one-token decodes, but not a tree's: the
         CPU attention kernel's result depends on where in the cache a row's visible entries sit (its vector
         lanes follow the slot), and a tree node's ancestors are not at the slots a decode puts them. So greedy
         decoding of a tree verifies the accepted path again, as a chain. Side rows of the tree's verify stay,
         re-indexed to the chain's nodes (drafters read them; they need not be exact)."""
-        side = self.side_hidden
-        logits = self.verify(root, DraftTree.chain([tree.tokens[i - 1] for i in path[1:]]))
+        side, chain = self.side_hidden, tree.along(path)
+        logits = self.verify(root, chain)
         self.side_hidden = None if side is None else side[path]
-        return logits
+        return chain, logits
 
     @torch.inference_mode()
     def forward(self, tokens: list[int]) -> torch.Tensor:

@@ -31,6 +31,10 @@ class DraftTree:
     def chain(cls, tokens: list[int], draft_probs: torch.Tensor | None = None) -> DraftTree:
         return cls(list(tokens), list(range(len(tokens))), draft_probs)
 
+    def along(self, path: list[int]) -> DraftTree:
+        """The chain of this tree's nodes on `path` (node indices, root first)."""
+        return DraftTree.chain([self.tokens[i - 1] for i in path[1:]])
+
     def __len__(self) -> int:
         return len(self.tokens)
 

@@ -95,10 +95,11 @@ def test_bf16_methods_equal_the_bf16_baseline(arch, chain):
 
 @needs_embedded
 def test_embedded_bf16_runs_equal_the_bf16_baseline_turn_by_turn(tmp_path):
-    """The default bf16 CPU run (batch-invariant by `auto`): EAGLE-3's 60-node tree and DFlash's block on a
-    multi-turn selection give the baseline's ids in every turn."""
+    """The default bf16 CPU run (batch-invariant by `auto`): EAGLE-3's 60-node tree, DFlash's block and ConFu's
+    tree with side rows over reserved cache entries, on a multi-turn selection, give the baseline's ids in
+    every turn."""
     outputs = {}
-    for method in ("baseline", "eagle3", "dflash"):
+    for method in ("baseline", "eagle3", "dflash", "confu"):
         result = CliRunner().invoke(app, ["run", "--method", method, "--dtype", "bfloat16", "--limit", "2",
                                           "--max-new-tokens", "40", "--warmup", "0", "--out", str(tmp_path / method)])
         assert result.exit_code == 0, result.output
@@ -106,7 +107,8 @@ def test_embedded_bf16_runs_equal_the_bf16_baseline_turn_by_turn(tmp_path):
         outputs[method] = [list(ids) for ids in prompts.output_ids]
         assert json.loads((tmp_path / method / "run.json").read_text())["settings"]["batch_invariant"] is True
     assert len(outputs["baseline"]) >= 3  # a multi-turn prompt is in the selection
-    assert outputs["eagle3"] == outputs["baseline"] and outputs["dflash"] == outputs["baseline"]
+    for method in ("eagle3", "dflash", "confu"):
+        assert outputs[method] == outputs["baseline"], f"{method} leaves the bf16 baseline"
 
 
 def test_auto_turns_it_on_for_half_precision_on_the_cpu_eager():

@@ -197,10 +197,9 @@ class Target:
             layer[0, :, :r] = k.to(layer)
             layer[1, :, :r] = v.to(layer)
         self.length = 0
-        # with reserved entries the prompt must not see them: a mask; without, plain causality (block None)
-        block = torch.ones(n, n, dtype=torch.bool).tril() if r else None
+        # plain causality over the prompt's own slots (block None): reserved entries before them stay unseen
         embeds = self.model.get_input_embeddings()(torch.tensor(ids, device=self.device))
-        hidden = self._eager(embeds, torch.arange(n, device=self.device), block, torch.zeros(n, dtype=torch.bool))
+        hidden = self._eager(embeds, torch.arange(n, device=self.device), None, torch.zeros(n, dtype=torch.bool))
         self.length = n
         self.forwards += 1
         return self._head(hidden[-1:])[0]
@@ -297,13 +296,14 @@ class Target:
 
     def _eager(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor | None,
                sees_reserved: torch.Tensor) -> torch.Tensor:
-        """`block` None: the rows are the whole cache (a prefill without reserved entries), so plain causal
-        attention replaces the mask and no [n, n] mask or score matrix is built for a long prompt."""
-        base = self.offset + self.length
+        """`block` None: the rows see only themselves, causally (a prefill, after any reserved entries), so
+        attention spans their own slots with plain causality: no [n, n] mask or score matrix for a long prompt,
+        and the same computation with or without reserved entries in front."""
+        base, rows = self.offset + self.length, embeds.shape[0]
         block = None if block is None else block.to(self.device)
-        kv_len = base + embeds.shape[0] if block is None else self._kv_span(base + embeds.shape[0])
+        start, kv_len = (base, base + rows) if block is None else (0, self._kv_span(base + rows))
         hidden, captured = self._layers(embeds, positions, block, sees_reserved.to(self.device),
-                                        torch.tensor(base, device=self.device), kv_len)
+                                        torch.tensor(base, device=self.device), kv_len, start)
         self.captured = dict(zip(self._capture, captured))
         return hidden
 
@@ -328,15 +328,16 @@ class Target:
         return self._rows(head, hidden.to(head.weight.device))
 
     def _layers(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor | None,
-                sees_reserved: torch.Tensor, base: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The decoder over rows written at slots base.. ; attention spans cache slots [0, kv_len).
+                sees_reserved: torch.Tensor, base: torch.Tensor, kv_len: int,
+                start: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The decoder over rows written at slots base.. ; attention spans cache slots [start, kv_len).
 
         Row i may see slot c if c is a committed prefix slot, or a reserved slot and row i sees reserved
         entries, or c = base + j with block[i, j]; no block: plain causal attention over the rows."""
         base_model = self.model.model
         rows, device = embeds.shape[0], embeds.device
         mask = None if block is None else self._visibility(block, sees_reserved, base, kv_len)
-        slots = base + torch.arange(rows, device=device)
+        slots = base - start + torch.arange(rows, device=device)  # in the attended view of the cache
         h = embeds[None].to(self._dtype)
         cos, sin = base_model.rotary_emb(h, positions[None])
         captured = []
@@ -346,7 +347,7 @@ class Target:
                 h, cos, sin, slots = (t.to(dev) for t in (h, cos, sin, slots))
                 mask = None if mask is None else mask.to(dev)
             h = h + self._attention(block_module.self_attn, block_module.input_layernorm(h), cos, sin, mask, slots,
-                                    self.kv.layer(i)[:, :, :kv_len])
+                                    self.kv.layer(i)[:, :, start:kv_len], sees_reserved)
             h = h + self._rows(block_module.mlp, block_module.post_attention_layernorm(h))
             if i in self._capture:
                 captured.append(h[0])
@@ -363,7 +364,8 @@ class Target:
         return (prefix | own)[None, None]
 
     def _attention(self, attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   mask: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+                   mask: torch.Tensor | None, slots: torch.Tensor, kv: torch.Tensor,
+                   sees_reserved: torch.Tensor) -> torch.Tensor:
         """One attention block reading and writing the static cache `kv` [2, kv heads, kv_len, d]."""
         rows, d = x.shape[1], attn.head_dim
         q = self._rows(attn.q_proj, x).view(1, rows, -1, d)
@@ -375,16 +377,29 @@ class Target:
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         kv[0].index_copy_(1, slots, k[0])
         kv[1].index_copy_(1, slots, v[0])
-        if self.invariant and mask is not None and rows > 1:
-            # each row its own one-query problem (rows as the batch, the cache shared by expansion): a row's
-            # result then does not depend on which other rows share its forward
-            keys, values = (kv[j][None].expand(rows, -1, -1, -1) for j in (0, 1))
-            out = F.scaled_dot_product_attention(q[0].transpose(0, 1)[:, :, None], keys, values,
-                                                 attn_mask=mask[0, 0][:, None, None], scale=attn.scaling, enable_gqa=True)
-            return self._rows(attn.o_proj, out.reshape(1, rows, -1))
+        if self.invariant and mask is not None:
+            return self._rows(attn.o_proj, self._one_query_each(q, kv, mask[0, 0], attn.scaling, sees_reserved))
         out = F.scaled_dot_product_attention(q, kv[0][None], kv[1][None], attn_mask=mask, is_causal=mask is None,
                                              scale=attn.scaling, enable_gqa=True)
         return self._rows(attn.o_proj, out.transpose(1, 2).reshape(1, rows, -1))
+
+    def _one_query_each(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
+                        sees_reserved: torch.Tensor) -> torch.Tensor:
+        """Batch-invariant attention, [1, rows, heads * d]: each row its own one-query problem (rows as the
+        batch, the cache shared by expansion), so a row's result does not depend on the rows beside it; rows
+        that do not see reserved entries attend over the cache after them, laid out as if there were none."""
+        rows, r = q.shape[2], self.offset
+        groups = [(torch.arange(rows, device=q.device), 0)] if not r else [
+            (torch.nonzero(~sees_reserved).flatten(), r), (torch.nonzero(sees_reserved).flatten(), 0)]
+        out = q.new_empty(rows, q.shape[1], 1, q.shape[3])
+        for idx, first in groups:
+            if not len(idx):
+                continue
+            keys, values = (kv[j, :, first:][None].expand(len(idx), -1, -1, -1) for j in (0, 1))
+            out[idx] = F.scaled_dot_product_attention(q[0, :, idx].transpose(0, 1)[:, :, None], keys, values,
+                                                      attn_mask=mask[idx, first:][:, None, None], scale=scale,
+                                                      enable_gqa=True)
+        return out.reshape(1, rows, -1)
 
     # ------------------------------------------------------------------------------------ compiled path
     def bucket(self, rows: int) -> int:

@@ -181,7 +181,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+    dtype = resolve_dtype(args.dtype, device).dtype
     loaded = load_model(MODELS[args.model], device, dtype)
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if args.compile else None
     console = Console(width=120)

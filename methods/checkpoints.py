@@ -91,13 +91,24 @@ def stale_drafters(card: dict, refs: dict[str, str]) -> list[str]:
     return [name for name, ref in refs.items() if name in made and fingerprint(locate(ref, name)) != made[name]]
 
 
-def warn_if_stale(card: dict, refs: dict[str, str], what: str, model: str) -> None:
-    """One warning line when a calibration was measured with other drafters than this run loads: its
-    thresholds and predictions describe those drafters, not these (the run itself stays lossless)."""
+def timed_as(dtype: torch.dtype, device: torch.device) -> str:
+    """"bfloat16 on cpu": what a calibration's latencies depend on beside the drafters (its `latency_dtype`)."""
+    return f"{str(dtype).removeprefix('torch.')} on {device.type}"
+
+
+def warn_if_stale(card: dict, refs: dict[str, str], what: str, model: str, timed_as: str) -> None:
+    """One warning line when a calibration was measured with other drafters than this run loads, or its
+    latencies timed in another dtype or on another device than this run's (`timed_as`, e.g. "bfloat16 on
+    cpu"): its thresholds and predictions describe those costs, not these (the run itself stays lossless).
+    A card written before `latency_dtype` was recorded is not judged on it."""
     stale = stale_drafters(card, refs)
+    again = f"re-run `specbench calibrate --method {what} --model {model}` for one that fits"
     if stale:
-        print(f"warning: {what} was calibrated with another {' and '.join(stale)} drafter than this run loads; "
-              f"re-run `specbench calibrate --method {what} --model {model}` for one that fits", file=sys.stderr)
+        print(f"warning: {what} was calibrated with another {' and '.join(stale)} drafter than this run loads; {again}",
+              file=sys.stderr)
+    if card.get("latency_dtype", timed_as) != timed_as:
+        print(f"warning: {what}'s latencies were timed in {card['latency_dtype']}, this run is {timed_as}; {again}",
+              file=sys.stderr)
 
 
 def _first_line(err: Exception) -> str:

@@ -36,7 +36,7 @@ import torch
 
 from specbench_cli.core.method import DecodeState, Proposer, Route
 from specbench_cli.core.options import proposer_options
-from methods.checkpoints import locate, warn_if_stale
+from methods.checkpoints import locate, timed_as, warn_if_stale
 from methods.eagle3 import Eagle3
 from methods.predictors import PayoffPredictor
 from methods.routed import RoutedMethod
@@ -168,7 +168,8 @@ class Hvd(HybridVerified):
     def __init__(self, options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
         predictor, card = PayoffPredictor.load(locate(self.drafter_ref("hvd"), "hvd payoff predictor"))
-        warn_if_stale(card, {"eagle3": self.drafter_ref("eagle3")}, self.name, self.model.spec.name)
+        warn_if_stale(card, {"eagle3": self.drafter_ref("eagle3")}, self.name, self.model.spec.name,
+                      timed_as(self.model.dtype, self.model.device))
         self.predictor = predictor  # stays on the CPU: its 13 inputs are host values, it costs microseconds
         self.tau = options.threshold if not math.isnan(options.threshold) else float(card.get("threshold", 6.0))
 

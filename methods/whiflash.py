@@ -26,7 +26,7 @@ import torch
 
 from specbench_cli.core.method import DecodeState, Method, Proposer, Route
 from specbench_cli.core.options import proposer_options
-from methods.checkpoints import CheckpointError, locate, warn_if_stale
+from methods.checkpoints import CheckpointError, locate, timed_as, warn_if_stale
 from methods.dflash import DFlash
 from methods.eagle3 import Eagle3
 from methods.layers import causal_mask
@@ -94,7 +94,8 @@ class WhiFlash(RoutedMethod):
                                   + ("" if self.needs_artifact else " or pass --opt threshold=T"))
         self.calibration_folder = locate(ref, self.calibration)
         card = json.loads((self.calibration_folder / "config.json").read_text())
-        warn_if_stale(card, {n: self.drafter_ref(n) for n in self.drafter_names}, self.name, self.model.spec.name)
+        warn_if_stale(card, {n: self.drafter_ref(n) for n in self.drafter_names}, self.name, self.model.spec.name,
+                      timed_as(self.model.dtype, self.model.device))
         return card
 
     # ------------------------------------------------------------------------------------ what profiling times

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -52,7 +53,7 @@ Dataset = Annotated[str, typer.Option(help="Registered dataset name (see run --l
 Categories = Annotated[Optional[list[str]], typer.Option("--category", "--subtask", help="Keep only these categories or subtasks (repeatable).")]
 Temperature = Annotated[float, typer.Option(help="0 = greedy; > 0 samples, with lossless rejection sampling.")]
 Seed = Annotated[int, typer.Option(help="Base seed; each prompt and turn derives its own.")]
-Dtype = Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16 or float16.")]
+Dtype = Annotated[str, typer.Option(help="auto: bfloat16 on CUDA and on a CPU with bf16 in hardware (flags amx_bf16 or avx512_bf16), float32 on other CPUs; or float32, bfloat16, float16. A bf16/fp16 run on the CPU is batch-invariant by default (--batch-invariant).")]
 Device = Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, or split: the target over all visible GPUs (device_map=auto; for acceptance studies of targets too large for one GPU, not for latency).")]
 Warmup = Annotated[int, typer.Option(help="Prompts decoded first and not recorded, taken from the dataset outside the scored selection.")]
 Opts = Annotated[Optional[list[str]], typer.Option(help="Method hyper-parameter key=value (repeatable); see run --list for each method's options and defaults.")]
@@ -87,6 +88,7 @@ def run(
     compile: Compile = False,
     compile_buckets: CompileBuckets = "1,4,16,64",
     batch_invariant: BatchInvariant = "auto",
+    tuned: Annotated[bool, typer.Option(help="Use the draft budget `specbench tune` chose for this model and method on this machine (same dtype, device, threads and batch invariance); an --opt still overrides it. Recorded in run.json (tuned_from); default folder name gets -tuned.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List methods, models and datasets, then exit.")] = False,
 ) -> None:
     """Decode a dataset with one method and write rounds.parquet, prompts.parquet and run.json."""
@@ -99,7 +101,7 @@ def run(
                        shard=shard, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
                        device=device, warmup=warmup, out=out, resume=resume, opts=opt or [], target=target,
                        drafters=drafter or [], compile=compile, compile_buckets=compile_buckets,
-                       batch_invariant=batch_invariant)
+                       batch_invariant=batch_invariant, tuned=tuned)
     _execute(config, threads)
 
 
@@ -281,7 +283,7 @@ def oracle(
     category: Categories = None,
     limit: Annotated[Optional[int], typer.Option(help="Keep N prompts, taken round-robin across subtasks. Default: all.")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens of each greedy trace per turn.")] = 1024,
-    dtype: Annotated[str, typer.Option(help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16 or float16; replay = live is exact in float32.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto: float32 on the CPU (replay = live is exact in float32; this does not follow run's bf16 choice), bfloat16 on CUDA; or float32, bfloat16, float16.")] = "auto",
     device: Device = "auto",
     warmup: Warmup = 1,
     out: Annotated[Optional[Path], typer.Option(help="Oracle directory. Default: results/oracle_<model>_<dataset>.")] = None,
@@ -328,18 +330,22 @@ def calibrate(
     out: Annotated[Optional[Path], typer.Option(help="Artifact folder. Default: the project's drafters/<model>/<method>, where run finds a registered model's calibration (the user cache if not writable).")] = None,
     work: Annotated[Optional[Path], typer.Option(help="Replay and timing runs, resumable. Default: results/calibrate_<model>_<method>.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing artifact folder.")] = False,
+    dtype: Annotated[str, typer.Option(help="The target's dtype where latencies are timed: that of the runs the calibration is for (auto as in run; a run in another dtype warns). Trace replay stays in float32 on the CPU.")] = "auto",
     threads: Threads = None,
 ) -> None:
     """Calibrate a router from trace replay and latencies measured on this machine; writes an artifact that
     `run` loads automatically (config.json card, router.safetensors or predictor.safetensors, sweep.csv)."""
     from specbench_cli.calibration import calibrate as cal
-    from specbench_cli.inputs import at_least
+    from specbench_cli.core.errors import unknown
+    from specbench_cli.inputs import DTYPE_NAMES, at_least
     from specbench_cli.registry import calibrator
 
     calibrate_with = calibrator(method)  # a method without a calibrator fails here, in one line
     from specbench_cli.models import drafter_folder, get_model_spec
 
     get_model_spec(model)
+    if dtype not in DTYPE_NAMES:
+        raise unknown("dtype", dtype, DTYPE_NAMES)
     for option, value, low in (("--prompts", prompts, 1), ("--max-new-tokens", max_new_tokens, 1),
                                ("--steps", steps, 1), ("--confirm", confirm, 0), ("--threads", threads, 1)):
         at_least(option, value, low)
@@ -348,10 +354,48 @@ def calibrate(
         raise UsageError(f"{folder} exists; pass --overwrite to replace the calibration or --out for another folder")
     config = cal.CalibrateConfig(method, model, dataset, prompts or (4 if method == "whiflash-entropy" else 96),
                                  max_new_tokens, steps, confirm,
-                                 work or Path("results") / f"calibrate_{model}_{method}", folder)
+                                 work or Path("results") / f"calibrate_{model}_{method}", folder, dtype)
     use_threads(threads)
     calibrate_with(config, console)  # prints its own result line
     console.print(f"wrote {folder}")
+
+
+@app.command()
+def tune(
+    method: Annotated[str, typer.Option(help="The method whose draft budget is tuned: eagle3 (depth, top_k, total_token), dart (total), dflash (block_size), sps (k), suffix (max_spec_tokens) or pld (num_pred_tokens).")],
+    model: Model = "smollm2-135m",
+    dataset: Dataset = "spec-bench",
+    category: Categories = None,
+    limit: Annotated[int, typer.Option(help="Tuning prompts, taken round-robin across subtasks.")] = 6,
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens per turn in the baseline, the replays and the check runs.")] = 128,
+    dtype: Dtype = "auto",
+    device: Device = "auto",
+    warmup: Warmup = 1,
+    threads: Threads = None,
+    check: Annotated[bool, typer.Option(help="Run the chosen budget and the paper's live beside the baseline and print the measured speedups.")] = True,
+    out: Annotated[Optional[Path], typer.Option(help="Tune folder (baseline, one replay per candidate, check runs, candidates.csv, tune.json); an existing one is resumed. Default: results/tune_<model>_<method>.")] = None,
+    target: TargetRef = None,
+    drafter: Drafters = None,
+) -> None:
+    """Choose the draft budget that maximises tokens/s on this machine: the verify cost curve c(n) measured here,
+    each candidate's τ and draft time from trace replay, then the chosen budget run live (run --tuned uses it)."""
+    from specbench_cli.inputs import RunConfig, at_least, check_run
+
+    at_least("--threads", threads, 1)
+    at_least("--limit", limit, 1)
+    from specbench_cli import tuning
+
+    tuning.check_method(method)
+    config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
+                       max_new_tokens=max_new_tokens, dtype=dtype, device=device, warmup=warmup, target=target,
+                       drafters=drafter or [], out=out or Path("results") / f"tune_{model}_{method}")
+    baseline = config.out / "baseline"  # the first run tune makes: its checks are the selection's
+    check_run(dataclasses.replace(config, method="baseline", out=baseline, resume=(baseline / "run.json").exists()),
+              dict(os.environ))
+    use_threads(threads)
+    import torch
+
+    tuning.execute(tuning.TuneConfig(method, config, threads or torch.get_num_threads(), check), console)
 
 
 @app.command()

@@ -52,6 +52,7 @@ class RunConfig:
     compile: bool = False
     compile_buckets: str = DEFAULT_BUCKETS
     batch_invariant: str = "auto"  # the target's verify rows computed as one-row decodes (core.target)
+    tuned: bool = False  # apply `specbench tune`'s budget for this model, method and machine setting
 
 
 @dataclass
@@ -71,6 +72,8 @@ class Plan:
     drafters: dict[str, str] = field(default_factory=dict)
     device: torch.device | None = None
     dtype: torch.dtype | None = None
+    dtype_reason: str = ""  # why this dtype (`loading.resolve_dtype`): run.json's dtype_choice
+    tuned_from: str = ""  # the tune record whose budget --tuned applied (run.json's tuned_from)
     compile_mode: str | None = None  # None = eager; "reduce-overhead" (CUDA graphs) on GPU, "inductor" on CPU
     batch_invariant: bool = False
     notes: list[str] = field(default_factory=list)  # lines to show before the run starts (deprecated spellings)
@@ -125,7 +128,7 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
 
 
 def default_name(c: RunConfig, shard: tuple[int, int]) -> str:
-    name = f"{c.model}_{dataset_slug(c.dataset)}_{c.method}_t{c.temperature:g}"
+    name = f"{c.model}_{dataset_slug(c.dataset)}_{c.method}{'-tuned' if c.tuned else ''}_t{c.temperature:g}"
     return name + (f"_shard{shard[0]}of{shard[1]}" if shard[1] > 1 else "")
 
 

@@ -32,6 +32,7 @@ from specbench_cli.core.errors import UsageError
 from specbench_cli.analysis.metrics import tau
 from specbench_cli.inputs import Plan, RunConfig, check_run
 from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype, resolve_invariant
+from specbench_cli.tuning import machine_key, tuned_opts
 from specbench_cli.models import checkpoint_ref
 from specbench_cli.registry import method_class
 from specbench_cli.records import NAN, RUN_TABLES, PromptRecord, RoundRecord, output_hash, run_parts
@@ -43,9 +44,9 @@ from specbench_cli.core.timing import PHASES, SUB_PHASES, PhaseClock
 TEMPLATE_MARGIN = 64  # chat-template tokens per turn beyond the joined turns' (role headers, end-of-turn)
 
 
-def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None) -> Plan:
+def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu_bf16: bool = True) -> Plan:
     """`check_run`'s checks (unless the caller ran them: `chosen`), then those that need the method's code or
-    torch; no model loads here."""
+    torch; no model loads here. `cpu_bf16=False`: `--dtype auto` stays float32 on the CPU (`resolve_dtype`)."""
     chosen = chosen or check_run(config, env)
     cls = method_class(config.method)
     notes: list[str] = []
@@ -54,10 +55,17 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None) -> 
     for name in cls.drafter_names:
         drafter_ref(cls, chosen.spec, drafters, name)  # a missing drafter is reported before anything loads
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
+    dtype = resolve_dtype(config.dtype, device, cpu_bf16)
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if config.compile else None
-    invariant = resolve_invariant(config.batch_invariant, dtype, device, compiled=mode is not None)
-    return dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device, dtype=dtype,
+    invariant = resolve_invariant(config.batch_invariant, dtype.dtype, device, compiled=mode is not None)
+    tuned_from = ""
+    if config.tuned:  # the tuned budget first, so that an explicit --opt still wins
+        machine = machine_key(dtype.dtype, device, torch.get_num_threads(), invariant)
+        opts, record = tuned_opts(chosen.spec.name, config.method, machine)
+        options, tuned_from = parse_options(cls, [*opts, *config.opts], notes), str(record)
+        notes.append(f"tuned budget {' '.join(opts) or '(the paper default)'} from {record}")
+    return dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device,
+                               dtype=dtype.dtype, dtype_reason=dtype.reason, tuned_from=tuned_from,
                                compile_mode=mode, batch_invariant=invariant, notes=notes)
 
 
@@ -215,6 +223,8 @@ def new_session(device: torch.device, telemetry: dict | None = None) -> dict:
 
 def loaded_target(plan: Plan, model: LoadedModel | None, split: bool = False) -> LoadedModel:
     """The target, loaded now unless a caller (calibrate, which runs several records on one target) has it."""
+    if model is not None and (model.dtype, model.device.type) != (plan.dtype, plan.device.type):
+        raise RuntimeError(f"a {model.dtype} target on {model.device} handed to a {plan.dtype} run on {plan.device}")
     return model if model is not None else load_model(plan.spec, plan.device, plan.dtype, split)
 
 
@@ -275,9 +285,13 @@ def _record(plan: Plan, folder: RunFolder, console: Console, model: LoadedModel 
         "method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
         "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
         "prompts_selected": len(plan.prompts), "weight_bytes": hardware.weight_bytes(model.model),
-        "drafter_weights": weights,
+        "drafter_weights": weights, "dtype_choice": plan.dtype_reason,
+        **({"tuned_from": plan.tuned_from} if plan.tuned_from else {}),
         **({"device_map": getattr(model.model, "hf_device_map", "auto")} if split else {})})  # acceptance studies only
     folder.start(info, session)
+    if plan.config.dtype == "auto":
+        console.print(f"target in {str(plan.dtype).removeprefix('torch.')} ({plan.dtype_reason}; --dtype to choose)",
+                      highlight=False, soft_wrap=True)
     if plan.compile_mode is not None:
         info.more["compile"] = runner.compile(longest)  # compile time is reported here and never enters a timed round
         folder.write_info(info)

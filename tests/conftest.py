@@ -36,6 +36,15 @@ def tiny(request) -> torch.nn.Module:
     return tiny_model(request.param)
 
 
+@pytest.fixture(autouse=True)
+def float32_by_default(monkeypatch):
+    """`--dtype auto` is float32 in every test, whatever the CPU running the suite has: a test of bf16 says so
+    (`--dtype bfloat16`), and tests/test_dtype.py fakes the CPU's flags."""
+    from specbench_cli import loading
+
+    monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset())
+
+
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded smollm2-135m target (loaded once per test session)."""

@@ -112,8 +112,8 @@ def test_replayed_features_are_the_live_ones(setup, median_score):
                  "suffix": Suffix(Suffix.Options(), loaded(target))}
     replay = replay_turn(Target(target, torch.device("cpu")), replayers,
                          Trace("p", 0, "c", "s", prompt, live.output_ids))
-    info = replay.drafts["suffix"]
-    turn = CacheTurn("p", len(prompt), np.array(replay.accepted["eagle3"]), np.array(replay.accepted["suffix"]),
+    info = replay.walks["suffix"].infos
+    turn = CacheTurn("p", len(prompt), np.array(replay.walks["eagle3"].accepted), np.array(replay.walks["suffix"].accepted),
                      np.array([i["score"] for i in info]), np.array([i["match_len"] for i in info]),
                      [i["draft"] for i in info])
     x, chose = rollout(turn, np.zeros((200, len(CLASSES)), np.float32), frequency_rule(median_score))

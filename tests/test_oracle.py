@@ -77,7 +77,7 @@ def test_draft_parts_read_back_when_one_prompt_never_drafted(tmp_path):
     import torch
 
     from specbench_cli.oracle.command import ORACLE_TABLES, _parts
-    from specbench_cli.oracle.replay import Trace, TurnReplay
+    from specbench_cli.oracle.replay import Trace, TurnReplay, Walk
     from specbench_cli.run_folder import RunFolder
 
     folder = RunFolder(tmp_path, ORACLE_TABLES)
@@ -85,8 +85,8 @@ def test_draft_parts_read_back_when_one_prompt_never_drafted(tmp_path):
         (tmp_path / f"{table}.parquet").mkdir()
     for index, draft in enumerate(([], [5, 6])):
         trace = Trace(f"p{index}", 0, "c", "s", [1, 2], [3, 4])
-        turn = TurnReplay({"suffix": [0]}, {"suffix": [{"score": 0.5, "match_len": 1, "draft": draft}]},
-                          torch.zeros(1), torch.zeros(1, 2))
+        walk = Walk([0], [len(draft)], [0.1], [{"score": 0.5, "match_len": 1, "draft": draft}])
+        turn = TurnReplay({"suffix": walk}, torch.zeros(1), torch.zeros(1, 2))
         folder.write_prompt(index, _parts(index, [trace], [turn]))
     drafts = pd.read_parquet(tmp_path / "drafts.parquet").sort_values("prompt_id")
     assert [list(d) for d in drafts.draft] == [[], [5, 6]] and list(drafts.prompt_len) == [2, 2]

@@ -42,7 +42,7 @@ def test_replay_equals_live(distilled, name):
     prompt = corpus[2][:24]
     live = run_method(target, make[name](), prompt, max_new=100)
     trace = Trace("p", 0, "c", "s", prompt, live.output_ids)
-    predicted = replay_turn(Target(target, torch.device("cpu")), {name: make[name]()}, trace).accepted[name]
+    predicted = replay_turn(Target(target, torch.device("cpu")), {name: make[name]()}, trace).walks[name].accepted
     assert len(predicted) == len(live.output_ids) - 1
     t = 0
     for r in live.rounds[:-1]:  # the last round may be cut by the token budget
@@ -62,5 +62,5 @@ def test_replay_signals_and_oracle_bound(distilled):
     T = len(live.output_ids) - 1
     assert r.entropy.shape == (T,) and r.hidden.shape == (T, target.config.hidden_size)
     assert torch.isfinite(r.entropy).all() and (r.entropy >= 0).all()
-    al = np.array([r.accepted["eagle3"], r.accepted["dflash"]])
+    al = np.array([r.walks["eagle3"].accepted, r.walks["dflash"].accepted])
     assert best_rounds(al) <= min(static_rounds(al[0]), static_rounds(al[1]))

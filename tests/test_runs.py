@@ -19,7 +19,7 @@ from specbench_cli.records import PromptRecord, RoundRecord, read_table, schema
 from tests.conftest import needs_embedded
 
 pytestmark = needs_embedded
-COMMON = ["--model", "smollm2-135m", "--threads", "2"]
+COMMON = ["--model", "smollm2-135m", "--threads", "2", "--dtype", "float32"]  # subprocesses too
 TOKENS = "32"  # per turn in the multi-turn runs and the committed drafters' runs (they are compared): CI time
 SMALL_TREE = ["--opt", "total_token=8", "--opt", "depth=3", "--opt", "top_k=3"]  # EAGLE-3-style trees: CPU time in CI
 ROUTED_TREE = [p if p == "--opt" else f"eagle3.{p}" for p in SMALL_TREE]  # the same tree as a routed method's EAGLE-3
@@ -414,6 +414,7 @@ def test_chain_2_calibrate_writes_a_router_card_and_its_sweep(neural_router):
     assert card["train_pairs"] > 0 and card["latency"]["eagle3_round_ms"] > 0
     assert (neural_router / "router.safetensors").exists()
     assert set(card["drafters"]) == {"eagle3", "dflash"}  # the fingerprints a run compares with what it loads
+    assert card["latency_dtype"] == "float32 on cpu"  # --dtype float32 (COMMON): a bf16 run would be warned
     sweep = pd.read_csv(neural_router / "sweep.csv")
     assert len(sweep) >= 7 and (neural_router / "sensitivity.png").exists()
     assert sweep.tokens_per_s.notna().all() and round(card["threshold"], 4) in set(sweep.threshold.round(4))  # what was drawn

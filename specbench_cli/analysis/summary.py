@@ -43,8 +43,8 @@ def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
     base_dir = find_baseline(run_dir, info)
     baseline = read_table(base_dir, "prompts") if base_dir else None
     s = info["settings"]
-    title = f"{s['method']} · {s['model']} · {s['dataset']} ({info['clock']} clock)"
-    note = ("τ: decoded tokens per round; tokens_per_s: mean over prompts of each prompt's decode rate; "
+    title = f"{s['method']} · {s['model']} · {s['dataset']} · {s.get('dtype', 'float32')} ({info['clock']} clock)"
+    note = ((f"dtype: {info['dtype_choice']}; " if info.get("dtype_choice") else "") + "τ: decoded tokens per round; tokens_per_s: mean over prompts of each prompt's decode rate; "
             + (f"speedup vs {base_dir}" if base_dir else "speedup: no matching baseline run beside this one"))
     table = Table("summary", title, summarise(prompts, group_column(prompts), baseline), note)
     console.print(table.rich())

@@ -30,7 +30,7 @@ import datetime as dt
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -216,17 +216,19 @@ def round_ms(run_dir: Path) -> float:
     return float(read_table(run_dir, "rounds").wall_ms.mean())
 
 
-def card(method: str, model: str, drafters: tuple[str, ...], **fields) -> dict:
+def card(config: CalibrateConfig, drafters: tuple[str, ...], **fields) -> dict:
     """The artifact's config.json. `drafters`: the model's registered drafters the calibration measured;
     their fingerprints let a run warn when it loads other weights than these."""
-    from methods.checkpoints import fingerprint, locate
+    from methods.checkpoints import fingerprint, locate, timed_as
     from specbench_cli.hardware import environment
     from specbench_cli.models import get_model_spec
     from specbench_cli.training.train import command_line
 
-    refs = get_model_spec(model).drafters
-    return {"method": method, "model": model, "created": dt.datetime.now().isoformat(timespec="seconds"),
+    refs = get_model_spec(config.model).drafters
+    timed = config.target()
+    return {"method": config.method, "model": config.model, "created": dt.datetime.now().isoformat(timespec="seconds"),
             "command": command_line(), "environment": environment(torch.device("cpu")),
+            "latency_dtype": timed_as(timed.dtype, timed.device),  # a run in another dtype is warned (warn_if_stale)
             "drafters": {name: fingerprint(locate(refs[name], name)) for name in drafters}, **fields}
 
 
@@ -254,17 +256,22 @@ class CalibrateConfig:
     confirm: int  # whiflash-entropy: best simulated thresholds decoded for real per category
     work: Path  # replay and latency runs (resumable)
     out: Path  # the artifact folder
-    loaded: object = None  # the target, loaded on first use and shared by every replay, run and timing
+    dtype: str = "auto"  # the latencies' dtype: that of the runs the calibration is for (run's --dtype)
+    loaded: dict = field(default_factory=dict)  # the target by dtype, loaded on first use and shared
 
-    def target(self):
-        """The target (default device and dtype, as every run of the calibration uses), loaded once."""
-        if self.loaded is None:
-            from specbench_cli.loading import load_model, resolve_device, resolve_dtype
-            from specbench_cli.models import get_model_spec
+    def target(self, replay: bool = False):
+        """The target on the default device in `dtype`, where the latencies are timed; `replay`: in the
+        oracle's default dtype (float32 on the CPU, where a replay equals a live run exactly; the acceptance it
+        measures carries over to a bf16 run up to its rare ties)."""
+        from specbench_cli.loading import load_model, resolve_device, resolve_dtype
+        from specbench_cli.models import get_model_spec
 
-            device = resolve_device("auto")
-            self.loaded = load_model(get_model_spec(self.model), device, resolve_dtype("auto", device))
-        return self.loaded
+        device = resolve_device("auto")
+        dtype = resolve_dtype("auto", device, cpu_bf16=False) if replay else resolve_dtype(self.dtype, device)
+        dtype = dtype.dtype
+        if dtype not in self.loaded:
+            self.loaded[dtype] = load_model(get_model_spec(self.model), device, dtype)
+        return self.loaded[dtype]
 
 
 def write_prompts(path: Path, rows: list[dict]) -> Path:
@@ -302,7 +309,7 @@ def measure(config: CalibrateConfig, prompts_file: Path, console: Console, other
     oracle_run.execute(oracle_run.OracleConfig(["eagle3", other], RunConfig(
         model=config.model, dataset=str(prompts_file), max_new_tokens=config.max_new_tokens, warmup=0,
         out=oracle_dir, resume=(oracle_dir / "run.json").exists()), [f"eagle3.{o}" for o in eagle3_opts]), console,
-        config.target())
+        config.target(replay=True))
     rounds = {m: round_ms(live_run(config, prompts_file, m, config.work / f"latency_{m}", list(opts), console))
               for m, opts in (("eagle3", eagle3_opts), (other, ()))}
     cached = config.work / "latency.json"  # measured once per work folder, so a re-fit never re-times
@@ -320,6 +327,7 @@ def live_run(config: CalibrateConfig, prompts_file: Path, method: str, out: Path
 
     execute(plan(RunConfig(method=method, model=config.model, dataset=str(prompts_file), categories=categories or [],
                            limit=2, max_new_tokens=min(config.max_new_tokens, 96), warmup=warmup, opts=opts, out=out,
+                           dtype=config.dtype,
                            resume=(out / "run.json").exists()), {}), console, config.target())
     return out
 
@@ -335,7 +343,7 @@ def calibrate_entropy(config: CalibrateConfig, console: Console) -> dict:
         top = g.sort_values("tokens_per_s", ascending=False).head(max(config.confirm, 1))
         best[category] = confirm_live(config, prompts_file, category, top.threshold.tolist(), console) \
             if config.confirm and category != "overall" else float(top.threshold.iloc[0])
-    config_json = card(config.method, config.model, ("eagle3", "dflash"), threshold=best.pop("overall"), thresholds=best,
+    config_json = card(config, ("eagle3", "dflash"), threshold=best.pop("overall"), thresholds=best,
                        latency=lat.as_dict(), dataset=config.dataset, prompts=[p["id"] for p in prompts],
                        max_new_tokens=config.max_new_tokens, confirm=config.confirm,
                        simulated_best=_best_rows(sweep))
@@ -392,7 +400,7 @@ def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
                      "eagle3_share": float(np.mean(np.concatenate([predict[i] > threshold for i in test.index])))})
     statics = {name: throughput([(r.al_e, r.al_d, np.full(len(r.al_e), name == "eagle3")) for r in test.itertuples()], lat)
                for name in ("eagle3", "dflash")}
-    config_json = card(config.method, config.model, ("eagle3", "dflash"), hidden_size=int(x.shape[1]), dropout=0.1, threshold=tau, latency=lat.as_dict(), steps=config.steps, lr=1e-3,
+    config_json = card(config, ("eagle3", "dflash"), hidden_size=int(x.shape[1]), dropout=0.1, threshold=tau, latency=lat.as_dict(), steps=config.steps, lr=1e-3,
                        train_pairs=int(len(y)), validation_pairs=int(len(pairs(val)[1])) if len(val) else 0, heldout_pairs=int(len(truth)),
                        heldout_mse=float(np.mean((guess - truth) ** 2)),
                        heldout_mse_of_mean=float(np.mean((y.mean() - truth) ** 2)),

@@ -181,7 +181,7 @@ def calibrate_hvd(config: CalibrateConfig, console: Console) -> dict:
                "cache-first": simulated(test, classes, lambda x: np.ones(len(x), bool), lat),
                "hvd-freq": simulated(test, classes, frequency_rule(), lat),
                "hvd": next(r for r in rows if r["threshold"] == PAYOFF)}
-    config_json = card(config.method, config.model, ("eagle3",), features=list(FEATURES), width=256, threshold=PAYOFF,
+    config_json = card(config, ("eagle3",), features=list(FEATURES), width=256, threshold=PAYOFF,
                        latency=lat.as_dict(), eagle3_setting=list(EAGLE3_SETTING), steps=config.steps, lr=1e-3,
                        train_positions=int(len(y)), heldout_quality=quality(y_test, y_hat),
                        heldout_mse_of_mean=float(np.mean((y.mean() - y_test) ** 2)),

@@ -24,7 +24,8 @@ The extension points, all generic (this module names no method):
 - `forward(tokens)`: a plain append outside verify, for a method that needs target forwards of its own.
 
 Batch-invariant (`invariant=True`, eager): every row of a chain's verify is computed bit for bit as a
-one-token decode computes it (`_rows`, `_kv_span`, one attention problem per row), so that in bf16 a method's
+one-token decode computes it (`_rows`: GEMMs of one fixed shape; `_kv_span`; one attention problem per row), so
+that in bf16 a method's
 greedy output equals plain one-token decoding's; a tree's path is verified again as a chain (`verify_path`).
 """
 
@@ -45,7 +46,7 @@ from specbench_cli.core.tree import DraftTree
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 ROOM = 256  # cache slots kept free past prompt + max-new-tokens for the largest verify (grown if a tree needs more)
 DEFAULT_BUCKETS = (1, 4, 16, 64)  # compiled verify sizes (a 60-node tree + root fits 64, a 16-token block 16)
-ROW_BLOCK = 32  # batch-invariant GEMMs take at most this many rows at a time (see `Target._rows`)
+ROW_BLOCK = 8  # every batch-invariant GEMM takes exactly this many rows (see `Target._rows`)
 
 
 @dataclass
@@ -318,10 +319,15 @@ class Target:
 
     def _rows(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """fn (a row-wise module: projection, MLP, head) over x [1, rows, H]; batch-invariant: in pieces of
-        at most 32 rows, the most for which the CPU's bf16 GEMM gives each row the one-row result."""
-        if not self.invariant or x.shape[-2] <= ROW_BLOCK:
+        exactly ROW_BLOCK rows, the last one padded with zero rows, so that every GEMM of every forward, a
+        one-token decode's included, has the same shape, and so the same kernel and reduction order per row."""
+        if not self.invariant:
             return fn(x)
-        return torch.cat([fn(piece) for piece in x.split(ROW_BLOCK, dim=-2)], dim=-2)
+        rows = x.shape[-2]
+        pad = -rows % ROW_BLOCK
+        if pad:
+            x = torch.cat((x, x.new_zeros(*x.shape[:-2], pad, x.shape[-1])), dim=-2)
+        return torch.cat([fn(piece) for piece in x.split(ROW_BLOCK, dim=-2)], dim=-2)[..., :rows, :]
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.model.get_output_embeddings()

@@ -68,7 +68,7 @@ def check(config: OracleConfig) -> tuple[Plan, dict[str, object]]:
         classes.append(cls)
     run = dataclasses.replace(config.run, method="baseline", drafters=[], out=config.run.out or Path("results") / (
         f"oracle_{config.run.model}_{dataset_slug(config.run.dataset)}"))
-    checked = plan(run, dict(os.environ))
+    checked = plan(run, dict(os.environ), cpu_bf16=False)  # replay = live is exact in float32
     checked.drafters = checkpoint_refs(config.run.drafters, classes)
     for cls in classes:
         for name in cls.drafter_names:
@@ -111,7 +111,8 @@ def _record(config: OracleConfig, checked: Plan, options: dict[str, object], fol
     runner = Runner(checked, loaded_target(checked, model))  # baseline decoding gives the traces
     longest = runner.check_lengths()
     drafters: dict[str, Method] = {n: method_class(n)(o, runner.model, checked.drafters) for n, o in options.items()}
-    info = resumed or RunInfo(settings, session["started"], session["environment"], kind="oracle")
+    info = resumed or RunInfo(settings, session["started"], session["environment"], kind="oracle",
+                               more={"dtype_choice": checked.dtype_reason})
     folder.start(info, session)
     if checked.compile_mode is not None:
         info.more["compile"] = runner.compile(longest, tuple(drafters.values()))
@@ -158,11 +159,11 @@ def _parts(index: int, traces: list[Trace], turns: list) -> dict[str, pa.Table]:
     replay, signals, drafts = [], [], []
     for tr, r in zip(traces, turns):
         ident = dict(prompt_id=tr.prompt_id, turn=tr.turn, category=tr.category, subtask=tr.subtask)
-        for name, als in r.accepted.items():
-            replay += [dict(ident, position=t, drafter=name, accepted=a) for t, a in enumerate(als)]
-        for name, infos in r.drafts.items():
+        for name, w in r.walks.items():
+            replay += [dict(ident, position=t, drafter=name, accepted=a, drafted=n, draft_ms=ms)
+                       for t, (a, n, ms) in enumerate(zip(w.accepted, w.drafted, w.draft_ms))]
             drafts += [dict(ident, position=t, drafter=name, prompt_len=len(tr.prompt_ids), **_typed(info))
-                       for t, info in enumerate(infos)]
+                       for t, info in enumerate(w.infos)]
         signals += [dict(ident, position=t, entropy=float(e), hidden=h.tolist()) for t, (e, h) in
                     enumerate(zip(r.entropy, r.hidden))]
     parts = {"replay": pd.DataFrame(replay), "signals": pd.DataFrame(signals), **({"drafts": pd.DataFrame(drafts)} if drafts else {}),

@@ -14,7 +14,8 @@ last committed position and that position's final-layer hidden state (WhiFlash's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,9 +45,19 @@ class TargetView:
 
 
 @dataclass
+class Walk:
+    """One drafter along one trace: at every decode position its AL, its draft's size (tree nodes) and the
+    wall time of its propose and observe calls (perf_counter; synchronised on CUDA), what `tune` prices."""
+
+    accepted: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+    draft_ms: list[float] = field(default_factory=list)
+    infos: list[dict] = field(default_factory=list)  # `draft_info()` at every position (drafters that give one)
+
+
+@dataclass
 class TurnReplay:
-    accepted: dict[str, list[int]]  # drafter -> AL at decode positions 0..T-1
-    drafts: dict[str, list[dict]]  # drafter -> its `draft_info()` at every position (drafters that give one)
+    walks: dict[str, Walk]  # drafter -> its walk over decode positions 0..T-1
     entropy: torch.Tensor  # [T] nats, at the last committed position of each round start
     hidden: torch.Tensor  # [T, H] final-layer hidden state there
 
@@ -75,27 +86,38 @@ def replay_turn(target: Target, drafters: dict[str, Method], trace: Trace) -> Tu
     context = {"category": trace.category, "subtask": trace.subtask, "prompt_id": trace.prompt_id}
     walks = {name: _walk(d, rows, seq, P, T, context, target.device) for name, d in drafters.items()}
     at = slice(P - 1, P - 1 + T)  # round t starts after committing position P+t-1
-    return TurnReplay({n: w[0] for n, w in walks.items()}, {n: w[1] for n, w in walks.items() if w[1]},
-                      entropy[at].cpu(), rows[target.num_layers - 1][at].float().cpu())
+    return TurnReplay(walks, entropy[at].cpu(), rows[target.num_layers - 1][at].float().cpu())
 
 
 def _walk(drafter: Method, rows: dict[int, torch.Tensor], seq: list[int], P: int, T: int, context: dict[str, str],
-          device: torch.device) -> tuple[list[int], list[dict]]:
-    """Drive one drafter along the trace, one committed token per step: AL at every position, and what the
-    drafter tells of each draft (`draft_info`)."""
+          device: torch.device) -> Walk:
+    """Drive one drafter along the trace, one committed token per step: AL, draft size and draft time at every
+    position, and what the drafter tells of each draft (`draft_info`)."""
     view = TargetView(device, P, {i: r[:P] for i, r in rows.items()})
     state = DecodeState(seq[:P + 1], P, view, 0.0, None, None, context)  # type: ignore[arg-type]
     drafter.start(state)
-    out, infos = [], []
+    walk = Walk()
     for t in range(T):
+        t0 = time.perf_counter()
         tree = drafter.propose(state)
-        out.append(tree.matched(seq[P + t + 1:]))
+        _sync(device)
+        spent = time.perf_counter() - t0
+        walk.accepted.append(tree.matched(seq[P + t + 1:]))
+        walk.drafted.append(len(tree))
         info = drafter.draft_info()
         if info is not None:
-            infos.append(info)
+            walk.infos.append(info)
         view.captured = {i: r[P + t: P + t + 1] for i, r in rows.items()}  # the committed root's rows
         view.length = P + t + 1
         state.tokens.append(seq[P + t + 1])
+        t0 = time.perf_counter()
         drafter.observe(state, [seq[P + t + 1]])
+        _sync(device)
+        walk.draft_ms.append((spent + time.perf_counter() - t0) * 1e3)
     drafter.finish(state)
-    return out, infos
+    return walk
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,289 @@
+"""`specbench tune`: the draft budget that maximises tokens/s on this machine (issue 36, item 2).
+
+A method's paper budget (EAGLE-3's 60-node tree, DFlash's 16-token block) is sized for an H100, where
+verifying 60 tokens costs about as much as verifying one. On a CPU it does not, and the best budget is smaller.
+For every candidate budget of a method (`GRIDS`) tune predicts
+
+    speedup = τ · t_base / (t_draft + t(1) · c(1 + n̄) + t_loop)
+
+- τ: tokens per round, from trace replay of that candidate along the greedy traces of the tuning prompts,
+  rounds stepped as a live run steps them (`analysis.oracles.static_rounds`);
+- t_draft: the candidate's measured propose + observe time per position during that replay;
+- n̄: its mean draft size (tree nodes), c(n): the verify cost curve measured on this machine's target, in the
+  run's dtype and batch invariance (cached per model, dtype, device, threads and invariance);
+- t_base: the live baseline's decode time per token on the same prompts; t_loop = t_base − t(1), the loop's own
+  time per round beside the forward (sampling, commit, records);
+- a tree on a batch-invariant target also pays its accepted path's chain again (`Target.verify_path`):
+  t(1) · c(τ) more.
+
+This is the reasoning of Sequoia's hardware-aware tree optimiser (expected accepted tokens against the time a
+verify of that size takes on the hardware at hand), applied to the candidates each method's own options can
+express. Paper defaults stay the defaults; `tune` writes the best candidate where `run --tuned` finds it,
+then runs it live beside the baseline (and the paper budget) and prints the predicted and measured speedups.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from specbench_cli.analysis.oracles import static_rounds
+from specbench_cli.core.errors import UsageError
+from specbench_cli.core.target import Target
+from specbench_cli.core.tree import DraftTree
+from specbench_cli.models import cache_root
+
+# Candidate budgets, as --opt strings; the paper's default is the one with no options (it is always a
+# candidate). The sizes span what a CPU (a few nodes) to a GPU (tens of nodes) verifies at the price of one.
+GRIDS: dict[str, list[tuple[str, ...]]] = {
+    "eagle3": [("depth=3", "top_k=1", "total_token=3"), ("depth=3", "top_k=4", "total_token=8"),
+               ("depth=4", "top_k=4", "total_token=12"), ("depth=5", "top_k=6", "total_token=16"),
+               ("depth=6", "top_k=8", "total_token=24"), ("depth=6", "top_k=10", "total_token=32")],
+    "dart": [("total=8",), ("total=12",), ("total=16",), ("total=24",), ("total=32",)],
+    "dflash": [("block_size=3",), ("block_size=4",), ("block_size=6",)],
+    "sps": [("k=2",), ("k=3",), ("k=4",), ("k=8",)],
+    "suffix": [("max_spec_tokens=4",), ("max_spec_tokens=8",), ("max_spec_tokens=16",), ("max_spec_tokens=32",)],
+    "pld": [("num_pred_tokens=2",), ("num_pred_tokens=4",), ("num_pred_tokens=6",)],
+}
+TREE_METHODS = ("eagle3", "dart", "suffix")  # drafts that can branch: on a batch-invariant target, re-verified
+COST_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def check_method(method: str) -> None:
+    if method not in GRIDS:
+        raise UsageError(f"tune has no budgets for '{method}'; it tunes: {', '.join(GRIDS)} "
+                         "(confu cannot be replayed: its future token comes from the target's verify pass)")
+
+
+def label(opts: tuple[str, ...]) -> str:
+    return " ".join(opts) if opts else "paper default"
+
+
+# ---------------------------------------------------------------------------------------------- verify costs
+@dataclass
+class Costs:
+    """The verify cost curve: t(1) in ms and c(n) = t(n) / t(1) for a verify of n rows (root included)."""
+
+    t1_ms: float
+    c: dict[int, float]
+    where: str = ""  # model, dtype, device, threads, invariance, clock
+
+    def verify_ms(self, rows: float) -> float:
+        """t(1) · c(rows), c interpolated linearly between measured sizes (and extended by its last slope)."""
+        ns = sorted(self.c)
+        xs, ys = np.array(ns, float), np.array([self.c[n] for n in ns])
+        if rows <= xs[-1]:
+            return self.t1_ms * float(np.interp(max(rows, 1.0), xs, ys))
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return self.t1_ms * float(ys[-1] + slope * (rows - xs[-1]))
+
+
+@torch.inference_mode()
+def measure_costs(target: Target, vocab: int, context: int = 256, reps: int = 7, where: str = "") -> Costs:
+    """Median wall time (perf_counter; synchronised on CUDA) of a verify of n rows after `context` tokens, a
+    bushy random tree of n - 1 nodes under the root, on the target the runs use (its invariance included)."""
+    rng = random.Random(0)
+    ids = [rng.randrange(vocab) for _ in range(context)]
+    target.prefill(ids[:-1])
+    times = {}
+    for n in COST_ROWS:
+        tree = DraftTree([rng.randrange(vocab) for _ in range(n - 1)], [rng.randint(0, i // 2) for i in range(n - 1)])
+        samples = []
+        for i in range(reps + 2):
+            t0 = time.perf_counter()
+            target.verify(ids[-1], tree)
+            if target.device.type == "cuda":
+                torch.cuda.synchronize(target.device)
+            if i >= 2:  # two warm-up calls per size
+                samples.append((time.perf_counter() - t0) * 1e3)
+        times[n] = statistics.median(samples)
+    return Costs(times[1], {n: t / times[1] for n, t in times.items()}, where)
+
+
+def cached_costs(key: str, measure) -> tuple[Costs, Path]:
+    """The cost curve for `key` (model, dtype, device, threads, invariance) from the user cache, measured once."""
+    path = cache_root() / "tune" / f"costs-{key}.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        return Costs(data["t1_ms"], {int(n): v for n, v in data["c"].items()}, data.get("where", "")), path
+    costs = measure()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(costs), indent=1))
+    return costs, path
+
+
+# ---------------------------------------------------------------------------------------------- prediction
+@dataclass
+class Prediction:
+    """One candidate budget priced on this machine."""
+
+    candidate: str
+    opts: tuple[str, ...]
+    tau: float
+    mean_draft: float
+    draft_ms: float
+    verify_ms: float
+    round_ms: float
+    tokens_per_s: float
+    speedup: float
+
+
+def predict(candidate: tuple[str, ...], walks: list[pd.DataFrame], costs: Costs, base_ms: float,
+            reverify: bool) -> Prediction:
+    """Price a candidate from its replay `walks` (one frame per turn: accepted, drafted, draft_ms per
+    position), the cost curve and the baseline's time per token."""
+    tokens = sum(len(w) for w in walks)
+    rounds = sum(static_rounds(w.accepted.to_numpy()) for w in walks)
+    tau = tokens / max(rounds, 1)
+    everything = pd.concat(walks)
+    mean_draft = float(everything.drafted.mean())
+    draft_ms = float(everything.draft_ms.mean())
+    verify_ms = costs.verify_ms(1 + mean_draft) + (costs.verify_ms(tau) if reverify else 0.0)
+    loop_ms = max(base_ms - costs.t1_ms, 0.0)
+    round_ms = draft_ms + verify_ms + loop_ms
+    return Prediction(label(candidate), candidate, tau, mean_draft, draft_ms, verify_ms, round_ms,
+                      tau / round_ms * 1e3, tau * base_ms / round_ms)
+
+
+def choose(predictions: list[Prediction]) -> Prediction:
+    return max(predictions, key=lambda p: p.tokens_per_s)
+
+
+# ---------------------------------------------------------------------------------------------- where runs find it
+def tuned_path(model: str, method: str, where: str) -> Path:
+    """The user cache's record of the tuned budget for this model, method and machine setting."""
+    return cache_root() / "tune" / model / f"{method}-{where}.json"
+
+
+def machine_key(dtype: torch.dtype, device: torch.device, threads: int, invariant: bool) -> str:
+    return (f"{str(dtype).removeprefix('torch.')}-{device.type}-{threads}t"
+            + ("-invariant" if invariant else ""))
+
+
+@dataclass
+class TuneRecord:
+    """What `tune` chose, and why: written to its folder and to `tuned_path`."""
+
+    model: str
+    method: str
+    machine: str
+    opts: list[str]
+    predicted_speedup: float
+    measured_speedup: float | None
+    paper_predicted_speedup: float
+    paper_measured_speedup: float | None
+    folder: str
+    command: str
+    created: str
+    candidates: list[dict] = field(default_factory=list)
+
+
+def tuned_opts(model: str, method: str, machine: str) -> tuple[list[str], Path]:
+    """The --opt list `run --tuned` applies, and the record it came from (one line when there is none)."""
+    check_method(method)
+    path = tuned_path(model, method, machine)
+    if not path.exists():
+        raise UsageError(f"no tuned budget for {method} on {model} ({machine}): run `specbench tune --method {method} "
+                         f"--model {model}` with the same --dtype, --device and --threads first")
+    return list(json.loads(path.read_text())["opts"]), path
+
+
+# ---------------------------------------------------------------------------------------------- the command
+@dataclass
+class TuneConfig:
+    method: str
+    run: object  # inputs.RunConfig: model, dataset, selection, tokens, dtype, device; out = the tune folder
+    threads: int
+    check: bool = True  # run the chosen budget (and the paper's) live beside the baseline
+
+
+def execute(config: TuneConfig, console) -> TuneRecord:
+    """Baseline live, the cost curve, a replay per candidate, the choice, and (`check`) live runs of it."""
+    import dataclasses
+    import datetime as dt
+    import os
+
+    from rich.table import Table as RichTable
+
+    from specbench_cli.loading import load_model
+    from specbench_cli.oracle import command as oracle_run
+    from specbench_cli.oracle.command import OracleConfig
+    from specbench_cli.records import read_table
+    from specbench_cli.runner import execute as record_run, plan
+    from specbench_cli.training.train import command_line
+
+    run, out, method = config.run, config.run.out, config.method
+    base = plan(dataclasses.replace(run, method="baseline", out=out / "baseline", resume=_exists(out / "baseline")),
+                dict(os.environ))
+    model = load_model(base.spec, base.device, base.dtype)
+    record_run(base, console, model)
+    base_ms = per_token_ms(read_table(out / "baseline", "prompts"))
+    machine = machine_key(base.dtype, base.device, config.threads, base.batch_invariant)
+    where = f"{run.model} {machine}, perf_counter"
+    costs, costs_file = cached_costs(f"{run.model}-{machine}", lambda: measure_costs(
+        Target(model.model, base.device, invariant=base.batch_invariant), model.model.config.vocab_size, where=where))
+    console.print(f"verify cost c(n) on {where} ({costs_file}): t(1) {costs.t1_ms:.1f} ms, "
+                  + ", ".join(f"c({n}) {c:.2f}" for n, c in costs.c.items()), highlight=False, soft_wrap=True)
+
+    dtype_name = str(base.dtype).removeprefix("torch.")
+    predictions = []
+    for i, candidate in enumerate([(), *GRIDS[method]]):
+        folder = out / f"replay_{i}"
+        oracle_run.execute(OracleConfig([method], dataclasses.replace(run, dtype=dtype_name, out=folder,
+                                                                       resume=_exists(folder)),
+                                        [f"{method}.{o}" for o in candidate]), console, model)
+        replay = read_table(folder, "replay")
+        walks = [g.sort_values("position") for _, g in replay.groupby(["prompt_id", "turn"], sort=False)]
+        reverify = base.batch_invariant and method in TREE_METHODS and "top_k=1" not in candidate
+        predictions.append(predict(candidate, walks, costs, base_ms, reverify))
+    paper, best = predictions[0], choose(predictions)
+
+    measured = {}
+    if config.check:
+        for p in [best] + ([paper] if paper is not best else []):  # the paper budget too, when not the best
+            folder = out / ("tuned" if p is best else "paper")
+            record_run(plan(dataclasses.replace(run, method=method, out=folder, resume=_exists(folder),
+                                                opts=[*p.opts]), dict(os.environ)), console, model)
+            measured[p.candidate] = base_ms / per_token_ms(read_table(folder, "prompts"))
+
+    frame = pd.DataFrame([asdict(p) for p in predictions]).drop(columns="opts")
+    frame["measured_speedup"] = frame.candidate.map(measured)
+    frame.to_csv(out / "candidates.csv", index=False)
+    table = RichTable(title=f"tune {method} on {where}: baseline {1e3 / base_ms:.1f} tok/s", show_lines=False)
+    for col in ("candidate", "τ", "draft nodes", "draft ms", "verify ms", "round ms", "predicted ×", "measured ×"):
+        table.add_column(col, justify="left" if col == "candidate" else "right")
+    for p in predictions:
+        table.add_row(p.candidate + ("  ← chosen" if p is best else ""), f"{p.tau:.2f}", f"{p.mean_draft:.1f}",
+                      f"{p.draft_ms:.1f}", f"{p.verify_ms:.1f}", f"{p.round_ms:.1f}", f"{p.speedup:.2f}",
+                      f"{measured[p.candidate]:.2f}" if p.candidate in measured else "—")
+    console.print(table)
+
+    record = TuneRecord(run.model, method, machine, list(best.opts), best.speedup, measured.get(best.candidate),
+                        paper.speedup, measured.get(paper.candidate), str(out), command_line(),
+                        dt.datetime.now().isoformat(timespec="seconds"), frame.to_dict("records"))
+    text = json.dumps(asdict(record), indent=1, default=str)
+    (out / "tune.json").write_text(text)
+    registered = tuned_path(run.model, method, machine)
+    registered.parent.mkdir(parents=True, exist_ok=True)
+    registered.write_text(text)
+    console.print(f"chosen: {best.candidate} (predicted {best.speedup:.2f}×"
+                  + (f", measured {measured[best.candidate]:.2f}×" if best.candidate in measured else "")
+                  + f"); `specbench run --method {method} --tuned` uses it ({registered})", highlight=False, soft_wrap=True)
+    return record
+
+
+def per_token_ms(prompts: pd.DataFrame) -> float:
+    """Decode time per token over a run's prompts, pooled (every token weighs the same)."""
+    return float(prompts.decode_ms.sum() / max(prompts.decode_tokens.sum(), 1))
+
+
+def _exists(folder: Path) -> bool:
+    return (folder / "run.json").exists()

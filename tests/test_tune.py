@@ -1,0 +1,89 @@
+"""`specbench tune`: pricing candidate budgets on a cost curve, the choice, and `run --tuned`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench_cli import tuning
+from specbench_cli.cli import app
+from specbench_cli.tuning import Costs, choose, predict
+from tests.conftest import needs_embedded
+
+GPU_LIKE = Costs(10.0, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.01, 16: 1.02, 32: 1.05, 64: 1.1})  # verify is nearly free
+CPU_LIKE = Costs(10.0, {1: 1.0, 2: 1.2, 4: 1.5, 8: 2.0, 16: 3.5, 32: 7.0, 64: 12.0})
+
+
+def walk(accepted: list[int], drafted: int, draft_ms: float) -> pd.DataFrame:
+    n = len(accepted)
+    return pd.DataFrame({"position": range(n), "accepted": accepted, "drafted": [drafted] * n,
+                         "draft_ms": [draft_ms] * n})
+
+
+def test_costs_interpolate_between_and_extend_past_the_measured_sizes():
+    assert CPU_LIKE.verify_ms(1) == 10.0 and CPU_LIKE.verify_ms(3) == pytest.approx(13.5)
+    assert CPU_LIKE.verify_ms(80) == pytest.approx(10 * (12.0 + 5 / 32 * 16))  # the last slope, 5 per 32 rows
+
+
+def test_a_candidate_is_priced_by_hand():
+    """τ 2 (every round accepts one draft token and the bonus), 4 nodes, 2 ms of drafting: on the CPU-like
+    curve a round is 2 + 10·c(5) + (12 − 10) ms of loop = 2 + 16.25 + 2, against a baseline of 12 ms/token."""
+    p = predict(("k=4",), [walk([1, 0] * 20, 4, 2.0)], CPU_LIKE, base_ms=12.0, reverify=False)
+    assert p.tau == pytest.approx(2.0) and p.mean_draft == 4
+    assert p.verify_ms == pytest.approx(16.25) and p.round_ms == pytest.approx(20.25)
+    assert p.speedup == pytest.approx(2 * 12 / 20.25) and p.tokens_per_s == pytest.approx(2 / 20.25 * 1e3)
+    again = predict(("k=4",), [walk([1, 0] * 20, 4, 2.0)], CPU_LIKE, base_ms=12.0, reverify=True)
+    assert again.verify_ms == pytest.approx(16.25 + 10 * 1.2)  # the accepted path's chain: c(τ = 2)
+
+
+def test_the_choice_follows_the_machine():
+    """A 60-node tree accepting more wins where verify is nearly free and loses where it is not."""
+    small = [walk([2, 0, 1] * 30, 8, 3.0)]  # τ 2
+    large = [walk([4, 3, 5] * 30, 60, 9.0)]  # τ 5
+    for costs, winner in ((GPU_LIKE, "total_token=60"), (CPU_LIKE, "total_token=8")):
+        options = [predict((f"total_token={n}",), w, costs, base_ms=11.0, reverify=False)
+                   for n, w in ((8, small), (60, large))]
+        assert choose(options).candidate == winner
+
+
+def test_tau_steps_rounds_as_a_live_run():
+    """Acceptance [3, 0, 0, 0, 1, 0]: rounds start at 0 (4 tokens) and 4 (2 tokens): τ 3, not the mean AL + 1."""
+    assert predict((), [walk([3, 0, 0, 0, 1, 0], 4, 1.0)], GPU_LIKE, 11.0, False).tau == pytest.approx(3.0)
+
+
+def test_unknown_method_and_missing_record_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    result = CliRunner().invoke(app, ["tune", "--method", "confu"])
+    assert result.exit_code == 2 and "tune has no budgets for 'confu'" in result.output
+    result = CliRunner().invoke(app, ["run", "--method", "suffix", "--tuned", "--limit", "1", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "no tuned budget for suffix" in result.output
+
+
+@needs_embedded
+def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch):
+    """A small real tune of suffix on the embedded model: baseline, costs, a replay per candidate, the live
+    check, the record; then `run --tuned` decodes with the chosen budget and says where it came from."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(tuning.GRIDS, "suffix", [("max_spec_tokens=4",)])
+    monkeypatch.setattr(tuning, "COST_ROWS", (1, 2, 4, 8))
+    common = ["--limit", "1", "--max-new-tokens", "24", "--warmup", "0", "--threads", "2"]
+    result = CliRunner().invoke(app, ["tune", "--method", "suffix", *common, "--out", str(tmp_path / "tune")])
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    frame = pd.read_csv(tmp_path / "tune" / "candidates.csv")
+    assert list(frame.candidate) == ["paper default", "max_spec_tokens=4"]
+    assert (frame.tau >= 1).all() and (frame.round_ms > 0).all() and np.isfinite(frame.speedup).all()
+    chosen = frame.loc[frame.tokens_per_s.idxmax()]
+    assert record["opts"] == ([] if chosen.candidate == "paper default" else ["max_spec_tokens=4"])
+    assert record["measured_speedup"] > 0 and record["machine"] == "float32-cpu-2t"
+    assert (tmp_path / "cache" / "tune" / "smollm2-135m" / "suffix-float32-cpu-2t.json").exists()
+
+    result = CliRunner().invoke(app, ["run", "--method", "suffix", "--tuned", *common, "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    info = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert info["tuned_from"].endswith("suffix-float32-cpu-2t.json")
+    assert info["settings"]["options"]["max_spec_tokens"] == (4 if record["opts"] else 64)

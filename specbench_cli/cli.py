@@ -61,7 +61,7 @@ TargetRef = Annotated[Optional[str], typer.Option(help="Target checkpoint (local
 Drafters = Annotated[Optional[list[str]], typer.Option(help="Drafter checkpoint NAME=PATH_OR_HUB_ID (repeatable), replacing the model's registered one; names per method in run --list.")]
 Compile = Annotated[bool, typer.Option(help="Compile the target's decode and verify forwards with static shapes (torch.compile: CUDA graphs via mode reduce-overhead on GPU, inductor on CPU). Compilation happens before the first timed prompt and is reported in run.json. Default: off (eager), the engine SD papers measure; on CPU compiling rarely pays, on GPU it removes the launch overhead that dominates small models.")]
 CompileBuckets = Annotated[str, typer.Option(help="--compile: verify sizes compiled once each; a forward is padded to the smallest that fits (masked padding).")]
-BatchInvariant = Annotated[str, typer.Option(help="auto, on or off: compute every row of a chain verify exactly as a one-token decode computes it (each row its own attention problem, GEMMs in pieces of at most 32 rows; a greedy tree round verifies its accepted path again as a chain), so that in bf16/fp16 every method's output equals the baseline's bit for bit. Costs verify time (see the README). auto: on for bf16/fp16 on the CPU without --compile, off otherwise.")]
+BatchInvariant = Annotated[str, typer.Option(help="auto, on or off: compute every row of a chain verify exactly as a one-token decode computes it (each row its own attention problem, every GEMM exactly 8 rows; a greedy tree round verifies its accepted path again as a chain), so that in bf16/fp16 every method's output equals the baseline's bit for bit. Costs verify time (see the README). auto: on for bf16/fp16 on the CPU without --compile, off otherwise.")]
 Threads = Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")]
 
 
@@ -373,7 +373,8 @@ def tune(
     warmup: Warmup = 1,
     threads: Threads = None,
     check: Annotated[bool, typer.Option(help="Run the chosen budget and the paper's live beside the baseline and print the measured speedups.")] = True,
-    out: Annotated[Optional[Path], typer.Option(help="Tune folder (baseline, one replay per candidate, check runs, candidates.csv, tune.json); an existing one is resumed. Default: results/tune_<model>_<method>.")] = None,
+    batch_invariant: BatchInvariant = "auto",
+    out: Annotated[Optional[Path], typer.Option(help="Tune folder (baseline, replay_<i> per candidate i, live_<i> for the checked ones, candidates.csv, tune.json); an existing one is resumed. Default: results/tune_<model>_<method>.")] = None,
     target: TargetRef = None,
     drafter: Drafters = None,
 ) -> None:
@@ -388,7 +389,8 @@ def tune(
     tuning.check_method(method)
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        max_new_tokens=max_new_tokens, dtype=dtype, device=device, warmup=warmup, target=target,
-                       drafters=drafter or [], out=out or Path("results") / f"tune_{model}_{method}")
+                       drafters=drafter or [], batch_invariant=batch_invariant,
+                       out=out or Path("results") / f"tune_{model}_{method}")
     baseline = config.out / "baseline"  # the first run tune makes: its checks are the selection's
     check_run(dataclasses.replace(config, method="baseline", out=baseline, resume=(baseline / "run.json").exists()),
               dict(os.environ))

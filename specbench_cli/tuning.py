@@ -7,14 +7,15 @@ For every candidate budget of a method (`GRIDS`) tune predicts
     speedup = τ · t_base / (t_draft + t(1) · c(1 + n̄) + t_loop)
 
 - τ: tokens per round, from trace replay of that candidate along the greedy traces of the tuning prompts,
-  rounds stepped as a live run steps them (`analysis.oracles.static_rounds`);
-- t_draft: the candidate's measured propose + observe time per position during that replay;
-- n̄: its mean draft size (tree nodes), c(n): the verify cost curve measured on this machine's target, in the
+  rounds stepped as a live run steps them (`analysis.oracles.round_starts`); the costs below are averaged
+  over those rounds' start positions, where a live run drafts, not over every position;
+- t_draft: the candidate's measured propose + observe time there during that replay;
+- n̄: its draft size (tree nodes), c(n): the verify cost curve measured on this machine's target, in the
   run's dtype and batch invariance (cached per model, dtype, device, threads and invariance);
 - t_base: the live baseline's decode time per token on the same prompts; t_loop = t_base − t(1), the loop's own
   time per round beside the forward (sampling, commit, records);
-- a tree on a batch-invariant target also pays its accepted path's chain again (`Target.verify_path`):
-  t(1) · c(τ) more.
+- on a batch-invariant target, a round whose draft branches also verifies its accepted path again as a chain
+  (`Target.verify_path`): t(1) · c(1 + accepted) more.
 
 This is the reasoning of Sequoia's hardware-aware tree optimiser (expected accepted tokens against the time a
 verify of that size takes on the hardware at hand), applied to the candidates each method's own options can
@@ -35,7 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from specbench_cli.analysis.oracles import static_rounds
+from specbench_cli.analysis.oracles import round_starts
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.target import Target
 from specbench_cli.core.tree import DraftTree
@@ -53,7 +54,6 @@ GRIDS: dict[str, list[tuple[str, ...]]] = {
     "suffix": [("max_spec_tokens=4",), ("max_spec_tokens=8",), ("max_spec_tokens=16",), ("max_spec_tokens=32",)],
     "pld": [("num_pred_tokens=2",), ("num_pred_tokens=4",), ("num_pred_tokens=6",)],
 }
-TREE_METHODS = ("eagle3", "dart", "suffix")  # drafts that can branch: on a batch-invariant target, re-verified
 COST_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
@@ -137,16 +137,19 @@ class Prediction:
 
 
 def predict(candidate: tuple[str, ...], walks: list[pd.DataFrame], costs: Costs, base_ms: float,
-            reverify: bool) -> Prediction:
-    """Price a candidate from its replay `walks` (one frame per turn: accepted, drafted, draft_ms per
-    position), the cost curve and the baseline's time per token."""
-    tokens = sum(len(w) for w in walks)
-    rounds = sum(static_rounds(w.accepted.to_numpy()) for w in walks)
-    tau = tokens / max(rounds, 1)
-    everything = pd.concat(walks)
-    mean_draft = float(everything.drafted.mean())
-    draft_ms = float(everything.draft_ms.mean())
-    verify_ms = costs.verify_ms(1 + mean_draft) + (costs.verify_ms(tau) if reverify else 0.0)
+            invariant: bool) -> Prediction:
+    """Price a candidate from its replay `walks` (one frame per turn: accepted, drafted, branched, draft_ms per
+    position), the cost curve and the baseline's time per token (`invariant`: the target re-verifies a
+    branching draft's accepted path)."""
+    rounds = pd.concat([w.iloc[round_starts(w.accepted.to_numpy())] for w in walks])
+    tau = sum(len(w) for w in walks) / max(len(rounds), 1)
+    mean_draft = float(rounds.drafted.mean())
+    draft_ms = float(rounds.draft_ms.mean())
+    verify = [costs.verify_ms(1 + n) for n in rounds.drafted]
+    if invariant:  # a branching draft's accepted path, verified again as a chain
+        verify = [v + (costs.verify_ms(1 + a) if b else 0.0)
+                  for v, a, b in zip(verify, rounds.accepted, rounds.branched.astype(bool))]
+    verify_ms = float(np.mean(verify))
     loop_ms = max(base_ms - costs.t1_ms, 0.0)
     round_ms = draft_ms + verify_ms + loop_ms
     return Prediction(label(candidate), candidate, tau, mean_draft, draft_ms, verify_ms, round_ms,
@@ -242,14 +245,13 @@ def execute(config: TuneConfig, console) -> TuneRecord:
                                         [f"{method}.{o}" for o in candidate]), console, model)
         replay = read_table(folder, "replay")
         walks = [g.sort_values("position") for _, g in replay.groupby(["prompt_id", "turn"], sort=False)]
-        reverify = base.batch_invariant and method in TREE_METHODS and "top_k=1" not in candidate
-        predictions.append(predict(candidate, walks, costs, base_ms, reverify))
+        predictions.append(predict(candidate, walks, costs, base_ms, base.batch_invariant))
     paper, best = predictions[0], choose(predictions)
 
     measured = {}
     if config.check:
         for p in [best] + ([paper] if paper is not best else []):  # the paper budget too, when not the best
-            folder = out / ("tuned" if p is best else "paper")
+            folder = out / f"live_{predictions.index(p)}"  # candidate i's live run (0: the paper default)
             record_run(plan(dataclasses.replace(run, method=method, out=folder, resume=_exists(folder),
                                                 opts=[*p.opts]), dict(os.environ)), console, model)
             measured[p.candidate] = base_ms / per_token_ms(read_table(folder, "prompts"))
@@ -257,11 +259,13 @@ def execute(config: TuneConfig, console) -> TuneRecord:
     frame = pd.DataFrame([asdict(p) for p in predictions]).drop(columns="opts")
     frame["measured_speedup"] = frame.candidate.map(measured)
     frame.to_csv(out / "candidates.csv", index=False)
-    table = RichTable(title=f"tune {method} on {where}: baseline {1e3 / base_ms:.1f} tok/s", show_lines=False)
-    for col in ("candidate", "τ", "draft nodes", "draft ms", "verify ms", "round ms", "predicted ×", "measured ×"):
-        table.add_column(col, justify="left" if col == "candidate" else "right")
+    table = RichTable(title=f"tune {method} on {where}: baseline {1e3 / base_ms:.1f} tok/s", show_lines=False,
+                      caption="ms per round; × = speedup over the baseline; * = chosen (the most predicted tokens/s)")
+    table.add_column("candidate", overflow="fold")
+    for col in ("τ", "nodes", "draft", "verify", "round", "pred. ×", "meas. ×"):
+        table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     for p in predictions:
-        table.add_row(p.candidate + ("  ← chosen" if p is best else ""), f"{p.tau:.2f}", f"{p.mean_draft:.1f}",
+        table.add_row(("* " if p is best else "  ") + p.candidate, f"{p.tau:.2f}", f"{p.mean_draft:.1f}",
                       f"{p.draft_ms:.1f}", f"{p.verify_ms:.1f}", f"{p.round_ms:.1f}", f"{p.speedup:.2f}",
                       f"{measured[p.candidate]:.2f}" if p.candidate in measured else "—")
     console.print(table)

@@ -18,10 +18,10 @@ GPU_LIKE = Costs(10.0, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.01, 16: 1.02, 32: 1.05, 64:
 CPU_LIKE = Costs(10.0, {1: 1.0, 2: 1.2, 4: 1.5, 8: 2.0, 16: 3.5, 32: 7.0, 64: 12.0})
 
 
-def walk(accepted: list[int], drafted: int, draft_ms: float) -> pd.DataFrame:
+def walk(accepted: list[int], drafted: int, draft_ms: float, branched: bool = False) -> pd.DataFrame:
     n = len(accepted)
     return pd.DataFrame({"position": range(n), "accepted": accepted, "drafted": [drafted] * n,
-                         "draft_ms": [draft_ms] * n})
+                         "branched": [branched] * n, "draft_ms": [draft_ms] * n})
 
 
 def test_costs_interpolate_between_and_extend_past_the_measured_sizes():
@@ -32,27 +32,34 @@ def test_costs_interpolate_between_and_extend_past_the_measured_sizes():
 def test_a_candidate_is_priced_by_hand():
     """τ 2 (every round accepts one draft token and the bonus), 4 nodes, 2 ms of drafting: on the CPU-like
     curve a round is 2 + 10·c(5) + (12 − 10) ms of loop = 2 + 16.25 + 2, against a baseline of 12 ms/token."""
-    p = predict(("k=4",), [walk([1, 0] * 20, 4, 2.0)], CPU_LIKE, base_ms=12.0, reverify=False)
+    p = predict(("k=4",), [walk([1, 0] * 20, 4, 2.0)], CPU_LIKE, base_ms=12.0, invariant=False)
     assert p.tau == pytest.approx(2.0) and p.mean_draft == 4
     assert p.verify_ms == pytest.approx(16.25) and p.round_ms == pytest.approx(20.25)
     assert p.speedup == pytest.approx(2 * 12 / 20.25) and p.tokens_per_s == pytest.approx(2 / 20.25 * 1e3)
-    again = predict(("k=4",), [walk([1, 0] * 20, 4, 2.0)], CPU_LIKE, base_ms=12.0, reverify=True)
-    assert again.verify_ms == pytest.approx(16.25 + 10 * 1.2)  # the accepted path's chain: c(τ = 2)
+    assert predict(("k=4",), [walk([1, 0] * 20, 4, 2.0)], CPU_LIKE, 12.0, invariant=True).verify_ms == 16.25  # a chain
+    tree = predict(("k=4",), [walk([1, 0] * 20, 4, 2.0, branched=True)], CPU_LIKE, base_ms=12.0, invariant=True)
+    assert tree.verify_ms == pytest.approx(16.25 + 10 * 1.2)  # every round accepts 1: that path again, c(2)
 
 
 def test_the_choice_follows_the_machine():
     """A 60-node tree accepting more wins where verify is nearly free and loses where it is not."""
-    small = [walk([2, 0, 1] * 30, 8, 3.0)]  # τ 2
-    large = [walk([4, 3, 5] * 30, 60, 9.0)]  # τ 5
+    small = [walk([2, 0, 1] * 30, 8, 3.0)]  # rounds start where 2 are accepted: τ 3
+    large = [walk([4, 3, 5] * 30, 60, 9.0)]  # τ 90 / 16
     for costs, winner in ((GPU_LIKE, "total_token=60"), (CPU_LIKE, "total_token=8")):
-        options = [predict((f"total_token={n}",), w, costs, base_ms=11.0, reverify=False)
+        options = [predict((f"total_token={n}",), w, costs, base_ms=11.0, invariant=False)
                    for n, w in ((8, small), (60, large))]
         assert choose(options).candidate == winner
 
 
-def test_tau_steps_rounds_as_a_live_run():
-    """Acceptance [3, 0, 0, 0, 1, 0]: rounds start at 0 (4 tokens) and 4 (2 tokens): τ 3, not the mean AL + 1."""
-    assert predict((), [walk([3, 0, 0, 0, 1, 0], 4, 1.0)], GPU_LIKE, 11.0, False).tau == pytest.approx(3.0)
+def test_rounds_are_stepped_and_priced_where_a_live_run_drafts():
+    """Acceptance [3, 0, 0, 0, 1, 0]: rounds start at 0 (4 tokens) and 4 (2 tokens): τ 3, not the mean AL + 1,
+    and the draft sizes and times that count are those at positions 0 and 4."""
+    frame = walk([3, 0, 0, 0, 1, 0], 4, 1.0)
+    frame["drafted"] = [7, 99, 99, 99, 1, 99]
+    frame["draft_ms"] = [2.0, 50, 50, 50, 4.0, 50]
+    p = predict((), [frame], CPU_LIKE, 11.0, invariant=False)
+    assert p.tau == pytest.approx(3.0) and p.mean_draft == 4 and p.draft_ms == 3.0
+    assert p.verify_ms == pytest.approx((10 * 2.0 + 10 * 1.2) / 2)  # c(8) and c(2)
 
 
 def test_unknown_method_and_missing_record_are_one_line(tmp_path, monkeypatch):

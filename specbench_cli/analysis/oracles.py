@@ -25,13 +25,18 @@ ORACLES = ("Oracle-Task", "Oracle-Prompt", "Oracle-Token")
 TURN = ["prompt_id", "turn"]
 
 
+def round_starts(al: np.ndarray) -> list[int]:
+    """The decode positions where one drafter's rounds start, covering len(al) decode tokens."""
+    t, starts = 0, []
+    while t < len(al):
+        starts.append(t)
+        t += int(al[t]) + 1
+    return starts
+
+
 def static_rounds(al: np.ndarray) -> int:
     """Rounds one drafter needs to cover len(al) decode tokens."""
-    t = rounds = 0
-    while t < len(al):
-        t += int(al[t]) + 1
-        rounds += 1
-    return rounds
+    return len(round_starts(al))
 
 
 def best_rounds(al: np.ndarray) -> int:

@@ -160,8 +160,8 @@ def _parts(index: int, traces: list[Trace], turns: list) -> dict[str, pa.Table]:
     for tr, r in zip(traces, turns):
         ident = dict(prompt_id=tr.prompt_id, turn=tr.turn, category=tr.category, subtask=tr.subtask)
         for name, w in r.walks.items():
-            replay += [dict(ident, position=t, drafter=name, accepted=a, drafted=n, draft_ms=ms)
-                       for t, (a, n, ms) in enumerate(zip(w.accepted, w.drafted, w.draft_ms))]
+            replay += [dict(ident, position=t, drafter=name, accepted=a, drafted=n, branched=b, draft_ms=ms)
+                       for t, (a, n, b, ms) in enumerate(zip(w.accepted, w.drafted, w.branched, w.draft_ms))]
             drafts += [dict(ident, position=t, drafter=name, prompt_len=len(tr.prompt_ids), **_typed(info))
                        for t, info in enumerate(w.infos)]
         signals += [dict(ident, position=t, entropy=float(e), hidden=h.tolist()) for t, (e, h) in

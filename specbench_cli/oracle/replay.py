@@ -51,6 +51,7 @@ class Walk:
 
     accepted: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
+    branched: list[bool] = field(default_factory=list)  # a tree, not a chain: a batch-invariant target re-verifies
     draft_ms: list[float] = field(default_factory=list)
     infos: list[dict] = field(default_factory=list)  # `draft_info()` at every position (drafters that give one)
 
@@ -104,6 +105,7 @@ def _walk(drafter: Method, rows: dict[int, torch.Tensor], seq: list[int], P: int
         spent = time.perf_counter() - t0
         walk.accepted.append(tree.matched(seq[P + t + 1:]))
         walk.drafted.append(len(tree))
+        walk.branched.append(not tree.is_chain)
         info = drafter.draft_info()
         if info is not None:
             walk.infos.append(info)

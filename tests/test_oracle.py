@@ -85,7 +85,8 @@ def test_draft_parts_read_back_when_one_prompt_never_drafted(tmp_path):
         (tmp_path / f"{table}.parquet").mkdir()
     for index, draft in enumerate(([], [5, 6])):
         trace = Trace(f"p{index}", 0, "c", "s", [1, 2], [3, 4])
-        walk = Walk([0], [len(draft)], [0.1], [{"score": 0.5, "match_len": 1, "draft": draft}])
+        walk = Walk(accepted=[0], drafted=[len(draft)], branched=[False], draft_ms=[0.1],
+                    infos=[{"score": 0.5, "match_len": 1, "draft": draft}])
         turn = TurnReplay({"suffix": walk}, torch.zeros(1), torch.zeros(1, 2))
         folder.write_prompt(index, _parts(index, [trace], [turn]))
     drafts = pd.read_parquet(tmp_path / "drafts.parquet").sort_values("prompt_id")

@@ -374,7 +374,7 @@ def tune(
     threads: Threads = None,
     check: Annotated[bool, typer.Option(help="Run the chosen budget and the paper's live beside the baseline and print the measured speedups.")] = True,
     batch_invariant: BatchInvariant = "auto",
-    out: Annotated[Optional[Path], typer.Option(help="Tune folder (baseline, replay_<i> per candidate i, live_<i> for the checked ones, candidates.csv, tune.json); an existing one is resumed. Default: results/tune_<model>_<method>.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Tune folder (baseline, replay_<i> per candidate i, live_<i> for the checked ones, candidates.csv and .png/.pdf, tune.json); an existing one is resumed. Default: results/tune_<model>_<method>.")] = None,
     target: TargetRef = None,
     drafter: Drafters = None,
 ) -> None:

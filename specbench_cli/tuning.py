@@ -259,6 +259,9 @@ def execute(config: TuneConfig, console) -> TuneRecord:
     frame = pd.DataFrame([asdict(p) for p in predictions]).drop(columns="opts")
     frame["measured_speedup"] = frame.candidate.map(measured)
     frame.to_csv(out / "candidates.csv", index=False)
+    from specbench_cli.analysis import plots
+
+    plots.save(plots.tune_candidates(frame, f"tune {method}: {where}"), out, "candidates")
     table = RichTable(title=f"tune {method} on {where}: baseline {1e3 / base_ms:.1f} tok/s", show_lines=False,
                       caption="ms per round; × = speedup over the baseline; * = chosen (the most predicted tokens/s)")
     table.add_column("candidate", overflow="fold")

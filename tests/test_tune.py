@@ -71,7 +71,7 @@ def test_unknown_method_and_missing_record_are_one_line(tmp_path, monkeypatch):
 
 
 @needs_embedded
-def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch):
+def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch, drawn):
     """A small real tune of suffix on the embedded model: baseline, costs, a replay per candidate, the live
     check, the record; then `run --tuned` decodes with the chosen budget and says where it came from."""
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
@@ -88,6 +88,8 @@ def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch):
     assert record["opts"] == ([] if chosen.candidate == "paper default" else ["max_spec_tokens=4"])
     assert record["measured_speedup"] > 0 and record["machine"] == "float32-cpu-2t"
     assert (tmp_path / "cache" / "tune" / "smollm2-135m" / "suffix-float32-cpu-2t.json").exists()
+    assert set(drawn["candidates"]["legend"]) == {"predicted", "measured"}  # a bar per candidate, a point per live one
+    assert drawn["candidates"]["points"][-1] == 2 and (tmp_path / "tune" / "candidates.png").exists()
 
     result = CliRunner().invoke(app, ["run", "--method", "suffix", "--tuned", *common, "--out", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output

@@ -36,7 +36,7 @@ LABELLED = 6  # bar values are printed up to this many series per group; beyond,
 LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "pad": 0.3, "alpha": 0.8}  # a value stays legible over the 1.0 line
 
 
-def _legend(ax: plt.Axes, title: str) -> None:
+def _legend(ax: plt.Axes, title: str | None) -> None:
     """Beside the plot, never over the data."""
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title=title)
 
@@ -231,4 +231,20 @@ def switching(frame: pd.DataFrame, clock: str) -> plt.Figure:
     ax.set_ylabel("catch-up cost (% of a round)")
     ax.set_title(f"Switching cost: lazy KV-only catch-up of EAGLE-3 ({clock} clock)")
     _legend(ax, "backlog")
+    return fig
+
+
+def tune_candidates(frame: pd.DataFrame, title: str) -> plt.Figure:
+    """`specbench tune`: each candidate budget's predicted speedup (bars) and, where it was run live, the measured
+    one (points), against the baseline's 1×."""
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    x = np.arange(len(frame))
+    ax.bar(x, frame.speedup, color="#9ecae1", label="predicted")
+    live = frame.measured_speedup.notna().to_numpy()
+    ax.plot(x[live], frame.measured_speedup[live], "o", color="#d62728", label="measured")
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(x, [c.replace(" ", "\n") for c in frame.candidate], fontsize=7)
+    ax.set_ylabel("speedup over the baseline")
+    ax.set_title(title)
+    _legend(ax, None)
     return fig

@@ -39,6 +39,7 @@ from specbench_cli.core.turn import DecodeSettings
 from specbench_cli.hardware import copy_bandwidth, weight_bytes
 from specbench_cli.loading import load_model, resolve_dtype
 from specbench_cli.models import MODELS
+from specbench_cli.tuning import random_tree
 
 NS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -64,11 +65,6 @@ def timed(fn: Callable[[], object], device: torch.device, reps: int, warmup: int
         if i >= warmup:
             times.append(ms)
     return statistics.median(times)
-
-
-def random_tree(n: int, vocab: int, rng: random.Random) -> DraftTree:
-    """A bushy tree of n nodes (each node's parent among the earlier ones, biased to shallow levels)."""
-    return DraftTree([rng.randrange(vocab) for _ in range(n)], [rng.randint(0, i // 2) for i in range(n)])
 
 
 @torch.inference_mode()

@@ -39,6 +39,7 @@ import torch
 from specbench_cli.analysis.oracles import round_starts
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.target import Target
+from specbench_cli.core.timing import sync
 from specbench_cli.core.tree import DraftTree
 from specbench_cli.models import cache_root
 
@@ -86,6 +87,11 @@ class Costs:
         return self.t1_ms * float(ys[-1] + slope * (rows - xs[-1]))
 
 
+def random_tree(n: int, vocab: int, rng: random.Random) -> DraftTree:
+    """A bushy tree of n nodes (each node's parent among the earlier ones, biased to shallow levels)."""
+    return DraftTree([rng.randrange(vocab) for _ in range(n)], [rng.randint(0, i // 2) for i in range(n)])
+
+
 @torch.inference_mode()
 def measure_costs(target: Target, vocab: int, context: int = 256, reps: int = 7, where: str = "") -> Costs:
     """Median wall time (perf_counter; synchronised on CUDA) of a verify of n rows after `context` tokens, a
@@ -95,13 +101,12 @@ def measure_costs(target: Target, vocab: int, context: int = 256, reps: int = 7,
     target.prefill(ids[:-1])
     times = {}
     for n in COST_ROWS:
-        tree = DraftTree([rng.randrange(vocab) for _ in range(n - 1)], [rng.randint(0, i // 2) for i in range(n - 1)])
+        tree = random_tree(n - 1, vocab, rng)
         samples = []
         for i in range(reps + 2):
             t0 = time.perf_counter()
             target.verify(ids[-1], tree)
-            if target.device.type == "cuda":
-                torch.cuda.synchronize(target.device)
+            sync(target.device)
             if i >= 2:  # two warm-up calls per size
                 samples.append((time.perf_counter() - t0) * 1e3)
         times[n] = statistics.median(samples)

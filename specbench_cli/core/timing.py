@@ -74,6 +74,7 @@ class PhaseClock:
 
 
 def sync(device: torch.device) -> None:
-    """Wait for the device: used only at turn boundaries (TTFT and total decode time)."""
+    """Wait for the device: used only at turn boundaries (TTFT and total decode time) and by measurements outside
+    the loop (replay's draft times, tune's verify costs)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)

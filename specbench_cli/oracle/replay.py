@@ -21,6 +21,7 @@ import torch
 
 from specbench_cli.core.method import DecodeState, Method
 from specbench_cli.core.target import Target
+from specbench_cli.core.timing import sync
 
 
 @dataclass
@@ -101,7 +102,7 @@ def _walk(drafter: Method, rows: dict[int, torch.Tensor], seq: list[int], P: int
     for t in range(T):
         t0 = time.perf_counter()
         tree = drafter.propose(state)
-        _sync(device)
+        sync(device)
         spent = time.perf_counter() - t0
         walk.accepted.append(tree.matched(seq[P + t + 1:]))
         walk.drafted.append(len(tree))
@@ -114,12 +115,8 @@ def _walk(drafter: Method, rows: dict[int, torch.Tensor], seq: list[int], P: int
         state.tokens.append(seq[P + t + 1])
         t0 = time.perf_counter()
         drafter.observe(state, [seq[P + t + 1]])
-        _sync(device)
+        sync(device)
         walk.draft_ms.append((spent + time.perf_counter() - t0) * 1e3)
     drafter.finish(state)
     return walk
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -153,6 +153,8 @@ class DFlashDraft(nn.Module):
                   "intermediate_size": c.intermediate, "num_hidden_layers": c.layers, "rms_norm_eps": c.eps,
                   "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling, "block_size": c.block_size,
                   "num_target_layers": target_layers, "layer_types": ["full_attention"] * c.layers,
+                  # the target's: vLLM sizes the draft's logits by it (without it, 151936, Qwen3's)
+                  "vocab_size": self.target_parts[0].weight.shape[0],
                   "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": c.capture}}
         return config, dict(self.state_dict())
 

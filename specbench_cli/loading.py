@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -119,7 +120,7 @@ def embedded_folder() -> Path:
     gguf = embedded_gguf()
     folder = cache_root() / "smollm2-135m"
     stamp = folder / "specbench-source.json"
-    source = {"gguf": gguf.name, "size": gguf.stat().st_size}
+    source = {"gguf": gguf.name, "size": gguf.stat().st_size, "layout": 2}  # 2: config loadable by vLLM
     if stamp.exists() and json.loads(stamp.read_text()) == source:
         return folder
     from safetensors.torch import save_file
@@ -132,6 +133,10 @@ def embedded_folder() -> Path:
     # save_pretrained refuses GGUF-loaded models; the tied lm_head is left out and re-tied at load.
     state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+    # A plain Llama folder, as vLLM needs it: the weights are dequantised, so no GGUF quantization_config
+    # (vLLM: "Unknown quantization method: gguf"), and an architecture (else vLLM resolves LlamaModel).
+    del model.config.quantization_config
+    model.config.architectures = ["LlamaForCausalLM"]
     model.config.save_pretrained(tmp)
     model.generation_config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -186,6 +191,26 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, split:
         raise UsageError(f"target '{spec.target}' has no chat template; specbench always applies one")
     (model if split else model.to(device)).eval()
     return LoadedModel(spec, model, tokenizer, stop_token_ids(model, tokenizer), device, dtype)
+
+
+def load_text(spec: ModelSpec) -> LoadedModel:
+    """The target's tokenizer, chat template and stop ids without its weights (an engine holds those): a
+    `LoadedModel` whose `model` is None."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    where = checkpoint_location(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where)
+    except OSError as err:
+        raise UsageError(f"cannot load target '{spec.target}': {str(err).splitlines()[0]}") from None
+    try:
+        generation = GenerationConfig.from_pretrained(where)
+    except OSError:  # a checkpoint without generation_config.json: the tokenizer's EOS and the template's
+        generation = None
+    if tokenizer.chat_template is None:
+        raise UsageError(f"target '{spec.target}' has no chat template; specbench always applies one")
+    holder = SimpleNamespace(generation_config=generation)
+    return LoadedModel(spec, None, tokenizer, stop_token_ids(holder, tokenizer), torch.device("cpu"), torch.float32)
 
 
 def stop_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:

@@ -80,7 +80,9 @@ def test_layouts_round_trip(tmp_path, variant):
     (lambda t: t.update({"midlayer.mask_rep": torch.zeros(128)}), None, "unexpected tensor 'midlayer.mask_rep'"),
     (lambda t: t.update({"midlayer.self_attn.o_proj.weight": torch.zeros(64, 32)}), None, "'midlayer.self_attn.o_proj.weight' has shape 64×32"),
     (None, lambda c: c.update(vocab_size=500), "vocab_size 500"),
-    (None, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 9]), "do not fit a target with 6 layers"),
+    (None, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 9]) or c.pop("eagle_aux_hidden_state_layer_ids"),
+     "do not fit a target with 6 layers"),  # SpecForge's key alone (the exports write vLLM's top-level one too)
+    (None, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 4, 10]), "do not fit a target with 6 layers"),
 ])
 def test_bad_checkpoints_fail_with_one_line(tmp_path, edit_tensors, edit_config, message):
     target = tiny_model("llama", layers=6)

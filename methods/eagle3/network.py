@@ -103,7 +103,11 @@ class Eagle3Draft(nn.Module):
                  "head_dim": c.head_dim, "intermediate_size": c.intermediate, "rms_norm_eps": c.eps,
                  "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling, "vocab_size": c.vocab,
                  "num_hidden_layers": 1, "model_type": "qwen3" if c.qk_norm else "llama"}
-        ids = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": c.capture}}
+        # Both spellings of the feature layers: SpecForge's nested key names layer outputs (SGLang adds 1), vLLM
+        # reads the top-level key as "input of layer j" and, without it, takes the nested one unchanged in that
+        # meaning, one layer early (vllm/v1/worker/gpu_model_runner.py in 0.32; DFlash's ids it does shift by 1).
+        ids = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": c.capture},
+               "eagle_aux_hidden_state_layer_ids": [i + 1 for i in c.capture]}
         if c.layer_prefix == "layers.0.":  # speculators: nested layer config, vLLM's layer indexing
             config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
                       "transformer_layer_config": layer, "draft_vocab_size": c.draft_vocab,

@@ -89,6 +89,12 @@ def run(
     compile_buckets: CompileBuckets = "1,4,16,64",
     batch_invariant: BatchInvariant = "auto",
     tuned: Annotated[bool, typer.Option(help="Use the draft budget `specbench tune` chose for this model and method on this machine (same dtype, device, threads and batch invariance); an --opt still overrides it. Recorded in run.json (tuned_from); default folder name gets -tuned.")] = False,
+    engine: Annotated[str, typer.Option(help="Who decodes: 'specbench' (our engine) or 'vllm' (a vLLM engine in its own Python; methods baseline, pld, suffix, eagle3, dflash, sps; see the README's 'Production engines').")] = "specbench",
+    engine_arg: Annotated[Optional[list[str]], typer.Option(help="--engine vllm: KEY=VALUE passed to vllm.EngineArgs unchanged (repeatable; the value read as JSON when it parses), e.g. tensor_parallel_size=2, max_model_len=4096, enforce_eager=true.")] = None,
+    engine_python: Annotated[Optional[str], typer.Option(help="--engine vllm: the Python that has vLLM. Default: $SPECBENCH_VLLM_PYTHON, this Python if it imports vllm, else .venv-vllm/bin/python (scripts/setup-vllm.sh).")] = None,
+    concurrency: Annotated[str, typer.Option(help="--engine vllm: requests kept in flight (a closed loop: a new one starts when one finishes). A comma list (1,2,4,8) runs one level after another, each its own run (folder ..._c<N>, or <out>/c<N> with --out); `report` then shows throughput and speedup against concurrency. Default: 1.")] = "1",
+    engine_url: Annotated[Optional[str], typer.Option(help="--engine vllm: measure a vLLM server already running (http://HOST:PORT; a multi-GPU or multi-node deployment), started with the method's --speculative-config and --per-request-spec-decode-metrics detailed (specbench prints the matching `vllm serve` command if it does not match). Waited for 30 s. Default: specbench starts the engine.")] = None,
+    engine_serve: Annotated[bool, typer.Option(help="--engine vllm: start `vllm serve` on 127.0.0.1 (the engine's Python, the run's engine arguments) and reach it over HTTP, as a deployment is measured; stopped at the end. Default: off (vLLM's engine loop in a process of its own, no HTTP).")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List methods, models and datasets, then exit.")] = False,
 ) -> None:
     """Decode a dataset with one method and write rounds.parquet, prompts.parquet and run.json."""
@@ -101,8 +107,20 @@ def run(
                        shard=shard, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
                        device=device, warmup=warmup, out=out, resume=resume, opts=opt or [], target=target,
                        drafters=drafter or [], compile=compile, compile_buckets=compile_buckets,
-                       batch_invariant=batch_invariant, tuned=tuned)
-    _execute(config, threads)
+                       batch_invariant=batch_invariant, tuned=tuned, engine=engine, engine_args=engine_arg or [],
+                       engine_python=engine_python, engine_url=engine_url, engine_serve=engine_serve, threads=threads)
+    _execute_levels(config, concurrency, threads)
+
+
+def _execute_levels(config, concurrency: str, threads: int | None) -> None:
+    """Each --concurrency level as its own run; every level's input is checked before the first one starts."""
+    from specbench_cli.inputs import check_run, level_configs, parse_levels
+
+    configs = level_configs(config, parse_levels(concurrency))
+    for each in configs[1:]:
+        check_run(each, dict(os.environ))
+    for each in configs:
+        _execute(each, threads)
 
 
 def _execute(config, threads: int | None) -> Path:
@@ -413,7 +431,9 @@ def report(
     expect: Annotated[Optional[Path], typer.Option(help="Published values to reproduce (TOML [[expect]] entries, e.g. benchmarks/parity/*.toml): exit 1 naming every τ or per-position rate outside its stated tolerance, or with no matching run.")] = None,
 ) -> None:
     """Tables and plots from results directories: τ, per-position acceptance, tokens/s, TTFT, speedup per
-    subtask and category, lossless check, oracle rows, phases, environment; optional regression and parity gates."""
+    subtask and category, lossless check, oracle rows, phases, environment; throughput, speedup and latency
+    against concurrency (engine sweeps); the cross-engine step check (a method run in our engine and in vLLM);
+    optional regression and parity gates."""
     from specbench_cli.analysis import report as rep
     from specbench_cli.core.errors import unknown
     from specbench_cli.inputs import at_least

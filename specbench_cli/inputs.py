@@ -8,6 +8,7 @@ any model loads.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.core.options import options_record
+from specbench_cli.engines import ENGINES, engine_python, parse_engine_args
+from specbench_cli.engines.vllm_methods import MAPPINGS
 from specbench_cli.datasets import Prompt, dataset_slug, load_dataset, parse_shard, select, warmup_prompts
 from specbench_cli.models import ModelSpec, get_model_spec
 from specbench_cli.registry import METHODS
@@ -53,6 +56,13 @@ class RunConfig:
     compile_buckets: str = DEFAULT_BUCKETS
     batch_invariant: str = "auto"  # the target's verify rows computed as one-row decodes (core.target)
     tuned: bool = False  # apply `specbench tune`'s budget for this model, method and machine setting
+    engine: str = "specbench"  # who decodes: our loop, or a production engine (engines/)
+    engine_args: list[str] = field(default_factory=list)  # KEY=VALUE passed to the engine unchanged
+    engine_python: str | None = None  # the Python that runs the engine (engines/vllm.py: engine_python)
+    concurrency: int = 1  # requests an engine keeps in flight (a closed loop)
+    engine_url: str | None = None  # a running vLLM server to measure (engines/vllm_server.py)
+    engine_serve: bool = False  # start `vllm serve` and reach it over HTTP instead of the in-process engine
+    threads: int | None = None  # --threads: an engine process's CPU threads too
 
 
 @dataclass
@@ -76,6 +86,9 @@ class Plan:
     tuned_from: str = ""  # the tune record whose budget --tuned applied (run.json's tuned_from)
     compile_mode: str | None = None  # None = eager; "reduce-overhead" (CUDA graphs) on GPU, "inductor" on CPU
     batch_invariant: bool = False
+    engine_args: dict = field(default_factory=dict)  # --engine-arg, parsed
+    speculative_config: dict | None = None  # what an engine run asks the engine for (engines/vllm_methods.py)
+    engine_python: str = ""  # the Python that runs the engine (engines.engine_python)
     notes: list[str] = field(default_factory=list)  # lines to show before the run starts (deprecated spellings)
 
     def settings(self) -> dict:
@@ -86,7 +99,17 @@ class Plan:
                 "temperature": c.temperature, "seed": c.seed, "dtype": str(self.dtype).removeprefix("torch."),
                 "options": options_record(self.options), "target": self.spec.target, "drafters": self.drafters,
                 "warmup": [p.id for p in self.warmup], "batch_invariant": self.batch_invariant,
-                "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)}}
+                "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)},
+                **self.engine_settings()}
+
+    def engine_settings(self) -> dict:
+        """An engine run's own settings (none for our engine, whose runs predate engines)."""
+        c = self.config
+        if c.engine == "specbench":
+            return {}
+        reached = {"engine_url": c.engine_url} if c.engine_url else {"engine_serve": True} if c.engine_serve else {}
+        return {"engine": c.engine, "engine_args": self.engine_args, "speculative_config": self.speculative_config,
+                "concurrency": c.concurrency, **reached}
 
 
 def at_least(option: str, value: float | None, low: float) -> None:
@@ -111,6 +134,7 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
         raise unknown("--batch-invariant setting", config.batch_invariant, INVARIANT_CHOICES)
     if not re.fullmatch(r"auto|cpu|split|cuda(:\d+)?|mps", config.device):
         raise UsageError(f"bad --device '{config.device}': expected auto, cpu, cuda, cuda:N or split")
+    engine_args, engine_python = check_engine(config, env)
     spec = get_model_spec(config.model, config.target)
     everything = load_dataset(config.dataset)
     chosen = select(everything, config.categories, config.limit)
@@ -124,11 +148,60 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
     if config.resume and not (out / "run.json").is_file():
         raise UsageError(f"--resume: no run to continue at {out}")
     return Plan(config, spec, prompts, warmup_prompts(everything, prompts, config.warmup), shard, out,
-                parse_buckets(config.compile_buckets))
+                parse_buckets(config.compile_buckets), engine_args=engine_args, engine_python=engine_python)
+
+
+def check_engine(config: RunConfig, env: dict[str, str]) -> tuple[dict, str]:
+    """--engine and what goes with it; returns the parsed --engine-arg and the engine's Python."""
+    if config.engine not in ENGINES:
+        raise unknown("engine", config.engine, ENGINES)
+    at_least("--concurrency", config.concurrency, 1)
+    if config.engine == "specbench":
+        if config.engine_args or config.engine_python or config.engine_url or config.engine_serve:
+            raise UsageError("--engine-arg, --engine-python, --engine-url and --engine-serve are for --engine vllm")
+        if config.concurrency != 1:
+            raise UsageError("--concurrency is for --engine vllm: our engine decodes one request at a time")
+        return {}, ""
+    if config.method not in MAPPINGS:
+        raise UsageError(f"--engine {config.engine} runs {', '.join(MAPPINGS)}; not {config.method}")
+    ours = {"--compile": config.compile, "--batch-invariant on": config.batch_invariant == "on",
+            "--tuned": config.tuned, "--device split": config.device == "split"}
+    for flag in (f for f, given in ours.items() if given):
+        raise UsageError(f"{flag} is our engine's; with --engine {config.engine} pass engine settings as --engine-arg")
+    if config.engine_url is not None:
+        if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", config.engine_url):
+            raise UsageError(f"--engine-url '{config.engine_url}': expected http://HOST:PORT of a running vLLM server")
+        if config.engine_serve or config.engine_args or config.engine_python:
+            raise UsageError("--engine-url measures a server as it was started: drop --engine-serve, --engine-arg "
+                             "and --engine-python (start the server with the settings you want)")
+        return {}, ""
+    return parse_engine_args(config.engine_args), engine_python(config.engine_python, env)
+
+
+def parse_levels(text: str) -> list[int]:
+    """--concurrency: one level or a comma list (`1,2,4,8`), each a positive whole number, in the order given."""
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1 or len(set(levels)) < len(levels):
+        raise UsageError(f"--concurrency '{text}': expected distinct positive whole numbers such as 1 or 1,2,4,8")
+    return levels
+
+
+def level_configs(config: RunConfig, levels: list[int]) -> list[RunConfig]:
+    """One run per concurrency level: each its own results folder (the default name ends in _c<N>), or with
+    several levels and --out, <out>/c<N>, so that `specbench report <out>` reads the whole sweep."""
+    if len(levels) == 1:
+        return [dataclasses.replace(config, concurrency=levels[0])]
+    return [dataclasses.replace(config, concurrency=n, out=config.out / f"c{n}" if config.out else None)
+            for n in levels]
 
 
 def default_name(c: RunConfig, shard: tuple[int, int]) -> str:
-    name = f"{c.model}_{dataset_slug(c.dataset)}_{c.method}{'-tuned' if c.tuned else ''}_t{c.temperature:g}"
+    engine = "" if c.engine == "specbench" else f"{c.engine}-"
+    concurrency = f"_c{c.concurrency}" if c.concurrency > 1 else ""
+    name = f"{c.model}_{dataset_slug(c.dataset)}_{engine}{c.method}{'-tuned' if c.tuned else ''}{concurrency}_t{c.temperature:g}"
     return name + (f"_shard{shard[0]}of{shard[1]}" if shard[1] > 1 else "")
 
 

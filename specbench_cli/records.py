@@ -56,6 +56,7 @@ class RoundRecord(Identity):
     wall_ms: float
     extra_forward_ms: float = NAN  # target forwards a method runs outside verify (SpS deferred=false)
     reverify_ms: float = NAN  # part of verify: a batch-invariant greedy tree's path verified again (core.engine)
+    engine: str = "specbench"  # which engine decoded it (engines/: specbench, vllm)
     # The method's own per-round signals (`Route.extras`: a router's inputs and score, the catch-up backlog),
     # each written as a column of its own after the fixed ones; a vector as comma-separated text.
     extras: dict = field(default_factory=dict)
@@ -80,6 +81,7 @@ class PromptRecord(Identity):
     # the turn's prompt as the target saw it (chat template applied): report recomputes logits over it to tell a
     # numeric tie from a mismatch
     prompt_ids: list[int] = field(default_factory=list)
+    engine: str = "specbench"  # which engine decoded it (engines/: specbench, vllm)
 
 
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "list[int]": pa.list_(pa.int64())}
@@ -136,15 +138,19 @@ def read_table(run_dir: Path, name: str) -> pd.DataFrame:
     if not parts:
         return schema(cls).empty_table().to_pandas()
     fixed = schema(cls)
-    tables = [_with_fixed_types(pq.read_table(p), fixed) for p in parts]
+    tables = [_with_fixed_types(pq.read_table(p), fixed, _LATER[cls]) for p in parts]
     return pa.concat_tables(tables, promote_options="permissive").to_pandas()
 
 
-def _with_fixed_types(table: pa.Table, fixed: pa.Schema) -> pa.Table:
+# Columns added after records were first written, with what they mean in an older part (NaN: not measured).
+_LATER = {cls: {"engine": "specbench"} for cls in (PromptRecord, RoundRecord)}
+
+
+def _with_fixed_types(table: pa.Table, fixed: pa.Schema, later: dict) -> pa.Table:
     """A part's fixed columns cast to their schema types, a fixed column it lacks (a column added later,
-    such as extra_forward_ms) added as nulls, its extras kept."""
-    columns = [table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
-               for f in fixed]
+    such as extra_forward_ms) added as nulls or as `later`'s value, its extras kept."""
+    columns = [table[f.name].cast(f.type) if f.name in table.column_names
+               else pa.array([later.get(f.name)] * len(table), f.type) for f in fixed]
     extras = [n for n in table.column_names if n not in fixed.names]
     return pa.Table.from_arrays([*columns, *(table[n] for n in extras)],
                                 schema=pa.schema([*fixed, *(table.schema.field(n) for n in extras)]))

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -57,16 +59,22 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, cpu_bf16)
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if config.compile else None
-    invariant = resolve_invariant(config.batch_invariant, dtype.dtype, device, compiled=mode is not None)
+    engine = config.engine == "specbench"
+    invariant = engine and resolve_invariant(config.batch_invariant, dtype.dtype, device, compiled=mode is not None)
     tuned_from = ""
     if config.tuned:  # the tuned budget first, so that an explicit --opt still wins
         machine = machine_key(dtype.dtype, device, torch.get_num_threads(), invariant)
         opts, record = tuned_opts(chosen.spec.name, config.method, machine)
         options, tuned_from = parse_options(cls, [*opts, *config.opts], notes), str(record)
         notes.append(f"tuned budget {' '.join(opts) or '(the paper default)'} from {record}")
-    return dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device,
-                               dtype=dtype.dtype, dtype_reason=dtype.reason, tuned_from=tuned_from,
-                               compile_mode=mode, batch_invariant=invariant, notes=notes)
+    planned = dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device,
+                                  dtype=dtype.dtype, dtype_reason=dtype.reason, tuned_from=tuned_from,
+                                  compile_mode=mode, batch_invariant=invariant, notes=notes)
+    if config.engine == "vllm":
+        from specbench_cli.engines.vllm import plan_engine
+
+        planned = plan_engine(planned)
+    return planned
 
 
 def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
@@ -80,6 +88,28 @@ def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
             raise UsageError(f"method {cls.name} has no drafter '{name}'" + (f" (it takes: {', '.join(accepted)})" if accepted else ""))
         drafters[name] = checkpoint_ref(path, "drafter")
     return drafters
+
+
+def tokens_needed(plan: Plan, model: LoadedModel, prompt: Prompt) -> int:
+    """An upper bound on the positions a prompt fills: all its turns (chat template applied) plus, per turn,
+    an answer of --max-new-tokens and the template's own tokens."""
+    turns = len(model.encode_chat([{"role": "user", "content": "\n".join(prompt.turns)}]))
+    return turns + len(prompt.turns) * (plan.config.max_new_tokens + TEMPLATE_MARGIN)
+
+
+def check_lengths(plan: Plan, model: LoadedModel, context: int | None) -> int:
+    """The stated rule for prompts that do not fit: a prompt whose `tokens_needed` exceeds the model's context
+    (max_position_embeddings) is refused before anything decodes; nothing is truncated. Returns the most
+    positions any selected prompt needs (what a compiled cache is sized for)."""
+    longest = 0
+    for prompt in (*plan.warmup, *plan.prompts):
+        need = tokens_needed(plan, model, prompt)
+        longest = max(longest, need)
+        if context is not None and need > context:
+            raise UsageError(f"prompt '{prompt.id}' needs up to {need} positions ({len(prompt.turns)} turn(s) plus "
+                             f"--max-new-tokens {plan.config.max_new_tokens} each) but {plan.spec.name}'s "
+                             f"context is {context}; lower --max-new-tokens, or leave the prompt out")
+    return longest
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -110,26 +140,8 @@ class Runner:
         return {"mode": self.plan.compile_mode, "buckets": list(self.plan.buckets), "capacity": self.target.kv.capacity,
                 "seconds": {str(k): round(v, 2) for k, v in seconds.items()}}
 
-    def tokens_needed(self, prompt: Prompt) -> int:
-        """An upper bound on the positions a prompt fills: all its turns (chat template applied) plus, per turn,
-        an answer of --max-new-tokens and the template's own tokens."""
-        turns = len(self.model.encode_chat([{"role": "user", "content": "\n".join(prompt.turns)}]))
-        return turns + len(prompt.turns) * (self.plan.config.max_new_tokens + TEMPLATE_MARGIN)
-
     def check_lengths(self) -> int:
-        """The stated rule for prompts that do not fit: a prompt whose `tokens_needed` exceeds the model's
-        context (max_position_embeddings) is refused before anything decodes; nothing is truncated. Returns the
-        most positions any selected prompt needs (what a compiled cache is sized for)."""
-        context = getattr(self.model.model.config, "max_position_embeddings", None)
-        longest = 0
-        for prompt in (*self.plan.warmup, *self.plan.prompts):
-            need = self.tokens_needed(prompt)
-            longest = max(longest, need)
-            if context is not None and need > context:
-                raise UsageError(f"prompt '{prompt.id}' needs up to {need} positions ({len(prompt.turns)} turn(s) plus "
-                                 f"--max-new-tokens {self.plan.config.max_new_tokens} each) but {self.plan.spec.name}'s "
-                                 f"context is {context}; lower --max-new-tokens, or leave the prompt out")
-        return longest
+        return check_lengths(self.plan, self.model, getattr(self.model.model.config, "max_position_embeddings", None))
 
     def decode_prompt(self, prompt: Prompt) -> list[tuple[list[int], TurnResult]]:
         """All turns of a prompt, each turn seeing the model's own earlier answers."""
@@ -148,27 +160,33 @@ class Runner:
         return torch.Generator(device=self.model.device).manual_seed(seed)
 
     def records(self, index: int, prompt: Prompt, turns: list[tuple[list[int], TurnResult]]):
-        c, clock = self.plan.config, PhaseClock(self.model.device).name
-        common = dict(run=self.run_name, method=c.method, model=c.model, dataset=prompt.dataset,
-                      category=prompt.category, subtask=prompt.subtask, prompt_id=prompt.id)
-        rounds, rows = [], []
-        for t, (ids, r) in enumerate(turns):
-            decode_tokens = len(r.output_ids) - 1
-            rows.append(PromptRecord(**common, turn=t, index=index, prompt_tokens=len(ids),
-                                     new_tokens=len(r.output_ids), decode_tokens=decode_tokens, rounds=len(r.rounds),
-                                     ttft_ms=r.ttft_ms, decode_ms=r.decode_ms,
-                                     tokens_per_s=decode_tokens / (r.decode_ms / 1e3) if r.decode_ms > 0 else NAN,
-                                     tau=tau(decode_tokens, len(r.rounds)), stop_reason=r.stop_reason,
-                                     clock=clock if not self.method.owns_loop else "perf_counter_ns (streamer)",
-                                     output_hash=output_hash(r.output_ids), output_text=self.model.decode(r.output_ids),
-                                     output_ids=r.output_ids, prompt_ids=ids))
-            for k, info in enumerate(r.rounds):
-                ms = {f"{p}_ms": info.phases.get(p, NAN) for p in (*PHASES, *SUB_PHASES, "wall")}
-                rounds.append(RoundRecord(**common, turn=t, round=k, proposer=info.proposer, tree_size=info.tree_size,
-                                          draft_depth=info.draft_depth, accepted=info.accepted, emitted=info.emitted,
-                                          kv_len=info.kv_len, target_forwards=info.target_forwards, **ms,
-                                          extras=info.extras))
-        return rounds, rows
+        clock = PhaseClock(self.model.device).name if not self.method.owns_loop else "perf_counter_ns (streamer)"
+        return turn_records(self.plan, self.run_name, clock, self.model.decode, index, prompt, turns)
+
+
+def turn_records(plan: Plan, run_name: str, clock: str, decode_text, index: int, prompt: Prompt,
+                 turns: list[tuple[list[int], TurnResult]], engine: str = "specbench"):
+    """A decoded prompt's rows: one `PromptRecord` per turn, one `RoundRecord` per round (any engine's turns)."""
+    c = plan.config
+    common = dict(run=run_name, method=c.method, model=c.model, dataset=prompt.dataset,
+                  category=prompt.category, subtask=prompt.subtask, prompt_id=prompt.id)
+    rounds, rows = [], []
+    for t, (ids, r) in enumerate(turns):
+        decode_tokens = len(r.output_ids) - 1
+        rows.append(PromptRecord(**common, turn=t, index=index, prompt_tokens=len(ids),
+                                 new_tokens=len(r.output_ids), decode_tokens=decode_tokens, rounds=len(r.rounds),
+                                 ttft_ms=r.ttft_ms, decode_ms=r.decode_ms,
+                                 tokens_per_s=decode_tokens / (r.decode_ms / 1e3) if r.decode_ms > 0 else NAN,
+                                 tau=tau(decode_tokens, len(r.rounds)), stop_reason=r.stop_reason, clock=clock,
+                                 output_hash=output_hash(r.output_ids), output_text=decode_text(r.output_ids),
+                                 output_ids=r.output_ids, prompt_ids=ids, engine=engine))
+        for k, info in enumerate(r.rounds):
+            ms = {f"{p}_ms": info.phases.get(p, NAN) for p in (*PHASES, *SUB_PHASES, "wall")}
+            rounds.append(RoundRecord(**common, turn=t, round=k, proposer=info.proposer, tree_size=info.tree_size,
+                                      draft_depth=info.draft_depth, accepted=info.accepted, emitted=info.emitted,
+                                      kv_len=info.kv_len, target_forwards=info.target_forwards, **ms,
+                                      engine=engine, extras=info.extras))
+    return rounds, rows
 
 
 # ---------------------------------------------------------------------------------------------- the run's life
@@ -201,20 +219,32 @@ def warm_up(folder: RunFolder, job: PromptJob, plan: Plan, console: Console) -> 
 
 
 def record_prompts(folder: RunFolder, job: PromptJob, plan: Plan, done: set[int], console: Console, label: str) -> None:
-    """Decode and write the prompts not yet done, one part per table each.
+    """Decode and write the prompts not yet done, one part per table each."""
+    todo = [(i, p) for i, p in enumerate(plan.prompts) if i not in done]
+    with record_progress(console, plan, todo, label) as advance:
+        for index, prompt in todo:
+            folder.write_prompt(index, job.decode(index, prompt))
+            advance(prompt, job.stats())
+
+
+@contextmanager
+def record_progress(console: Console, plan: Plan, todo: list[tuple[int, Prompt]], label: str):
+    """The progress bar of a run's recorded prompts; yields `advance(prompt, stats)`, called as each finishes.
 
     The bar's time estimate counts turns, not prompts (prompts differ in turns and length): turns left x the
     mean wall time of a turn so far."""
-    todo = [(i, p) for i, p in enumerate(plan.prompts) if i not in done]
     turns_left, turns_done = sum(len(p.turns) for _, p in todo), 0
     with progress_bar(console, remaining=False) as bar:
         task = bar.add_task(label, total=len(plan.prompts), completed=len(plan.prompts) - len(todo), stats="")
         started = time.perf_counter()
-        for index, prompt in todo:
-            folder.write_prompt(index, job.decode(index, prompt))
+
+        def advance(prompt: Prompt, stats: str) -> None:
+            nonlocal turns_done
             turns_done += len(prompt.turns)
             left = (turns_left - turns_done) * (time.perf_counter() - started) / turns_done
-            bar.update(task, advance=1, stats=f"{job.stats()}  ~{_clock(left)} left".strip())
+            bar.update(task, advance=1, stats=f"{stats}  ~{_clock(left)} left".strip())
+
+        yield advance
 
 
 def new_session(device: torch.device, telemetry: dict | None = None) -> dict:
@@ -266,7 +296,12 @@ def execute(plan: Plan, console: Console, model: LoadedModel | None = None) -> P
         console.print(line, highlight=False, soft_wrap=True)
     folder = RunFolder(plan.out, RUN_TABLES)
     with folder.session(plan.config.resume, lambda line: console.print(line, highlight=False)):
-        _record(plan, folder, console, model)
+        if plan.config.engine == "vllm":
+            from specbench_cli.engines import vllm
+
+            vllm.record(plan, folder, console, dict(os.environ))
+        else:
+            _record(plan, folder, console, model)
     print_summary(plan.out, console)
     return plan.out
 

@@ -32,16 +32,16 @@ class Turn:
 def write_run(folder: Path, method: str, turns: list[Turn], env: dict | None = None, dataset: str = "spec-bench",
               options: dict | None = None, max_new_tokens: int = 128, phases: dict[str, float] | None = None,
               drafters: dict[str, str] | None = None, drafter_weights: dict[str, str] | None = None,
-              settings: dict | None = None) -> Path:
+              settings: dict | None = None, more: dict | None = None) -> Path:
     """A complete run directory with one round row per accepted entry and one prompt row per turn (`drafters`:
     the `--drafter` overrides; `drafter_weights`: the fingerprints run.json records, left out when None;
-    `settings`: run.json settings over the defaults)."""
+    `settings`: run.json settings over the defaults; `more`: further run.json fields)."""
     writer = RunFolder(folder, RUN_TABLES)
     settings = {"method": method, "model": "tiny", "dataset": dataset, "temperature": 0.0, "max_new_tokens": max_new_tokens,
                 "dtype": "float32", "target": "tiny-target", "options": options or {}, "shard": "0/1",
                 "drafters": drafters or {}, **(settings or {})}
     weights = {} if drafter_weights is None else {"drafter_weights": drafter_weights}
-    info = RunInfo(settings, "2026-01-01T00:00:00", env or CPU, more={"clock": "perf_counter_ns", **weights})
+    info = RunInfo(settings, "2026-01-01T00:00:00", env or CPU, more={"clock": "perf_counter_ns", **weights, **(more or {})})
     folder.mkdir(parents=True, exist_ok=True)
     writer.start(info, {"started": info.started, "environment": info.environment})
     info.status = "complete"

@@ -18,6 +18,25 @@ from tests.fake_runs import Turn, write_run
 
 BAD = [
     (["run", "--method", "sufix"], "did you mean 'suffix'"),
+    (["run", "--engine", "vlm"], "did you mean 'vllm'"),
+    (["run", "--engine", "vllm", "--concurrency", "0"], "expected distinct positive whole numbers"),
+    (["run", "--engine", "vllm", "--concurrency", "many"], "expected distinct positive whole numbers"),
+    (["run", "--engine", "vllm", "--concurrency", "1,2,2"], "expected distinct positive whole numbers"),
+    (["run", "--engine", "vllm", "--method", "hvd"], "--engine vllm runs baseline, pld, suffix, eagle3, dflash, sps; not hvd"),
+    (["run", "--engine", "vllm", "--engine-arg", "tensor_parallel_size"], "malformed --engine-arg"),
+    (["run", "--engine", "vllm", "--engine-arg", "model=x"], "may not set model"),
+    (["run", "--engine", "vllm", "--compile"], "--compile is our engine's"),
+    (["run", "--concurrency", "4"], "--concurrency is for --engine vllm"),
+    (["run", "--engine-arg", "seed=1"], "are for --engine vllm"),
+    (["run", "--engine-url", "http://localhost:8000"], "are for --engine vllm"),
+    (["run", "--engine", "vllm", "--engine-url", "localhost:8000"], "expected http://HOST:PORT"),
+    (["run", "--engine", "vllm", "--engine-url", "http://localhost:8000", "--engine-arg", "seed=1"], "drop --engine-serve"),
+    (["run", "--engine", "vllm", "--engine-python", "/no/python"], "/no/python does not exist"),
+    # (any Python stands in for the engine's: the option is refused before the engine starts)
+    (["run", "--engine", "vllm", "--engine-python", sys.executable, "--method", "eagle3", "--opt", "top_k=4"],
+     "vLLM's EAGLE-3 drafts a chain"),
+    (["run", "--engine", "vllm", "--engine-python", sys.executable, "--method", "suffix", "--opt", "tree=true"],
+     "one path"),
     (["run", "--model", "qwen3-9b"], "unknown model 'qwen3-9b'"),
     (["run", "--dataset", "spec_bench"], "did you mean 'spec-bench'"),
     (["run", "--category", "writng"], "did you mean 'writing'"),
@@ -160,6 +179,29 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], result.output
+
+
+def test_an_unreachable_engine_url_is_said_after_a_bounded_wait(tmp_path, monkeypatch):
+    import socket
+
+    from specbench_cli.engines import vllm_server
+
+    monkeypatch.setattr(vllm_server, "HEALTH_WAIT_S", 1.0)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = CliRunner().invoke(app, ["run", "--engine", "vllm", "--engine-url", f"http://127.0.0.1:{port}",
+                                      "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and f"no vLLM server answered at http://127.0.0.1:{port}/health within 1 s" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_concurrency_level_is_checked_before_the_first_runs(tmp_path):
+    (tmp_path / "sweep" / "c4").mkdir(parents=True)  # the second level's folder exists: refused up front
+    result = CliRunner().invoke(app, ["run", "--engine", "vllm", "--engine-python", sys.executable,
+                                      "--concurrency", "1,4", "--out", str(tmp_path / "sweep")])
+    assert result.exit_code == 2 and "c4 exists" in result.output
+    assert not (tmp_path / "sweep" / "c1").exists()
 
 
 def test_existing_results_dir_is_not_overwritten(tmp_path):

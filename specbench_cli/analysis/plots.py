@@ -248,3 +248,28 @@ def tune_candidates(frame: pd.DataFrame, title: str) -> plt.Figure:
     ax.set_title(title)
     _legend(ax, None)
     return fig
+
+
+def against_load(series: dict[str, pd.DataFrame], level: str) -> plt.Figure:
+    """Throughput, speedup over the same level's baseline, and τ against the load (DART Tables 6-7 as curves):
+    one line per method, the load on a log2 axis."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    panels = (("throughput", "output tokens/s (all requests)"), ("speedup", "speedup over the baseline (×)"),
+              ("tau", "τ (mean acceptance length)"))
+    for i, (label, frame) in enumerate(series.items()):
+        for ax, (column, _) in zip(axes, panels):
+            shown = frame.dropna(subset=[column])
+            if len(shown) and not (column != "throughput" and label.split(":")[-1] == "baseline"):
+                ax.plot(shown[level], shown[column], marker="o", label=label, color=colour(i, len(series)))
+    levels = sorted({n for frame in series.values() for n in frame[level]})
+    for ax, (column, name) in zip(axes, panels):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(n) for n in levels])
+        ax.set_xlabel(f"{level} (requests in flight)")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[1].axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    fig.suptitle(f"Throughput, speedup and τ against {level}")
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[-1].legend(handles, labels, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title="method")
+    return fig

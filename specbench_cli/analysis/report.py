@@ -11,7 +11,9 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from specbench_cli.analysis import cross_engine
 from specbench_cli.analysis import oracles as oracle
+from specbench_cli.analysis import scaling
 from specbench_cli.datasets import dataset_slug
 from specbench_cli.analysis.metrics import (first_divergence, group_column, histogram, position_acceptance, summarise,
                                    tau_turn_mean)
@@ -257,7 +259,8 @@ def all_tables(results: Results, classify: Classifier | None = None) -> list[Tab
     wide = [positions(results), lengths(results), phases(results), environment(results)]  # files only: too wide
     for table in wide:
         table.terminal = False
-    tables += [routing(results), lossless(results, classify), *oracle_tables(results), *calibration_tables(results), *wide]
+    tables += [*scaling.tables(results), cross_engine.table(results), routing(results), lossless(results, classify), *oracle_tables(results),
+               *calibration_tables(results), *wide]
     return [t for t in tables if len(t.frame)]
 
 
@@ -320,6 +323,9 @@ def figures(results: Results, folder, along: list[str] | None = None) -> list:
             written += plots.save(plots.survival_curves({name(g): g.rounds for g in drafting}), folder, "survival")
             written += plots.save(plots.length_histogram({name(g): g.rounds for g in drafting}), folder,
                                   "acceptance_histogram")
+    if scaling.swept(results):
+        written += plots.save(plots.against_load(scaling.figure_series(results), scaling.LEVEL), folder,
+                              f"throughput_vs_{scaling.LEVEL}")
     for cal in results.calibrations:
         written += plots.save(plots.threshold_sensitivity(cal.sweep, cal.card.get("method", "")), folder,
                               f"sensitivity_{cal.card.get('method')}_{cal.card.get('model')}")

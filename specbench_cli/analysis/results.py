@@ -20,7 +20,9 @@ from specbench_cli.hardware import hardware_key
 from specbench_cli.records import read_table
 
 # Settings that make two runs the same experiment (besides the method label and the hardware).
-SAME_EXPERIMENT = ("model", "dataset", "temperature", "max_new_tokens", "dtype", "target")
+SAME_EXPERIMENT = ("model", "dataset", "temperature", "max_new_tokens", "dtype", "target", "engine", "concurrency")
+# What a setting meant in runs written before it existed (our engine, one request at a time).
+BEFORE = {"engine": "specbench", "concurrency": 1}
 
 
 @dataclass
@@ -188,7 +190,7 @@ def _same(default: object, value: object) -> bool:
 def experiment_key(info: dict) -> tuple:
     """What a baseline must share with a run for a speedup to mean anything; the hardware comes last."""
     s = info["settings"]
-    return (*(json.dumps(s.get(k)) for k in SAME_EXPERIMENT), hardware_key(info.get("environment", {})))
+    return (*(json.dumps(s.get(k, BEFORE.get(k))) for k in SAME_EXPERIMENT), hardware_key(info.get("environment", {})))
 
 
 def method_label(settings: dict) -> str:
@@ -201,4 +203,6 @@ def method_label(settings: dict) -> str:
     except UsageError:  # a method this version does not know: show every option
         defaults = {}
     changed = [f"{k}={v}" for k, v in options.items() if not _same(defaults.get(k, object()), v)]
-    return f"{method}[{','.join(changed)}]" if changed else method
+    engine = settings.get("engine", BEFORE["engine"])
+    name = method if engine == BEFORE["engine"] else f"{engine}:{method}"  # "vllm:eagle3" beside our "eagle3"
+    return f"{name}[{','.join(changed)}]" if changed else name

@@ -12,10 +12,10 @@ from rich.console import Console
 
 from specbench_cli.hardware import hardware_key
 from specbench_cli.analysis.metrics import group_column, summarise
+from specbench_cli.analysis.results import BEFORE, SAME_EXPERIMENT
 from specbench_cli.records import read_table
 from specbench_cli.analysis.tables import Table
 
-MATCH_KEYS = ("model", "dataset", "temperature", "max_new_tokens", "dtype", "target")
 
 
 def find_baseline(run_dir: Path, me: dict) -> Path | None:
@@ -29,7 +29,7 @@ def find_baseline(run_dir: Path, me: dict) -> Path | None:
         info = json.loads(other.read_text())
         s = info.get("settings", {})
         if (s.get("method") == "baseline" and info.get("status") == "complete"
-                and all(s.get(k) == me["settings"].get(k) for k in MATCH_KEYS)
+                and all(s.get(k, BEFORE.get(k)) == me["settings"].get(k, BEFORE.get(k)) for k in SAME_EXPERIMENT)
                 and hardware_key(info.get("environment", {})) == hardware_key(me.get("environment", {}))):
             rank = (s.get("shard") == me["settings"].get("shard"), other.stat().st_mtime)
             if best is None or rank > best:
@@ -43,9 +43,12 @@ def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
     base_dir = find_baseline(run_dir, info)
     baseline = read_table(base_dir, "prompts") if base_dir else None
     s = info["settings"]
-    title = f"{s['method']} · {s['model']} · {s['dataset']} · {s.get('dtype', 'float32')} ({info['clock']} clock)"
+    engine = "" if s.get("engine", BEFORE["engine"]) == BEFORE["engine"] else f"{s['engine']}:"
+    title = f"{engine}{s['method']} · {s['model']} · {s['dataset']} · {s.get('dtype', 'float32')} ({info['clock']} clock)"
     note = ((f"dtype: {info['dtype_choice']}; " if info.get("dtype_choice") else "") + "τ: decoded tokens per round; tokens_per_s: mean over prompts of each prompt's decode rate; "
-            + (f"speedup vs {base_dir}" if base_dir else "speedup: no matching baseline run beside this one"))
+            + (f"speedup vs {base_dir}" if base_dir else "speedup: no matching baseline run beside this one")
+            + (f"; rounds are {s['engine']} engine steps, whose phase times the engine does not expose (null, not 0)"
+               if engine else ""))
     table = Table("summary", title, summarise(prompts, group_column(prompts), baseline), note)
     console.print(table.rich())
     table.write(run_dir)

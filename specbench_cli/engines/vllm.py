@@ -1,0 +1,388 @@
+"""`specbench run --engine vllm`: the run's prompts decoded by a vLLM engine, recorded as our own engine's are.
+
+vLLM runs in its own Python (`engines.engine_python`: `--engine-python`, `SPECBENCH_VLLM_PYTHON`, this interpreter if it
+imports vllm, else the `.venv-vllm` that `scripts/setup-vllm.sh` makes), as `vllm_worker.py`, which drives
+`vllm.LLMEngine` and answers in JSON lines. specbench keeps everything else: the prompts, the chat template
+(token ids go to the engine, so both engines see the same ids), the closed loop of `--concurrency` requests,
+the results folder and its records. Per request the worker reports each engine step's new tokens with the time
+it saw them (perf_counter in the engine's process), and vLLM's per-request speculative metrics
+(`per_request_spec_decode_metrics="detailed"`: accepted and drafted per verify step).
+
+What the records mean here: TTFT = first token's step - the request's arrival in the engine; decode time =
+last token's step - first token's; a rounds row is one engine step that gave the request tokens (emitted =
+its new tokens, accepted = emitted - 1, tree_size = draft tokens verified), with no phase times (vLLM does not
+expose them: the phase columns are null, `wall_ms` is the time since the request's previous step).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import subprocess
+import time
+import zlib
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from specbench_cli import hardware
+from specbench_cli.core.errors import UsageError
+from specbench_cli.core.method import Proposer
+from specbench_cli.core.turn import RoundInfo, TurnResult
+from specbench_cli.datasets import Prompt
+from specbench_cli.engines.vllm_methods import TESTED_VERSIONS, engine_method
+from specbench_cli.inputs import Plan
+from specbench_cli.loading import LoadedModel, checkpoint_location, load_text
+from specbench_cli.records import run_parts
+from specbench_cli.run_folder import RunFolder, RunInfo
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+CLOCK = "perf_counter in the vLLM process (engine step outputs)"
+# How vLLM runs best on a small CPU (measured on a 2-core machine; see the README): the engine core in this
+# process (start 4.5 s instead of 16-28 s), 1 GiB of KV cache, no thread pinning, one numba thread (without it
+# the ngram proposer stalled 21-69 s per batch). A variable the user set wins.
+ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind", "NUMBA_NUM_THREADS": "1"}
+START_TIMEOUT_S = 900.0  # a first start compiles (about 100 s on 2 cores); past this the engine counts as stuck
+
+
+# ---------------------------------------------------------------------------------------------- settings
+@dataclasses.dataclass
+class Launch:
+    """Everything that starts the engine, recorded in run.json (and compared on --resume)."""
+
+    python: str
+    engine_args: dict
+    env: dict[str, str]
+    speculative_config: dict | None
+
+    def record(self) -> dict:
+        return {"name": "vllm", "python": self.python, "engine_args": self.engine_args, "env": self.env,
+                "speculative_config": self.speculative_config}  # with --engine-url: what the server should run
+
+
+def launch(plan: Plan, env: dict[str, str]) -> Launch:
+    """The engine's arguments for a planned run: our target folder, dtype and seed, the method's speculative
+    config, per-request metrics, then the user's --engine-arg (which win)."""
+    c = plan.config
+    drafters = {name: _local(plan, name) for name in plan.method_cls.drafter_names}
+    args: dict = {"model": checkpoint_location(plan.spec), "dtype": str(plan.dtype).removeprefix("torch."),
+                  "seed": c.seed}
+    if plan.speculative_config is not None:
+        args |= {"speculative_config": plan.speculative_config, "per_request_spec_decode_metrics": "detailed"}
+    args |= plan.engine_args
+    # the engine's CPU threads: --threads, else as many as our engine would use (torch's count), so the two
+    # engines are compared on the same cores; a spinning OpenMP pool on more threads than idle cores crawls
+    threads = str(c.threads or torch.get_num_threads())
+    worker_env = {k: env.get(k, v) for k, v in {**ENV_DEFAULTS, "OMP_NUM_THREADS": threads}.items()}
+    return Launch(plan.engine_python, args, worker_env, plan.speculative_config)
+
+
+def _local(plan: Plan, name: str) -> str:
+    from specbench_cli.core.method import drafter_ref
+
+    ref = drafter_ref(plan.method_cls, plan.spec, plan.drafters, name)
+    if not Path(ref).is_dir():
+        raise UsageError(f"--engine vllm needs drafter '{name}' as a local folder (got {ref})")
+    return ref
+
+
+def plan_engine(plan: Plan) -> Plan:
+    """The method as vLLM runs it (`vllm_methods.engine_method`), before anything starts."""
+    if plan.config.engine_url:  # an unreachable server is said before the results folder is taken
+        from specbench_cli.engines import vllm_server
+
+        vllm_server.wait_healthy(plan.config.engine_url.rstrip("/"), vllm_server.HEALTH_WAIT_S)
+    given = {o.partition("=")[0].strip() for o in plan.config.opts}
+    drafters = {name: _local(plan, name) for name in plan.method_cls.drafter_names}
+    if "sps" in drafters:
+        drafters["sps"] = whole_draft_model(Path(drafters["sps"]), Path(checkpoint_location(plan.spec)))
+    mapped = engine_method(plan.config.method, plan.options, given, drafters)
+    return dataclasses.replace(plan, options=mapped.options, speculative_config=mapped.speculative_config,
+                               notes=[*plan.notes, *mapped.notes])
+
+
+def whole_draft_model(folder: Path, target: Path) -> str:
+    """A draft model vLLM can load. The draft models `train-drafter` makes ship no embedding or head (config
+    `specbench_embedding_from_target`: ours copies the target's in at load, `methods.sps.load_draft_model`), and
+    vLLM's draft_model proposer would run them with none; this writes, once per draft and target, a folder with
+    the target's tied embedding added, under the cache. Any other folder is used as it is."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from methods.checkpoints import fingerprint
+    from methods.sps import EMBEDDING_FROM_TARGET
+    from specbench_cli.models import cache_root
+
+    config = json.loads((folder / "config.json").read_text())
+    if not config.get(EMBEDDING_FROM_TARGET):
+        return str(folder)
+    whole = cache_root() / "vllm-drafters" / f"{folder.name}-{fingerprint(folder)}-{fingerprint(target)}"
+    if (whole / "model.safetensors").exists():
+        return str(whole)
+    tensors = {}
+    for source in (*sorted(folder.glob("*.safetensors")), *sorted(target.glob("*.safetensors"))):
+        with safe_open(source, "pt") as f:
+            for key in f.keys():
+                if source.parent == folder or key == "model.embed_tokens.weight":
+                    tensors[key] = f.get_tensor(key)
+    if "model.embed_tokens.weight" not in tensors:
+        raise UsageError(f"{target} has no model.embed_tokens.weight for the draft model {folder} to share")
+    dtype = next(t.dtype for k, t in tensors.items() if k != "model.embed_tokens.weight")
+    tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].to(dtype)
+    whole.mkdir(parents=True, exist_ok=True)
+    (whole / "config.json").write_text(json.dumps({**{k: v for k, v in config.items() if k != EMBEDDING_FROM_TARGET},
+                                                   "tie_word_embeddings": True}, indent=2))
+    save_file(tensors, whole / ".model.safetensors.tmp", metadata={"format": "pt"})
+    (whole / ".model.safetensors.tmp").rename(whole / "model.safetensors")
+    return str(whole)
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+class EngineDied(UsageError):
+    """The engine process ended or failed; the message has its last words."""
+
+
+class Worker:
+    """The engine process: started with `Launch`, fed requests, read for finished ones, always stopped."""
+
+    def __init__(self, spec: Launch, log: Path) -> None:
+        self.spec, self.log = spec, log
+        self.process: subprocess.Popen | None = None
+        self.ready: dict = {}
+
+    def __enter__(self) -> Worker:
+        env = {**os.environ, **self.spec.env}
+        with self.log.open("a") as log:  # the engine's own output; new session: Ctrl-C reaches us, and we stop it
+            self.process = subprocess.Popen([self.spec.python, str(WORKER)], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                                            start_new_session=True)
+        self._send({"engine_args": self.spec.engine_args})
+        self.ready = self._read("ready", START_TIMEOUT_S)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process is None:
+            return
+        try:
+            self._send({"op": "close"})
+            self.process.wait(timeout=30)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait()
+
+    def submit(self, request: dict) -> None:
+        self._send({"op": "add", **request})
+
+    def next_done(self) -> dict:
+        return self._read("done", None)
+
+    def _send(self, message: dict) -> None:
+        try:
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._died() from None
+
+    def _read(self, event: str, timeout: float | None) -> dict:
+        import selectors
+
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.process.stdout, selectors.EVENT_READ)
+            if timeout is not None and not sel.select(timeout):
+                self.process.kill()
+                raise EngineDied(f"vLLM did not start within {timeout:.0f} s (its log: {self.log})")
+        line = self.process.stdout.readline()
+        if not line:
+            raise self._died()
+        message = json.loads(line)
+        if message.get("event") == "error":
+            raise EngineDied(f"vLLM failed: {message['message']} (its log: {self.log})")
+        if message.get("event") != event:
+            raise EngineDied(f"vLLM sent '{message.get('event')}' where '{event}' was due (its log: {self.log})")
+        return message
+
+    def _died(self) -> EngineDied:
+        code = self.process.wait()
+        tail = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()][-1:]
+        return EngineDied(f"the vLLM process ended (exit {code}): {tail[0][-300:] if tail else 'no output'} "
+                          f"(its log: {self.log})")
+
+
+# ---------------------------------------------------------------------------------------------- replies
+def turn_result(reply: dict, prompt_len: int, proposer: str) -> TurnResult:
+    """One finished request as our engine's `TurnResult`: each engine step after the first token a round."""
+    steps = reply["steps"]
+    spec = reply.get("spec") or {}
+    verified = _verify_steps([n for _, n in steps[1:]], spec.get("per_step_accepted", []),
+                             spec.get("per_step_drafted", []))
+    rounds, length, before = [], prompt_len + steps[0][1], steps[0][0]
+    for (t, n), (drafted, accepted) in zip(steps[1:], verified):
+        rounds.append(RoundInfo(proposer=proposer, tree_size=drafted, draft_depth=drafted, accepted=accepted,
+                                emitted=n, kv_len=length, target_forwards=1, phases={"wall": (t - before) * 1e3}))
+        length, before = length + n, t
+    stop = "stop_token" if reply["finish_reason"] == "stop" else "max_new_tokens"
+    return TurnResult(reply["output_ids"], stop, (steps[0][0] - reply["arrival"]) * 1e3,
+                      (steps[-1][0] - steps[0][0]) * 1e3, rounds)
+
+
+def _verify_steps(emitted: list[int], accepted: list[int], drafted: list[int]) -> list[tuple[int, int]]:
+    """(draft tokens verified, draft tokens accepted) for each step that emitted n tokens. vLLM lists verify
+    steps only for steps that had a draft, so the lists are matched to the steps in order: a step takes the next
+    entry when that entry accepted n - 1 (or, for the last step, at least n - 1: --max-new-tokens may cut what
+    it emits, as our engine records it: accepted as verified, emitted as kept), else it had no draft. Exact when
+    every step drafts (EAGLE-3, DFlash, a draft model); for n-gram and suffix drafts two neighbouring one-token
+    steps may swap their counts."""
+    out, j = [], 0
+    for i, n in enumerate(emitted):
+        last = i == len(emitted) - 1
+        if j < len(accepted) and (accepted[j] == n - 1 or (last and accepted[j] >= n - 1)):
+            out.append((drafted[j], accepted[j]))
+            j += 1
+        else:
+            out.append((0, n - 1))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the run
+@dataclasses.dataclass
+class Conversation:
+    """A prompt in flight: its turns so far, each turn's ids and result."""
+
+    index: int
+    prompt: Prompt
+    messages: list[dict] = dataclasses.field(default_factory=list)
+    turns: list[tuple[list[int], TurnResult]] = dataclasses.field(default_factory=list)
+
+
+class ClosedLoop:
+    """Keeps `concurrency` conversations in flight: a turn's answer starts the conversation's next turn, a
+    finished conversation's slot takes the next prompt. `on_done(conversation)` sees each finished one."""
+
+    def __init__(self, worker: Worker, plan: Plan, text: LoadedModel) -> None:
+        self.worker, self.plan, self.text = worker, plan, text
+        self.proposer = plan.config.method
+
+    def run(self, todo: list[tuple[int, Prompt]], concurrency: int, on_done, tag: str = "") -> None:
+        waiting = collections.deque(Conversation(i, p) for i, p in todo)
+        live: dict[str, tuple[Conversation, list[int]]] = {}
+        while waiting or live:
+            while waiting and len(live) < concurrency:
+                self._next_turn(waiting.popleft(), live, tag)
+            reply = self.worker.next_done()
+            conv, ids = live.pop(reply["id"])
+            result = turn_result(reply, len(ids), self.proposer)
+            conv.turns.append((ids, result))
+            conv.messages.append({"role": "assistant", "content": self.text.decode(result.output_ids)})
+            if len(conv.turns) < len(conv.prompt.turns):
+                self._next_turn(conv, live, tag)
+            else:
+                on_done(conv)
+
+    def _next_turn(self, conv: Conversation, live: dict, tag: str) -> None:
+        turn = len(conv.turns)
+        conv.messages.append({"role": "user", "content": conv.prompt.turns[turn]})
+        ids = self.text.encode_chat(conv.messages)
+        c = self.plan.config
+        seed = zlib.crc32(f"{c.seed}/{conv.prompt.dataset}/{conv.prompt.id}/{turn}".encode())  # as runner's
+        request = f"{tag}{conv.index}.{turn}"
+        self.worker.submit({"id": request, "prompt_ids": ids, "max_tokens": c.max_new_tokens,
+                            "temperature": c.temperature, "seed": seed, "stop_ids": sorted(self.text.stop_ids)})
+        live[request] = (conv, ids)
+
+
+def record(plan: Plan, folder: RunFolder, console: Console, env: dict[str, str]) -> None:
+    """`runner._record` for a vLLM run: the same folder life, the engine in place of our loop."""
+    from specbench_cli.runner import drafter_weights, new_session, record_progress, turn_records
+
+    session = new_session(plan.device)
+    spec = launch(plan, env)
+    engine, clock = open_engine(plan, spec, folder.path / "engine.log")
+    weights = drafter_weights(plan)
+    resumed = folder.resumed(plan.settings(), session["environment"], weights=weights) if plan.config.resume else None
+    done = folder.finished() if resumed else set()
+    text = load_text(plan.spec)
+    longest_needed(plan, text)
+    info = resumed or RunInfo(plan.settings(), session["started"], session["environment"], more={
+        "clock": clock, "prompts_selected": len(plan.prompts), "drafter_weights": weights,
+        "dtype_choice": plan.dtype_reason, "engine": spec.record()})
+    folder.start(info, session)
+    with engine as worker:
+        version = worker.ready["version"]
+        if resumed and info.more.get("engine", {}).get("version") not in (None, version):
+            raise UsageError(f"--resume: the run was recorded with vLLM {info.more['engine']['version']}, this is {version}")
+        info.more["engine"] = {**spec.record(), **{k: v for k, v in worker.ready.items() if k != "speculative_config"},
+                               "engine_config": worker.ready["speculative_config"]}
+        folder.write_info(info)
+        console.print(f"vLLM {version} ({worker.ready.get('url', spec.python)})" +
+                      ("" if version.rsplit(".", 1)[0] in TESTED_VERSIONS else
+                       f"; specbench's method mapping was tested on vLLM {', '.join(TESTED_VERSIONS)} only"),
+                      highlight=False, soft_wrap=True)
+        loop = ClosedLoop(worker, plan, text)
+        loop.run(list(enumerate(plan.warmup)), 1, lambda conv: None, tag="warmup-")
+        if done and plan.method_cls.absorb is not Proposer.absorb:  # the engine's suffix cache lacks what finished
+            loop.run([(i, plan.prompts[i]) for i in sorted(done)], 1, lambda conv: None, tag="replay-")
+        todo = [(i, p) for i, p in enumerate(plan.prompts) if i not in done]
+        stats = Throughput()
+        with record_progress(console, plan, todo, f"{plan.config.method} on {plan.config.dataset} (vLLM)") as advance:
+            def write(conv: Conversation) -> None:
+                rounds, rows = turn_records(plan, plan.out.name, clock, text.decode, conv.index, conv.prompt,
+                                            conv.turns, engine="vllm")
+                folder.write_prompt(conv.index, run_parts(rounds, rows))
+                stats.add(conv)
+                advance(conv.prompt, stats.line())
+
+            stats.start()
+            loop.run(todo, plan.config.concurrency, write)
+        info.more["throughput"] = stats.summary()
+    folder.complete(info, prompts=len(todo), tokens=stats.tokens, **hardware.peak_memory(plan.device))
+
+
+def open_engine(plan: Plan, spec: Launch, log: Path):
+    """The engine a run talks to, not yet started (enter it), and the clock its times are read with: a server at
+    --engine-url, `vllm serve` started for --engine-serve, else vLLM's engine loop in a worker process."""
+    from specbench_cli.engines import vllm_server
+
+    c = plan.config
+    if c.engine_url or c.engine_serve:
+        args = {**spec.engine_args, "per_request_spec_decode_metrics": "detailed"}
+        expect = vllm_server.Expect(plan.speculative_config is not None, vllm_server.serve_hint(args))
+        if c.engine_url:
+            return vllm_server.Server(c.engine_url, expect), vllm_server.CLOCK
+        return vllm_server.start(spec.python, args, spec.env, log, expect), vllm_server.CLOCK
+    return Worker(spec, log), CLOCK
+
+
+def longest_needed(plan: Plan, text: LoadedModel) -> int:
+    from specbench_cli.runner import check_lengths
+
+    context = json.loads((Path(checkpoint_location(plan.spec)) / "config.json").read_text()).get("max_position_embeddings")
+    return check_lengths(plan, text, context)
+
+
+class Throughput:
+    """Output tokens of all requests over the wall time of the recorded part of the run (what a server's
+    throughput is), beside the per-request rates the prompts table holds."""
+
+    def __init__(self) -> None:
+        self.tokens = self.requests = 0
+        self.started = time.perf_counter()
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+    def add(self, conv: Conversation) -> None:
+        self.tokens += sum(len(r.output_ids) for _, r in conv.turns)
+        self.requests += len(conv.turns)
+
+    def line(self) -> str:
+        return f"{self.tokens / max(time.perf_counter() - self.started, 1e-9):.1f} tok/s output"
+
+    def summary(self) -> dict:
+        seconds = time.perf_counter() - self.started
+        return {"output_tokens": self.tokens, "requests": self.requests, "seconds": round(seconds, 3),
+                "output_tokens_per_s": round(self.tokens / max(seconds, 1e-9), 3),
+                "requests_per_s": round(self.requests / max(seconds, 1e-9), 4), "clock": "perf_counter (specbench)"}

@@ -1,0 +1,102 @@
+"""Which vLLM speculative config runs each specbench method, written for vLLM 0.32.
+
+Every key set here is a field of vLLM's `SpeculativeConfig` (vllm/config/speculative.py); the proposers are
+vllm/v1/spec_decode/{ngram_proposer,suffix_decoding,eagle,dflash,draft_model}.py. vLLM drafts one chain per
+step for every method (0.32 has no token tree), so a specbench option that would make a tree, or that has no
+vLLM counterpart, is refused unless the user left it at a value vLLM's behaviour matches; an option left at
+its default is set to what vLLM does and said in a note, so run.json records the options that actually ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from specbench_cli.core.errors import UsageError
+
+TESTED_VERSIONS = ("0.32",)  # vLLM minor versions this mapping was written and tested against
+
+
+@dataclasses.dataclass
+class EngineMethod:
+    """A specbench run as vLLM runs it: its speculative config (None = no speculation), the method's options
+    as they ran, and notes for the user."""
+
+    speculative_config: dict | None
+    options: object
+    notes: list[str]
+
+
+def _keep(options, given: set[str], name: str, value, why: str, notes: list[str]):
+    """Set option `name` to what vLLM does (`value`), refusing a different value the user asked for."""
+    current = getattr(options, name)
+    if current == value:
+        return options
+    if name in given:
+        raise UsageError(f"--engine vllm cannot run {name}={current}: {why}")
+    notes.append(f"vLLM: {name}={value} ({why})")
+    return dataclasses.replace(options, **{name: value})
+
+
+def _baseline(options, given, drafters, notes):
+    return None, options
+
+
+def _pld(options, given, drafters, notes):
+    # ngram_proposer.py: the longest n-gram between prompt_lookup_max and prompt_lookup_min that matches
+    return {"method": "ngram", "num_speculative_tokens": options.num_pred_tokens,
+            "prompt_lookup_max": options.max_ngram, "prompt_lookup_min": options.min_ngram}, options
+
+
+def _suffix(options, given, drafters, notes):
+    # suffix_decoding.py hands ArcticInference's SuffixDecodingCache.speculate its max_spec_tokens,
+    # max_spec_factor and min_token_prob, and verifies the draft's token_ids as one chain
+    options = _keep(options, given, "tree", False, "vLLM verifies a suffix draft as one path", notes)
+    options = _keep(options, given, "max_spec_offset", 0.0, "vLLM's suffix config has no spec offset", notes)
+    return {"method": "suffix", "num_speculative_tokens": options.max_spec_tokens,
+            "suffix_decoding_max_tree_depth": options.max_depth,
+            "suffix_decoding_max_spec_factor": options.max_spec_factor,
+            "suffix_decoding_min_token_prob": options.min_token_prob}, options
+
+
+def _eagle3(options, given, drafters, notes):
+    # eagle.py drafts num_speculative_tokens tokens, one per draft step, always the top-1
+    options = _keep(options, given, "top_k", 1, "vLLM's EAGLE-3 drafts a chain", notes)
+    config = json.loads((Path(drafters["eagle3"]) / "config.json").read_text())
+    nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if nested and not config.get("eagle_aux_hidden_state_layer_ids"):
+        notes.append(f"warning: {drafters['eagle3']}/config.json names its feature layers only as eagle_config."
+                     f"eagle_aux_hidden_state_layer_ids {nested} (layer outputs, SpecForge's meaning); vLLM reads them "
+                     f"one layer early (vllm/v1/worker/gpu_model_runner.py). Add \"eagle_aux_hidden_state_layer_ids\": "
+                     f"{[int(i) + 1 for i in nested]} at the top level to give vLLM the layers the draft was trained on")
+    k = min(options.depth + 1, options.total_token - 1)  # the nodes our top_k=1 search keeps (tree_search.py)
+    return {"method": "eagle3", "model": drafters["eagle3"], "num_speculative_tokens": k}, options
+
+
+def _dflash(options, given, drafters, notes):
+    # dflash.py verifies 1 + num_speculative_tokens query positions: the block minus its anchor
+    options = _keep(options, given, "sampling", "argmax", "vLLM's DFlash drafts the argmax", notes)
+    block = options.block_size or int(json.loads((Path(drafters["dflash"]) / "config.json").read_text())["block_size"])
+    return {"method": "dflash", "model": drafters["dflash"], "num_speculative_tokens": block - 1}, options
+
+
+def _sps(options, given, drafters, notes):
+    # draft_model.py: a small causal LM drafting k tokens, verified together with the next step's root
+    options = _keep(options, given, "deferred", True, "vLLM verifies the last draft token in the next step", notes)
+    return {"method": "draft_model", "model": drafters["sps"], "num_speculative_tokens": options.k}, options
+
+
+MAPPINGS: dict[str, Callable] = {"baseline": _baseline, "pld": _pld, "suffix": _suffix, "eagle3": _eagle3,
+                                 "dflash": _dflash, "sps": _sps}
+
+
+def engine_method(method: str, options, given: set[str], drafters: dict[str, str]) -> EngineMethod:
+    """The speculative config for `method` with its parsed `options` (`given`: the option names the user set)
+    and its drafters' local folders; a method or option vLLM cannot run is refused in one line."""
+    if method not in MAPPINGS:
+        raise UsageError(f"--engine vllm runs {', '.join(MAPPINGS)}; not {method}")
+    notes: list[str] = []
+    config, options = MAPPINGS[method](options, given, drafters, notes)
+    return EngineMethod(config, options, notes)

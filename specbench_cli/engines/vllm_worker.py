@@ -1,0 +1,111 @@
+"""The vLLM side of `specbench run --engine vllm`: a small process that runs in the engine's own Python.
+
+vLLM pins its own torch and transformers, so it usually lives in a virtual environment of its own
+(`scripts/setup-vllm.sh` makes `.venv-vllm`). specbench starts this file with that environment's Python
+(`engines/vllm.py`) and speaks JSON lines with it; the file imports only the standard library and vLLM, never
+specbench. It drives vLLM's own engine loop (`vllm.LLMEngine`: `add_request`, `step`), so requests can be
+added while others are in flight (the closed loop of a concurrency level), and every step's new tokens are
+timed where they appear.
+
+Protocol. stdin, first line: {"engine_args": {...}} (keyword arguments of `vllm.EngineArgs`, passed
+unchanged). Then one line per command: {"op": "add", "id", "prompt_ids", "max_tokens", "temperature", "seed",
+"stop_ids"} or {"op": "close"}. stdout: {"event": "ready", "version", "speculative_config"} once the engine is
+up, then {"event": "done", ...} per finished request (`_done`), or {"event": "error", "message"} before exiting
+with status 1. Everything vLLM itself prints goes to stderr (the run folder's engine.log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+
+
+def _protocol_stream():
+    """A private copy of stdout for the protocol; fd 1 then points at stderr, so library prints (vLLM logs to
+    stdout by default) cannot corrupt a message."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return out
+
+
+def _reader(commands: queue.Queue) -> None:
+    for line in sys.stdin:
+        if line.strip():
+            commands.put(json.loads(line))
+    commands.put({"op": "close"})  # the client went away
+
+
+class Tracked:
+    """One request's times: when it was added, and per engine step that gave it tokens, (time, new tokens)."""
+
+    def __init__(self, arrival: float) -> None:
+        self.arrival = arrival
+        self.steps: list[tuple[float, int]] = []
+        self.seen = 0
+
+
+def _done(request_id: str, output, tracked: Tracked) -> dict:
+    completion = output.outputs[0]
+    metrics = getattr(completion, "spec_decode_metrics", None)
+    return {"event": "done", "id": request_id, "output_ids": list(completion.token_ids),
+            "finish_reason": completion.finish_reason, "arrival": tracked.arrival, "steps": tracked.steps,
+            "spec": metrics.to_dict() if metrics is not None else None}
+
+
+def serve(out) -> None:
+    from vllm import EngineArgs, LLMEngine, SamplingParams, __version__
+
+    config = json.loads(sys.stdin.readline())
+    engine = LLMEngine.from_engine_args(EngineArgs(**config["engine_args"]))
+    spec = engine.vllm_config.speculative_config
+    out.write(json.dumps({"event": "ready", "version": __version__, "pid": os.getpid(),
+                          "speculative_config": None if spec is None else str(spec)}) + "\n")
+    commands: queue.Queue = queue.Queue()
+    threading.Thread(target=_reader, args=(commands,), daemon=True).start()
+    live: dict[str, Tracked] = {}
+    while True:
+        busy = engine.has_unfinished_requests()
+        try:
+            command = commands.get(block=not busy)
+        except queue.Empty:
+            command = None
+        if command is not None:
+            if command["op"] == "close":
+                return
+            params = SamplingParams(max_tokens=command["max_tokens"], temperature=command["temperature"],
+                                    seed=command.get("seed"), stop_token_ids=command["stop_ids"], detokenize=False)
+            engine.add_request(command["id"], {"prompt_token_ids": command["prompt_ids"]}, params)
+            live[command["id"]] = Tracked(time.perf_counter())
+            continue  # take every waiting command before the next step
+        for output in engine.step():
+            now = time.perf_counter()
+            tracked = live[output.request_id]
+            count = len(output.outputs[0].token_ids)
+            if count > tracked.seen:
+                tracked.steps.append((now, count - tracked.seen))
+                tracked.seen = count
+            if output.finished:
+                out.write(json.dumps(_done(output.request_id, output, live.pop(output.request_id))) + "\n")
+
+
+def main() -> None:
+    # Run as a file, Python puts this folder first on sys.path, where our own vllm.py would shadow the package.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    out = _protocol_stream()
+    try:
+        serve(out)
+    except Exception as err:  # noqa: BLE001 - the client shows the cause in one line, the log has the rest
+        traceback.print_exc()
+        out.write(json.dumps({"event": "error", "message": f"{type(err).__name__}: {err}".splitlines()[0]}) + "\n")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

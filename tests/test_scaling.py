@@ -1,0 +1,82 @@
+"""The report's load sweep (throughput and speedup against concurrency) and cross-engine step check, on
+hand-made runs with known answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from specbench_cli.analysis import cross_engine, scaling
+from specbench_cli.analysis.results import load
+from tests.fake_runs import Turn, baseline_turns, write_run
+
+VLLM = {"engine": "vllm", "engine_args": {}, "speculative_config": None}
+
+
+def turns(decode_ms: float) -> list[Turn]:
+    return [Turn("p1", "writing", [3, 1, 0, 2], decode_ms), Turn("p2", "writing", [2, 2, 2], decode_ms)]
+
+
+def sweep(root, levels=(1, 4)):
+    """vLLM baseline and eagle3 at each level; the baseline's prompts take twice eagle3's time at c1, the
+    same time at c4; eagle3's throughput is recorded (run.json) as 100 tok/s x level."""
+    for n in levels:
+        settings = {**VLLM, "concurrency": n}
+        base_ms = 20.0 if n == 1 else 10.0
+        write_run(root / f"base-c{n}", "baseline", baseline_turns(turns(10.0), base_ms / 10), settings=settings)
+        write_run(root / f"eagle3-c{n}", "eagle3", turns(10.0), settings=settings,
+                  more={"throughput": {"output_tokens_per_s": 100.0 * n, "seconds": 2.0}})
+
+
+def test_the_throughput_table_divides_by_the_baseline_of_the_same_level(tmp_path):
+    sweep(tmp_path)
+    frame = scaling.throughput_table(load([tmp_path])).frame.set_index("concurrency")
+    # the baseline has no recorded throughput here: new tokens / (TTFT + decode) over its prompts
+    base = load([tmp_path / "base-c1"]).groups[0].prompts
+    expected = base.new_tokens.sum() / ((base.ttft_ms.sum() + base.decode_ms.sum()) / 1e3)
+    assert frame.loc[1, "baseline tok/s"] == pytest.approx(expected)
+    assert frame.loc[4, "eagle3 tok/s"] == 400.0
+    assert frame.loc[1, "eagle3 ×"] == pytest.approx(100.0 / frame.loc[1, "baseline tok/s"])
+    assert frame.loc[4, "eagle3 ×"] == pytest.approx(400.0 / frame.loc[4, "baseline tok/s"])
+    assert frame.loc[1, "eagle3 τ"] == pytest.approx((4 + 2 + 1 + 3 + 3 * 3) / 7)
+    latency = scaling.latency_table(load([tmp_path])).frame
+    assert latency[latency.method == "vllm:eagle3"]["requests/s"].tolist() == [1.0, 1.0]  # 2 requests in 2 s
+
+
+def test_a_run_at_one_request_only_makes_no_load_tables(tmp_path):
+    sweep(tmp_path, levels=(1,))
+    assert scaling.tables(load([tmp_path])) == []
+
+
+def test_the_load_figure_is_written(tmp_path):
+    from specbench_cli.analysis.report import figures
+
+    sweep(tmp_path / "runs", levels=(1, 2, 4))
+    written = figures(load([tmp_path / "runs"]), tmp_path / "figs")
+    assert tmp_path / "figs" / "throughput_vs_concurrency.png" in written
+
+
+def pair(root, method: str, engine_accepted: list[int], version: str = "0.32.0"):
+    ours = [Turn("p1", "writing", [3, 1, 0, 2], 10.0, ids=list(range(11)))]
+    theirs = [Turn("p1", "writing", engine_accepted, 10.0, ids=list(range(11)))]
+    write_run(root / "ours", method, ours)
+    write_run(root / "vllm", method, theirs, settings={**VLLM, "concurrency": 1},
+              more={"engine": {"name": "vllm", "version": version}})
+    return cross_engine.table(load([root])).frame
+
+
+def test_the_cross_engine_table_finds_the_first_step_that_differs(tmp_path):
+    frame = pair(tmp_path, "eagle3", [3, 0, 1, 2])
+    row = frame.iloc[0]
+    assert row["output ids equal"] and not row["accepts equal"]
+    assert row["first difference"] == "step 1: ours 1, engine 0" and row["known engine cause"] == "—"
+
+
+def test_equal_steps_are_equal(tmp_path):
+    row = pair(tmp_path, "eagle3", [3, 1, 0, 2]).iloc[0]
+    assert row["accepts equal"] and row["first difference"] == "—" and row["steps engine"] == 4
+
+
+def test_a_known_engine_defect_is_named_not_hidden(tmp_path):
+    row = pair(tmp_path, "dflash", [3, 0, 1, 2]).iloc[0]
+    assert not row["accepts equal"] and "rms_norm" in row["known engine cause"]
+    assert pair(tmp_path / "later", "dflash", [3, 0, 1, 2], version="0.40.1").iloc[0]["known engine cause"] == "—"

@@ -250,7 +250,7 @@ def tune_candidates(frame: pd.DataFrame, title: str) -> plt.Figure:
     return fig
 
 
-def against_load(series: dict[str, pd.DataFrame], level: str) -> plt.Figure:
+def against_load(series: dict[str, pd.DataFrame], level: str, context: str = "") -> plt.Figure:
     """Throughput, speedup over the same level's baseline, and τ against the load (DART Tables 6-7 as curves):
     one line per method, the load on a log2 axis."""
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
@@ -269,7 +269,7 @@ def against_load(series: dict[str, pd.DataFrame], level: str) -> plt.Figure:
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     axes[1].axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    fig.suptitle(f"Throughput, speedup and τ against {level}")
+    fig.suptitle(f"Throughput, speedup and τ against {level}" + (f" ({context})" if context else ""))
     handles, labels = axes[0].get_legend_handles_labels()
     axes[-1].legend(handles, labels, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title="method")
     return fig

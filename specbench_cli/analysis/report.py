@@ -324,7 +324,7 @@ def figures(results: Results, folder, along: list[str] | None = None) -> list:
             written += plots.save(plots.length_histogram({name(g): g.rounds for g in drafting}), folder,
                                   "acceptance_histogram")
     if scaling.swept(results):
-        written += plots.save(plots.against_load(scaling.figure_series(results), scaling.LEVEL), folder,
+        written += plots.save(plots.against_load(scaling.figure_series(results), scaling.LEVEL, scaling.context(results)), folder,
                               f"throughput_vs_{scaling.LEVEL}")
     for cal in results.calibrations:
         written += plots.save(plots.threshold_sensitivity(cal.sweep, cal.card.get("method", "")), folder,

@@ -97,6 +97,13 @@ def tables(results: Results) -> list[Table]:
     return [throughput_table(results), latency_table(results)] if swept(results) else []
 
 
+def context(results: Results) -> str:
+    """What every line of the figure shares (model · dataset · dtype), when they share it."""
+    keys = {(g.info["settings"]["model"], g.info["settings"]["dataset"], g.info["settings"].get("dtype", "?"))
+            for g in results.groups}
+    return " · ".join(next(iter(keys))) if len(keys) == 1 else ""
+
+
 def figure_series(results: Results) -> dict[str, pd.DataFrame]:
     """Per line of the figure (model · dataset · method when several), its levels with throughput, speedup, τ."""
     series = _series(results)

@@ -123,7 +123,13 @@ class Server:
         return message
 
     def _stream(self, request: dict) -> None:
-        """One request, streamed; puts the finished request (as the worker's `done`) or the error on the queue."""
+        """One request in its own thread: the finished request (as the worker's `done`) or the error, queued."""
+        try:
+            self.done.put(self._request(request))
+        except ServerError as err:
+            self.done.put(err)
+
+    def _request(self, request: dict) -> dict:
         body = {"request_id": request["id"], "token_ids": request["prompt_ids"], "stream": True,
                 "stream_options": {"include_usage": True},
                 "sampling_params": {"max_tokens": request["max_tokens"], "temperature": request["temperature"],
@@ -135,37 +141,34 @@ class Server:
         ids, steps, reason, spec = [], [], None, None
         try:
             with urllib.request.urlopen(post, timeout=3600) as response:
-                for raw in response:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
+                for chunk in _events(response):
                     if "error" in chunk:
                         raise ServerError(f"the vLLM server failed request {request['id']}: {chunk['error']}")
                     for choice in chunk.get("choices", []):
                         new = choice.get("token_ids") or []
-                        if new:
+                        if new:  # one engine step's tokens
                             steps.append((time.perf_counter(), len(new)))
                             ids += new
                         reason = choice.get("finish_reason") or reason
                     spec = (chunk.get("metrics") or {}).get("speculative_decoding") or spec
         except urllib.error.HTTPError as err:
             why = " (start the server with --enable-scale-out)" if err.code == 403 else ""
-            self.done.put(ServerError(f"the vLLM server at {self.url} refused {ENDPOINT}: HTTP {err.code}{why}"))
-            return
+            raise ServerError(f"the vLLM server at {self.url} refused {ENDPOINT}: HTTP {err.code}{why}") from None
         except (urllib.error.URLError, OSError, ValueError) as err:
-            self.done.put(ServerError(f"the vLLM server at {self.url} failed request {request['id']}: {err}"))
+            raise ServerError(f"the vLLM server at {self.url} failed request {request['id']}: {err}") from None
+        self.expect.check(self.url, spec)
+        return {"event": "done", "id": request["id"], "output_ids": ids, "finish_reason": reason, "arrival": arrival,
+                "steps": steps, "spec": spec}
+
+
+def _events(response):
+    """The JSON payloads of a server-sent event stream, up to `data: [DONE]`."""
+    for raw in response:
+        line = raw.decode().strip()
+        if line == "data: [DONE]":
             return
-        except ServerError as err:
-            self.done.put(err)
-            return
-        try:
-            self.expect.check(self.url, spec)
-        except ServerError as err:
-            self.done.put(err)
-            return
-        self.done.put({"event": "done", "id": request["id"], "output_ids": ids, "finish_reason": reason,
-                       "arrival": arrival, "steps": steps, "spec": spec})
+        if line.startswith("data: "):
+            yield json.loads(line[6:])
 
 
 # ---------------------------------------------------------------------------------------------- starting one

@@ -30,7 +30,7 @@ from specbench_cli.core.errors import UsageError
 from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, CheckpointError
 from methods.features import FeatureDrafter
-from methods.layers import Attention, MLP, RMSNorm, Rotary, append_kv, causal_mask
+from methods.layers import Attention, MLP, RMSNorm, Rotary, append_kv, causal_mask, rope_settings
 from specbench_cli.core.tree import DraftTree
 
 
@@ -90,11 +90,12 @@ def read_config(ckpt: Checkpoint, target_layers: int) -> DFlashConfig:
     if mask_token is None:
         raise CheckpointError(f"{ckpt.folder / 'config.json'}: missing key 'mask_token_id' (in dflash_config)")
     softcap = _draft_value(cfg, "final_logit_softcapping")
+    theta, scaling = rope_settings(cfg)
     return DFlashConfig(
         hidden=hidden, heads=heads, kv_heads=ckpt.take("layers.0.self_attn.k_proj.weight").shape[0] // head_dim,
         head_dim=head_dim, intermediate=ckpt.take("layers.0.mlp.gate_proj.weight", (None, hidden)).shape[0],
         layers=len(layer_ids), eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(cfg.get("rope_theta") or 10000.0), rope_scaling=cfg.get("rope_scaling") or None,
+        rope_theta=theta, rope_scaling=scaling,
         capture=capture, block_size=int(_draft_value(cfg, "block_size", 16)), mask_token_id=int(mask_token),
         embed_scale=float(_draft_value(cfg, "input_embedding_scale", 1.0)),
         output_multiplier=float(_draft_value(cfg, "output_multiplier", 1.0)),

@@ -26,6 +26,18 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def rope_settings(cfg: dict) -> tuple[float, dict | None]:
+    """(theta, scaling) from a config written by either generation of transformers: `rope_theta` beside
+    `rope_scaling` (4.x, and the released EAGLE, SpecForge and z-lab configs), or one `rope_parameters` dict
+    holding both (5.x: what speculators 0.9 writes). Without either, 10000 and no scaling (Llama's default)."""
+    params = cfg.get("rope_parameters") or {}
+    theta = cfg.get("rope_theta") or params.get("rope_theta") or 10000.0
+    scaling = cfg.get("rope_scaling")
+    if not scaling and params.get("rope_type", params.get("type", "default")) != "default":
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    return float(theta), scaling or None
+
+
 class Rotary(nn.Module):
     """cos/sin tables for positions; `scaling` is a transformers rope_scaling dict (e.g. Llama-3's)."""
 

@@ -76,3 +76,17 @@ def test_block_draft_is_the_argmax_at_each_mask_position(distilled):
         hidden, _ = method.draft(feats, 0, block, 30)
         expected = target.lm_head(hidden[1:]).argmax(-1).tolist()
     assert tree.tokens == expected and tree.is_chain
+
+
+def test_rope_parameters_of_transformers_5_are_read(tmp_path):
+    """theta in `rope_parameters` (transformers 5), not `rope_theta`: read, not replaced by 10000."""
+    from methods.dflash import read_config
+
+    def five(c: dict) -> None:
+        c.pop("rope_theta", None), c.pop("rope_scaling", None)
+        c["rope_parameters"] = {"rope_theta": 1000000.0, "rope_type": "default"}
+
+    target = tiny_model("qwen3", layers=6)
+    folder = edit_checkpoint(write_dflash(tmp_path / "d", target), config=five)
+    c = read_config(Checkpoint.read(str(folder), "dflash"), 6)
+    assert c.rope_theta == 1000000.0 and c.rope_scaling is None

@@ -102,3 +102,27 @@ def test_unreachable_hub_checkpoint_is_one_line(monkeypatch):
         Checkpoint.read("nobody-here/no-such-eagle3-drafter", "eagle3")
     assert "cannot fetch eagle3 checkpoint 'nobody-here/no-such-eagle3-drafter'" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("layout", ["flat", "speculators"])
+def test_rope_settings_written_as_transformers_5_rope_parameters_are_read(tmp_path, layout):
+    """transformers 5 (what speculators 0.9 writes) keeps theta and scaling in one `rope_parameters` dict; a
+    loader that looked only for `rope_theta` would silently use 10000 (Qwen3 uses 1e6, Llama-3.1 500000)."""
+    from methods.eagle3.checkpoint import read_config
+    from methods.layers import rope_settings
+
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
+
+    def five(c: dict) -> None:
+        layer = c.get("transformer_layer_config", c)
+        layer.pop("rope_theta", None), layer.pop("rope_scaling", None)
+        layer["rope_parameters"] = {"rope_theta": 500000.0, **llama3}
+
+    target = tiny_model("llama", layers=6)
+    folder = edit_checkpoint(write_eagle3(tmp_path / "d", target, steps=0, layout=layout), config=five)
+    c = read_config(Checkpoint.read(str(folder), "eagle3"), 6)
+    assert c.rope_theta == 500000.0 and c.rope_scaling == llama3
+    assert rope_settings({"rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}}) == (1e6, None)
+    assert rope_settings({"rope_theta": 1e6, "rope_scaling": None}) == (1e6, None)
+    assert rope_settings({}) == (10000.0, None)

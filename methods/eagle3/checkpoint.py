@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from methods.checkpoints import Checkpoint, CheckpointError
+from methods.layers import rope_settings
 
 
 @dataclass
@@ -48,11 +49,11 @@ def read_config(ckpt: Checkpoint, target_layers: int, what: str = "EAGLE-3") -> 
     if fc.shape[1] % 3:
         raise CheckpointError(f"{ckpt.files.get('fc.weight')}: tensor 'fc.weight' has {fc.shape[1]} inputs, not 3 × target hidden")
     head = ckpt.take("lm_head.weight", (None, hidden))
-    scaling = layer_cfg.get("rope_scaling") or None
+    theta, scaling = rope_settings(layer_cfg)
     return Eagle3Config(
         hidden=hidden, target_hidden=fc.shape[1] // 3, heads=heads, kv_heads=k.shape[0] // head_dim,
         head_dim=head_dim, intermediate=ckpt.take(prefix + "mlp.gate_proj.weight", (None, hidden)).shape[0],
-        eps=float(layer_cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(layer_cfg.get("rope_theta") or 10000.0),
+        eps=float(layer_cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta,
         rope_scaling=scaling, draft_vocab=head.shape[0],
         vocab=int(layer_cfg.get("vocab_size") or cfg.get("vocab_size") or head.shape[0]),
         capture=capture_layers(cfg, speculators, target_layers, ckpt),

@@ -65,7 +65,36 @@ def default_capture(target_layers: int, count: int = 5) -> list[int]:
     return [round(1 + i * span / max(count - 1, 1)) for i in range(count)]
 
 
+def speculators_config(ckpt: Checkpoint) -> dict:
+    """A speculators DFlash config (vllm-project/speculators 0.9 `DFlashSpeculatorConfig`) in the z-lab schema:
+    the layer's settings from `transformer_layer_config`, `aux_hidden_state_layer_ids` in vLLM's indexing
+    (input of layer j, so the z-lab ids are one less: vllm/transformers_utils/configs/speculators/algos.py does
+    the same), `mask_token_id` and `block_size` at the top. Its tensors already have the z-lab names; with the
+    full vocabulary it saves no embedding and no head (the target's, as here)."""
+    cfg = ckpt.config
+    where = ckpt.folder / "config.json"
+    layer = cfg.get("transformer_layer_config") or {}
+    vocab, draft_vocab = layer.get("vocab_size"), cfg.get("draft_vocab_size")
+    if draft_vocab is not None and vocab is not None and draft_vocab != vocab:
+        raise CheckpointError(f"{where}: a reduced draft vocabulary ({draft_vocab} of {vocab}, with its own head and "
+                              "d2t): specbench's DFlash drafts with the target's head, so only full-vocabulary "
+                              "speculators DFlash checkpoints load")
+    if cfg.get("sample_from_anchor"):
+        raise CheckpointError(f"{where}: sample_from_anchor=true (the anchor drafts too); DFlash's anchor is the "
+                              "last verified token, as in the paper and in vLLM")
+    if "sliding_attention" in (layer.get("layer_types") or []):
+        raise CheckpointError(f"{where}: sliding-window draft layers are not supported")
+    for key in ("aux_hidden_state_layer_ids", "mask_token_id", "block_size"):
+        if cfg.get(key) is None:
+            raise CheckpointError(f"{where}: missing key '{key}' (speculators DFlash)")
+    return {**layer, "block_size": cfg["block_size"],
+            "dflash_config": {"mask_token_id": cfg["mask_token_id"],
+                              "target_layer_ids": [int(i) - 1 for i in cfg["aux_hidden_state_layer_ids"]]}}
+
+
 def read_config(ckpt: Checkpoint, target_layers: int) -> DFlashConfig:
+    if ckpt.config.get("speculators_model_type") == "dflash":
+        ckpt.config = speculators_config(ckpt)
     cfg = ckpt.config
     if _draft_value(cfg, "conv_kernel_size") is not None:
         raise CheckpointError(f"{ckpt.folder / 'config.json'}: a DFlash2 checkpoint (conv_kernel_size); only DFlash is supported")

@@ -90,3 +90,27 @@ def test_rope_parameters_of_transformers_5_are_read(tmp_path):
     folder = edit_checkpoint(write_dflash(tmp_path / "d", target), config=five)
     c = read_config(Checkpoint.read(str(folder), "dflash"), 6)
     assert c.rope_theta == 1000000.0 and c.rope_scaling is None
+
+
+def as_speculators(c: dict, **top) -> None:
+    """Rewrite a z-lab DFlash config.json as speculators 0.9 writes one (same tensor names)."""
+    dflash = c.pop("dflash_config")
+    layer = {k: c.pop(k) for k in list(c) if k not in ("architectures", "block_size")}
+    c.update({"speculators_model_type": "dflash", "transformer_layer_config": layer,
+              "draft_vocab_size": layer["vocab_size"], "mask_token_id": dflash["mask_token_id"],
+              "aux_hidden_state_layer_ids": [i + 1 for i in dflash["target_layer_ids"]], **top})
+
+
+def test_a_speculators_config_reads_as_the_zlab_one(tmp_path):
+    from methods.dflash import read_config
+
+    target = tiny_model("qwen3", layers=6)
+    original = read_config(Checkpoint.read(str(write_dflash(tmp_path / "z", target)), "dflash"), 6)
+    folder = edit_checkpoint(write_dflash(tmp_path / "s", target), config=as_speculators)
+    assert read_config(Checkpoint.read(str(folder), "dflash"), 6) == original
+    for top, message in (({"draft_vocab_size": 32}, "reduced draft vocabulary"),
+                         ({"sample_from_anchor": True}, "sample_from_anchor")):
+        folder = edit_checkpoint(write_dflash(tmp_path / f"bad{len(message)}", target),
+                                 config=lambda c: as_speculators(c, **top))
+        with pytest.raises(CheckpointError, match=message):
+            read_config(Checkpoint.read(str(folder), "dflash"), 6)

@@ -89,6 +89,7 @@ class Plan:
     engine_args: dict = field(default_factory=dict)  # --engine-arg, parsed
     speculative_config: dict | None = None  # what an engine run asks the engine for (engines/vllm_methods.py)
     engine_python: str = ""  # the Python that runs the engine (engines.engine_python)
+    known_differences: list[str] = field(default_factory=list)  # where the engine drafts otherwise (run.json)
     notes: list[str] = field(default_factory=list)  # lines to show before the run starts (deprecated spellings)
 
     def settings(self) -> dict:

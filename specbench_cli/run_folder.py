@@ -43,7 +43,11 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (what Slurm sends at a time limit or on preemption), handled as Ctrl-C is."""
 
 
-class WriteFailed(UsageError):
+class RunFailed(UsageError):
+    """The run cannot go on (the message says why); the session ends "failed" with every finished prompt kept."""
+
+
+class WriteFailed(RunFailed):
     """A record could not be written (the message names the path and the cause)."""
 
 
@@ -176,15 +180,15 @@ class RunFolder:
     @contextmanager
     def session(self, resume: bool, note: Callable[[str], None]) -> Iterator[RunFolder]:
         """Own the folder for the block (`folders.claim`), with SIGTERM handled as Ctrl-C; a block that ends by
-        an interruption or a failed write leaves run.json "interrupted" or "failed" with the reason, and every
-        finished prompt in place for `--resume`."""
+        an interruption or a failure (a write, an engine) leaves run.json "interrupted" or "failed" with the
+        reason, and every finished prompt in place for `--resume`."""
         with claim(self.path, resume, note), _sigterm_interrupts():
             try:
                 yield self
             except KeyboardInterrupt as err:
                 self._end_early("interrupted", "SIGTERM" if isinstance(err, Terminated) else "Ctrl-C")
                 raise
-            except WriteFailed as err:
+            except RunFailed as err:
                 self._end_early("failed", str(err))
                 raise
 

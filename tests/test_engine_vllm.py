@@ -181,9 +181,12 @@ def test_the_concurrency_tables_and_figure(runs, tmp_path):
     assert tmp_path / "throughput_vs_concurrency.png" in figures(results, tmp_path)
 
 
-def test_a_speculators_written_eagle3_drafts_as_our_checkpoint_in_both_engines(runs, engine_python, tmp_path):
-    """The committed drafter's weights saved by speculators' own Eagle3DraftModel.save_pretrained: our engine
-    and vLLM load that folder and accept, step by step, what our engine accepts with the flat original."""
+@pytest.mark.parametrize("method", CROSS)
+def test_a_speculators_written_drafter_drafts_as_our_checkpoint_in_both_engines(runs, engine_python, tmp_path, method):
+    """The committed drafter's weights saved by speculators' own `save_pretrained` (Eagle3DraftModel,
+    DFlashDraftModel): our engine accepts, step by step, what it accepts with the original, and so does vLLM,
+    except where vLLM 0.32 reads a speculators DFlash config otherwise (recorded, and shown to be the cause)."""
+    import shutil
     import subprocess
     from pathlib import Path
 
@@ -192,21 +195,39 @@ def test_a_speculators_written_eagle3_drafts_as_our_checkpoint_in_both_engines(r
     from specbench_cli.loading import embedded_folder
 
     root = Path(__file__).resolve().parents[1]
-    folder = tmp_path / "speculators-eagle3"
-    written = subprocess.run([engine_python, str(root / "tests" / "engine_side" / "speculators_eagle3.py"),
-                              str(root / "drafters" / "smollm2-135m" / "eagle3"), str(embedded_folder()), str(folder)],
+    folder = tmp_path / f"speculators-{method}"
+    written = subprocess.run([engine_python, str(root / "tests" / "engine_side" / "speculators_writer.py"), method,
+                              str(root / "drafters" / "smollm2-135m" / method), str(embedded_folder()), str(folder)],
                              cwd=tmp_path, capture_output=True, text=True)
     assert written.returncode == 0, written.stderr[-2000:]
     config = json.loads((folder / "config.json").read_text())
-    assert config["speculators_model_type"] == "eagle3" and "transformer_layer_config" in config
-    flat = load([runs["ours-eagle3"]]).groups[0]
-    for name, engine in (("ours", []), ("vllm", [*ENGINE, "--engine-python", engine_python])):
-        run("--method", "eagle3", *METHODS["eagle3"], *engine, "--drafter", f"eagle3={folder}",
-            "--out", str(tmp_path / name))
-        steps = cross_engine.compare(flat, load([tmp_path / name]).groups[0])
-        assert len(steps) == 3 and steps["output ids equal"].all(), name
-        assert steps["accepts equal"].all(), f"{name}:\n{steps.to_string()}"
-    assert (flat.rounds.accepted > 0).any()  # drafts that accept, so equal steps say something
+    assert config["speculators_model_type"] == method and "transformer_layer_config" in config
+    original = load([runs[f"ours-{method}"]]).groups[0]
+    vllm = [*ENGINE, "--engine-python", engine_python]
+
+    def steps(name: str, engine: list[str], drafter: Path):
+        run("--method", method, *METHODS[method], *engine, "--drafter", f"{method}={drafter}", "--out", str(tmp_path / name))
+        group = load([tmp_path / name]).groups[0]
+        frame = cross_engine.compare(original, group)
+        assert len(frame) == 3 and frame["output ids equal"].all(), name
+        return frame, group
+
+    assert (original.rounds.accepted > 0).any()  # drafts that accept, so equal steps say something
+    ours, _ = steps("ours", [], folder)
+    assert ours["accepts equal"].all(), ours.to_string()
+    theirs, group = steps("vllm", vllm, folder)
+    if method == "eagle3":
+        assert theirs["accepts equal"].all(), theirs.to_string()
+        return
+    # vLLM 0.32 reads speculators' sliding_window_non_causal=false as a causal block in every layer: the run
+    # records it, and with the flag set (meaningless for full-attention layers in speculators) every step matches
+    assert "sliding_window_non_causal" in cross_engine.known_cause(group)
+    fixed = tmp_path / "bidirectional"
+    shutil.copytree(folder, fixed)
+    config["sliding_window_non_causal"] = True
+    (fixed / "config.json").write_text(json.dumps(config))
+    patched, _ = steps("vllm-bidirectional", vllm, fixed)
+    assert patched["accepts equal"].all(), patched.to_string()
 
 
 def test_vllm_serve_over_http_drafts_as_the_engine_loop_does(runs, engine_python, tmp_path):
@@ -244,3 +265,33 @@ def test_a_running_server_is_measured_and_one_started_otherwise_is_named(runs, e
     assert outputs(tmp_path / "base") == outputs(runs["ours"])
     assert result.exit_code == 2 and "sent no per-request speculative metrics" in result.output
     assert "vllm serve" in result.output and "--speculative-config" in result.output
+
+
+def test_an_engine_that_dies_mid_run_keeps_finished_prompts_and_resume_finishes(engine_python, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from specbench_cli.records import read_table
+
+    out = tmp_path / "killed"
+    args = ["run", *SELECTION, "--limit", "4", "--max-new-tokens", "48", "--method", "baseline", *ENGINE,
+            "--engine-python", engine_python, "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "specbench_cli.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.time() + 600
+    while not list((out / "prompts.parquet").glob("part-*.parquet")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before its engine could be killed"
+    os.kill(json.loads((out / "run.json").read_text())["engine"]["pid"], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and stderr.strip().splitlines()[-1].startswith("error: the vLLM process ended"), stderr
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "failed" and "vLLM process ended" in info["reason"]
+    kept = read_table(out, "prompts")["index"].nunique()
+    assert 1 <= kept < 4
+    result = CliRunner().invoke(app, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "complete" and read_table(out, "prompts")["index"].nunique() == 4

@@ -45,13 +45,14 @@ def pairs(results: Results) -> list[tuple[RunGroup, RunGroup]]:
 
 
 def known_cause(theirs: RunGroup) -> str:
+    """The engine defects this version is known for, and what the run itself recorded of the engine drafting
+    otherwise (`vllm_methods`: e.g. a checkpoint vLLM reads with another attention mask)."""
     s, engine = theirs.info["settings"], theirs.info.get("engine", {})
     device = theirs.info.get("environment", {}).get("device", "cpu")
     version = str(engine.get("version", ""))
-    for (name, method, prefix, where), cause in KNOWN_DIFFERENCES.items():
-        if s.get("engine") == name and s["method"] == method and version.startswith(prefix) and where in device:
-            return cause
-    return ""
+    causes = [cause for (name, method, prefix, where), cause in KNOWN_DIFFERENCES.items()
+              if s.get("engine") == name and s["method"] == method and version.startswith(prefix) and where in device]
+    return "; ".join([*causes, *engine.get("known_differences", [])])
 
 
 def compare(ours: RunGroup, theirs: RunGroup) -> pd.DataFrame:

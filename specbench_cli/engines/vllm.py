@@ -37,7 +37,7 @@ from specbench_cli.engines.vllm_methods import TESTED_VERSIONS, engine_method
 from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel, checkpoint_location, load_text
 from specbench_cli.records import run_parts
-from specbench_cli.run_folder import RunFolder, RunInfo
+from specbench_cli.run_folder import RunFailed, RunFolder, RunInfo
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 CLOCK = "perf_counter in the vLLM process (engine step outputs)"
@@ -102,7 +102,7 @@ def plan_engine(plan: Plan) -> Plan:
         drafters["sps"] = whole_draft_model(Path(drafters["sps"]), Path(checkpoint_location(plan.spec)))
     mapped = engine_method(plan.config.method, plan.options, given, drafters)
     return dataclasses.replace(plan, options=mapped.options, speculative_config=mapped.speculative_config,
-                               notes=[*plan.notes, *mapped.notes])
+                               notes=[*plan.notes, *mapped.notes], known_differences=mapped.known_differences)
 
 
 def whole_draft_model(folder: Path, target: Path) -> str:
@@ -142,7 +142,7 @@ def whole_draft_model(folder: Path, target: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the engine
-class EngineDied(UsageError):
+class EngineDied(RunFailed):
     """The engine process ended or failed; the message has its last words."""
 
 
@@ -313,9 +313,10 @@ def record(plan: Plan, folder: RunFolder, console: Console, env: dict[str, str])
     with engine as worker:
         version = worker.ready["version"]
         if resumed and info.more.get("engine", {}).get("version") not in (None, version):
-            raise UsageError(f"--resume: the run was recorded with vLLM {info.more['engine']['version']}, this is {version}")
+            raise RunFailed(f"--resume: the run was recorded with vLLM {info.more['engine']['version']}, this is {version}")
         info.more["engine"] = {**spec.record(), **{k: v for k, v in worker.ready.items() if k != "speculative_config"},
-                               "engine_config": worker.ready["speculative_config"]}
+                               "engine_config": worker.ready["speculative_config"],
+                               "known_differences": plan.known_differences}
         folder.write_info(info)
         console.print(f"vLLM {version} ({worker.ready.get('url', spec.python)})" +
                       ("" if version.rsplit(".", 1)[0] in TESTED_VERSIONS else

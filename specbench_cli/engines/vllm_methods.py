@@ -27,6 +27,7 @@ class EngineMethod:
     speculative_config: dict | None
     options: object
     notes: list[str]
+    known_differences: list[str] = dataclasses.field(default_factory=list)  # vLLM drafts otherwise than the method
 
 
 def _keep(options, given: set[str], name: str, value, why: str, notes: list[str]):
@@ -75,10 +76,22 @@ def _eagle3(options, given, drafters, notes):
     return {"method": "eagle3", "model": drafters["eagle3"], "num_speculative_tokens": k}, options
 
 
+SPECULATORS_DFLASH_CAUSAL = (
+    "vLLM 0.32 reads a speculators DFlash config's sliding_window_non_causal=false as dflash_config.causal=true "
+    "(vllm/transformers_utils/configs/speculators/algos.py, update_dflash), which makes every draft layer attend "
+    "causally within the block (model_executor/models/qwen3_dflash.py, _dflash_layer_causal); speculators' own "
+    "DFlashDraftModel, the paper and our engine attend bidirectionally in full-attention layers. Outputs stay "
+    "lossless; acceptance may differ. With only full-attention layers, sliding_window_non_causal=true in the "
+    "checkpoint's config.json gives vLLM the bidirectional block")
+
+
 def _dflash(options, given, drafters, notes):
     # dflash.py verifies 1 + num_speculative_tokens query positions: the block minus its anchor
     options = _keep(options, given, "sampling", "argmax", "vLLM's DFlash drafts the argmax", notes)
-    block = options.block_size or int(json.loads((Path(drafters["dflash"]) / "config.json").read_text())["block_size"])
+    config = json.loads((Path(drafters["dflash"]) / "config.json").read_text())
+    if config.get("speculators_model_type") == "dflash" and not config.get("sliding_window_non_causal", False):
+        notes.append(f"known difference: {SPECULATORS_DFLASH_CAUSAL}")
+    block = options.block_size or int(config["block_size"])
     return {"method": "dflash", "model": drafters["dflash"], "num_speculative_tokens": block - 1}, options
 
 
@@ -99,4 +112,5 @@ def engine_method(method: str, options, given: set[str], drafters: dict[str, str
         raise UsageError(f"--engine vllm runs {', '.join(MAPPINGS)}; not {method}")
     notes: list[str] = []
     config, options = MAPPINGS[method](options, given, drafters, notes)
-    return EngineMethod(config, options, notes)
+    known = [n.removeprefix("known difference: ") for n in notes if n.startswith("known difference: ")]
+    return EngineMethod(config, options, notes, known)

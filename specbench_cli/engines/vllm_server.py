@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from specbench_cli.core.errors import UsageError
+from specbench_cli.run_folder import RunFailed
 
 CLOCK = "perf_counter in specbench (streamed server chunks as they arrive)"
 HEALTH_WAIT_S = 30.0  # --engine-url: how long a server that does not answer is waited for
@@ -35,7 +35,7 @@ ENDPOINT = "/inference/v1/generate"
 SERVER_FLAGS = {"enable_scale_out": True}  # the server serves ENDPOINT only with --enable-scale-out (403 otherwise)
 
 
-class ServerError(UsageError):
+class ServerError(RunFailed):
     """The server is unreachable, refused a request or went away; the message says which."""
 
 

@@ -155,13 +155,16 @@ class Runner:
         return turns
 
     def _generator(self, prompt: Prompt, turn: int) -> torch.Generator:
-        """A per-turn seed, so a resumed or sharded run draws the same samples as a whole one."""
-        seed = zlib.crc32(f"{self.plan.config.seed}/{prompt.dataset}/{prompt.id}/{turn}".encode())
-        return torch.Generator(device=self.model.device).manual_seed(seed)
+        return torch.Generator(device=self.model.device).manual_seed(turn_seed(self.plan.config.seed, prompt, turn))
 
     def records(self, index: int, prompt: Prompt, turns: list[tuple[list[int], TurnResult]]):
         clock = PhaseClock(self.model.device).name if not self.method.owns_loop else "perf_counter_ns (streamer)"
         return turn_records(self.plan, self.run_name, clock, self.model.decode, index, prompt, turns)
+
+
+def turn_seed(seed: int, prompt: Prompt, turn: int) -> int:
+    """A per-turn seed, so a resumed or sharded run (in any engine) draws the same samples as a whole one."""
+    return zlib.crc32(f"{seed}/{prompt.dataset}/{prompt.id}/{turn}".encode())
 
 
 def turn_records(plan: Plan, run_name: str, clock: str, decode_text, index: int, prompt: Prompt,

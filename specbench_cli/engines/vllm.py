@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import time
-import zlib
 from pathlib import Path
 
 import torch
@@ -68,7 +67,6 @@ def launch(plan: Plan, env: dict[str, str]) -> Launch:
     """The engine's arguments for a planned run: our target folder, dtype and seed, the method's speculative
     config, per-request metrics, then the user's --engine-arg (which win)."""
     c = plan.config
-    drafters = {name: _local(plan, name) for name in plan.method_cls.drafter_names}
     args: dict = {"model": checkpoint_location(plan.spec), "dtype": str(plan.dtype).removeprefix("torch."),
                   "seed": c.seed}
     if plan.speculative_config is not None:
@@ -283,11 +281,13 @@ class ClosedLoop:
                 on_done(conv)
 
     def _next_turn(self, conv: Conversation, live: dict, tag: str) -> None:
+        from specbench_cli.runner import turn_seed
+
         turn = len(conv.turns)
         conv.messages.append({"role": "user", "content": conv.prompt.turns[turn]})
         ids = self.text.encode_chat(conv.messages)
         c = self.plan.config
-        seed = zlib.crc32(f"{c.seed}/{conv.prompt.dataset}/{conv.prompt.id}/{turn}".encode())  # as runner's
+        seed = turn_seed(c.seed, conv.prompt, turn)
         request = f"{tag}{conv.index}.{turn}"
         self.worker.submit({"id": request, "prompt_ids": ids, "max_tokens": c.max_new_tokens,
                             "temperature": c.temperature, "seed": seed, "stop_ids": sorted(self.text.stop_ids)})

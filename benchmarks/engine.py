@@ -5,7 +5,11 @@
    our compiled Target (buckets = the n measured, so no padding).
 2. Baseline decode tokens/s: ours eager, ours compiled, transformers `generate()` (dynamic cache) and
    `generate()` with a static cache and a compiled forward; host overhead per round of our eager loop.
-3. Achieved bandwidth as gpt-fast defines it (bytes of every parameter but the input embedding table, the
+3. With --batch 2,4,8,16: the batched verify (core/batch.py), t(B, n) = one forward over B sequences of n new
+   tokens each (chains, each sequence at the same context), as c(B, n) = t(B, n) / t(B, 1) (what a round of n
+   tokens per sequence costs beside a batch-B baseline round) and t(B, 1) / t(1, 1) (how a baseline round grows
+   with the batch).
+4. Achieved bandwidth as gpt-fast defines it (bytes of every parameter but the input embedding table, the
    output head counted even when tied, times tokens/s) and its share of the measured copy bandwidth of the
    device (a device-to-device copy, bytes read + written).
 
@@ -14,6 +18,7 @@ Clocks: CUDA events on GPU (synchronised once per measurement), perf_counter on 
     python benchmarks/engine.py --device cpu --threads 2                 # eager only, fp32
     python benchmarks/engine.py --device cuda --dtype bfloat16 --compile # the GPU table
     python benchmarks/engine.py --device cpu --threads 2 --dtype bfloat16 --invariant  # what exact bf16 costs
+    python benchmarks/engine.py --device cpu --threads 2 --batch 2,4,8,16              # batched verify costs
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from rich.table import Table
 
 from methods.baseline import Baseline
 from methods.hf_generate import Stamps
+from specbench_cli.core.batch import BatchTarget
 from specbench_cli.core.engine import decode_turn
 from specbench_cli.core.target import Target
 from specbench_cli.core.tree import DraftTree
@@ -109,6 +115,26 @@ def verify_curve(model, device, context: int, reps: int, compile_mode: str | Non
     return curves
 
 
+BATCH_NS = (1, 2, 4, 8, 16)
+
+
+@torch.inference_mode()
+def batch_curve(model, device, context: int, reps: int, sizes: list[int]) -> dict[int, dict[int, float]]:
+    """t(B, n) ms: one batched verify of B sequences, each an (n-1)-token chain after its root, at `context`."""
+    vocab = model.config.vocab_size
+    rng = random.Random(1)
+    out = {}
+    for size in [1, *sizes]:
+        batch = BatchTarget(model, device, size)
+        batch.plan(context + 2 * max(BATCH_NS))
+        seqs = [[rng.randrange(vocab) for _ in range(context + max(BATCH_NS))] for _ in range(size)]
+        for target, ids in zip(batch.slots, seqs):
+            target.prefill(ids[:context - 1])
+        out[size] = {n: timed(lambda n=n: batch.verify([(ids[context - 1], DraftTree.chain(ids[context:context + n - 1]))
+                                                        for ids in seqs]), device, reps) for n in BATCH_NS}
+    return out
+
+
 @torch.inference_mode()
 def decode_rates(loaded, device, prompt: list[int], new: int, compile_mode: str | None,
                  invariant: bool = False) -> dict[str, dict]:
@@ -172,6 +198,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--compile", action="store_true", help="also the compiled Target and generate() with a static cache")
     ap.add_argument("--invariant", action="store_true", help="also the batch-invariant Target (core.target)")
+    ap.add_argument("--batch", default="", help="batch sizes for the batched verify table, e.g. 2,4,8,16")
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here too")
     args = ap.parse_args()
     if args.threads:
@@ -196,6 +223,21 @@ def main() -> None:
     table.add_row("eager chain / hf", *(f"{curves['ours eager chain'][n] / hf[n]:.2f}" for n in NS), "")
     console.print(table)
 
+    batched = {}
+    if args.batch:
+        batched = batch_curve(loaded.model, device, args.context, args.reps, [int(b) for b in args.batch.split(",")])
+        table = Table(title=f"batched verify, context {args.context}: c(B, n) = t(B, n) / t(B, 1); last columns "
+                            f"t(B, 1) ms and t(B, 1) / t(1, 1) ({where}, {clock})")
+        table.add_column("B")
+        for n in BATCH_NS:
+            table.add_column(f"n={n}", justify="right")
+        table.add_column("t(B, 1) ms", justify="right")
+        table.add_column("vs B=1", justify="right")
+        for size, curve in batched.items():
+            table.add_row(str(size), *(f"{curve[n] / curve[1]:.2f}" for n in BATCH_NS), f"{curve[1]:.2f}",
+                          f"{curve[1] / batched[1][1]:.2f}")
+        console.print(table)
+
     prompt = loaded.encode_chat([{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}])
     rates = decode_rates(loaded, device, prompt, args.new, mode, args.invariant)
     size = weight_bytes(loaded.model)
@@ -214,6 +256,7 @@ def main() -> None:
         console.print(f"compiled output identical to eager: {rates['ours compiled']['same tokens as eager']}")
     if args.json:
         args.json.write_text(json.dumps({"where": where, "clock": clock, "curves": curves, "rates": rates,
+                                         "batched": batched,
                                          "weight_bytes": size, "copy_bandwidth": peak}, indent=2, default=str))
 
 

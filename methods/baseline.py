@@ -10,6 +10,7 @@ from specbench_cli.core.tree import DraftTree
 
 class Baseline(Method):
     name = "baseline"
+    batchable = True
 
     def propose(self, state: DecodeState) -> DraftTree:
         return DraftTree()

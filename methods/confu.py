@@ -94,6 +94,7 @@ class ConFuParts(nn.Module):
 
 class ConFu(Eagle3):
     name = "confu"
+    batchable = False  # its future token and soft prompt ride in the target's verify, which batches do not carry yet
     drafter_names = ("confu",)
     extra_tensors = ("confu.",)
 

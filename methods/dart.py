@@ -27,7 +27,7 @@ from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, locate_file
 from methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from methods.features import FeatureDrafter
-from methods.layers import append_kv, causal_mask
+from methods.layers import append_kv, causal_mask, stack_kv
 from methods.ngram import Trie
 from specbench_cli.core.tree import DraftTree
 
@@ -107,13 +107,13 @@ class DartLayer(Eagle3Layer):
         trainer stacks one block per anchor (`slots` given) and keeps every row."""
         trim, slots = slots is None, self.slots if slots is None else slots
         x, residual = self.inputs(emb, h)
-        if slots:
-            x = torch.cat((x, self.mask_rep.expand(slots, -1)))
-            residual = torch.cat((residual, self.mask_rep[: h.shape[-1]].expand(slots, -1)))
+        if slots:  # after the inputs of each sequence (a batch's inputs are padded at the front)
+            x = torch.cat((x, self.mask_rep.expand(*x.shape[:-2], slots, -1)), -2)
+            residual = torch.cat((residual, self.mask_rep[: h.shape[-1]].expand(*h.shape[:-2], slots, -1)), -2)
         attn, kv = self.self_attn(x, cos, sin, past, mask, extra)
         h = residual + attn
         if trim and slots:
-            h = h[-slots - 1:]
+            h = h[..., -slots - 1:, :]
         return self.mlp_block(h), kv
 
 
@@ -140,6 +140,7 @@ class DartDraft(Eagle3Draft):
 
 class Dart(FeatureDrafter):
     name = "dart"
+    batchable = True  # `propose_batch`
     drafter_names = ("dart",)
     inherent_syncs = "two per round: the top-k table for the host-side tree search, and the accepted length"
     optional_drafters = ("dart_ngram",)  # needed unless --opt trie=none
@@ -180,11 +181,50 @@ class Dart(FeatureDrafter):
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> DraftTree:
-        logits = self.level_logits(state)
+        return self.search_tree(self.level_logits(state))
+
+    def search_tree(self, logits: torch.Tensor) -> DraftTree:
+        """The tree the n-gram-guided search grows from the levels' logits [draft_length + 1, draft vocab]."""
         top = logits.topk(min(self.options.top_k, logits.shape[-1]), dim=-1)
         tokens = self.draft.to_target(top.indices).cpu().numpy()
         probs = torch.softmax(top.values, dim=-1).cpu().numpy()  # temperature 1 inside the search
         return to_tree(search(tokens, probs, self.trie, self.preceding, self.eos, self.options))
+
+    # ------------------------------------------------------------------------------------ batch > 1
+    @torch.inference_mode()
+    def propose_batch(self, forks: list[Dart], states: list[DecodeState]) -> list[DraftTree]:
+        """Trees for a batch of sequences: one draft forward over every sequence's unseen positions and mask
+        slots (inputs padded at the front, so each sequence's last position and slots end every row; the draft
+        caches stacked and padded, `stack_kv`), then each sequence's tree search on the host, as alone."""
+        if len(forks) == 1:
+            return [forks[0].propose(states[0])]
+        draft, batch, slots = self.draft, len(forks), self.draft.config.mask_slots
+        starts = [0 if f.kv is None else f.kv[0].shape[1] for f in forks]
+        feats = [f.take_pending(s, a) for f, s, a in zip(forks, states, starts)]
+        device, rows = feats[0].device, max(x.shape[0] for x in feats)
+        width = rows + slots
+        h = torch.zeros(batch, rows, feats[0].shape[1], device=device, dtype=feats[0].dtype)
+        ids = torch.zeros(batch, rows, dtype=torch.long, device=device)
+        positions = torch.zeros(batch, width, dtype=torch.long, device=device)
+        own = torch.zeros(batch, width, width, dtype=torch.bool, device=device)
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        for b, (x, s, a) in enumerate(zip(feats, states, starts)):
+            n = x.shape[0]
+            h[b, rows - n:] = x
+            ids[b, rows - n:] = torch.tensor(s.tokens[a + 1: a + n + 1], device=device)
+            positions[b, rows - n:] = torch.arange(a, a + n + slots, device=device)
+            own[b] = causal
+            own[b, :, :rows - n] = False  # nobody sees the padding rows but themselves
+            own[b].diagonal().fill_(True)
+        empty = torch.zeros(draft.config.kv_heads, 0, draft.config.head_dim, device=device, dtype=h.dtype)
+        past, real = stack_kv([f.kv if f.kv is not None else (empty, empty) for f in forks])
+        mask = torch.cat((real[:, None].expand(-1, width, -1), own), 2)
+        out, (k, v) = draft.step(h, ids, positions, past, mask)
+        for b, (f, x) in enumerate(zip(forks, feats)):  # mask slots are not kept
+            f.kv = append_kv(f.kv, (k[b, :, rows - x.shape[0]:rows], v[b, :, rows - x.shape[0]:rows]))
+        with states[0].timed("draft_head"):
+            logits = draft.logits(draft.norm(out))
+        return [f.search_tree(lg) for f, lg in zip(forks, logits)]
 
 
 def load_trie(ref: str, filename: str) -> Trie:

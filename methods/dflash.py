@@ -30,7 +30,7 @@ from specbench_cli.core.errors import UsageError
 from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, CheckpointError
 from methods.features import FeatureDrafter
-from methods.layers import Attention, MLP, RMSNorm, Rotary, append_kv, causal_mask, rope_settings
+from methods.layers import Attention, MLP, RMSNorm, Rotary, append_kv, causal_mask, rope_settings, stack_kv
 from specbench_cli.core.tree import DraftTree
 
 
@@ -188,11 +188,14 @@ class DFlashDraft(nn.Module):
                   "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": c.capture}}
         return config, dict(self.state_dict())
 
-    def context_kv(self, feats: torch.Tensor, ctx_start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, the keys/values of context rows (target features of positions ctx_start..): all the
-        draft ever computes for context, which is why a DFlash catch-up is KV-only by construction."""
+    def context_kv(self, feats: torch.Tensor, ctx_start: int | torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the keys/values of context rows (target features of positions ctx_start.., or of the
+        positions `ctx_start` lists): all the draft ever computes for context, which is why a DFlash catch-up is
+        KV-only by construction."""
         ctx = self.hidden_norm(self.fc(feats))
-        rope_ctx = self.rotary(torch.arange(ctx_start, ctx_start + feats.shape[0], device=feats.device), ctx.dtype)
+        positions = ctx_start if isinstance(ctx_start, torch.Tensor) else \
+            torch.arange(ctx_start, ctx_start + feats.shape[0], device=feats.device)
+        rope_ctx = self.rotary(positions, ctx.dtype)
         return [layer.self_attn.keys_values(ctx, *rope_ctx) for layer in self.layers]
 
     def forward(self, feats: torch.Tensor, ctx_start: int, block_ids: torch.Tensor, block_start: int,
@@ -229,6 +232,7 @@ class DFlashDraft(nn.Module):
 
 class DFlash(FeatureDrafter):
     name = "dflash"
+    batchable = True  # `propose_batch`
     drafter_names = ("dflash",)
     inherent_syncs = "two per round: the block's draft tokens to host, and the accepted length"
 
@@ -283,3 +287,46 @@ class DFlash(FeatureDrafter):
         probs = torch.softmax(logits / state.temperature, dim=-1)
         tokens = torch.multinomial(probs, 1, generator=state.generator)[:, 0]
         return DraftTree.chain(tokens.tolist(), draft_probs=probs)
+
+    # ------------------------------------------------------------------------------------ batch > 1
+    @torch.inference_mode()
+    def propose_batch(self, forks: list[DFlash], states: list[DecodeState]) -> list[DraftTree]:
+        """Blocks for a batch of sequences in one forward: the new context rows of all of them (one `context_kv`
+        call), then every sequence's block over its own context, the caches stacked and padded (`stack_kv`)."""
+        if len(forks) == 1:
+            return [forks[0].propose(states[0])]
+        draft, size, batch = self.draft, self.block_size, len(forks)
+        device = states[0].target.device
+        _catch_up_all(forks, states)
+        blocks = torch.full((batch, size), draft.config.mask_token_id, device=device)
+        blocks[:, 0] = torch.tensor([s.tokens[-1] for s in states], device=device)
+        lengths = torch.tensor([s.target.length for s in states], device=device)
+        positions = lengths[:, None] + torch.arange(size, device=device)
+        caches = [stack_kv([f.ctx_kv[i] for f in forks]) for i in range(len(draft.layers))]
+        real = caches[0][1]  # which context entries are real (the same for every layer)
+        own = torch.ones(size, size, dtype=torch.bool, device=device)
+        if draft.config.causal:
+            own = own.tril()
+        mask = torch.cat((real[:, None].expand(-1, size, -1), own.expand(batch, -1, -1)), 2)
+        hidden = draft.block(blocks, 0, [kv for kv, _ in caches], positions, mask)
+        with states[0].timed("draft_head"):
+            logits = draft.logits(hidden[:, 1:])
+        if states[0].temperature <= 0 or self.options.sampling == "argmax":
+            return [DraftTree.chain(row) for row in logits.argmax(-1).tolist()]
+        probs = torch.softmax(logits / states[0].temperature, dim=-1)
+        return [DraftTree.chain(torch.multinomial(p, 1, generator=s.generator)[:, 0].tolist(), draft_probs=p)
+                for p, s in zip(probs, states)]
+
+
+def _catch_up_all(forks: list[DFlash], states: list[DecodeState]) -> None:
+    """`catch_up` for every sequence: their new context rows through one `context_kv` call."""
+    todo = [(f, f.take_pending(s, f.absorbed)) for f, s in zip(forks, states) if f.pending]
+    if not todo:
+        return
+    device = todo[0][1].device
+    positions = torch.cat([torch.arange(f.absorbed, f.absorbed + rows.shape[0], device=device) for f, rows in todo])
+    new_kv = todo[0][0].draft.context_kv(torch.cat([rows for _, rows in todo]), positions)
+    sizes = [rows.shape[0] for _, rows in todo]
+    for j, (f, _) in enumerate(todo):
+        mine = [(k.split(sizes, 1)[j], v.split(sizes, 1)[j]) for k, v in new_kv]
+        f.ctx_kv = mine if f.ctx_kv is None else [append_kv(old, new) for old, new in zip(f.ctx_kv, mine)]

@@ -2,7 +2,8 @@
 
 Drafter layers differ from a stock decoder layer in their inputs (EAGLE-3's attention reads 2H features,
 DFlash injects context keys/values into every layer), so they are written here in a few lines instead of
-bending transformers' classes. Everything runs batch 1: activations are [T, H], keys/values [heads, T, d].
+bending transformers' classes. Activations are [T, H] and keys/values [heads, T, d], with one more leading
+dimension for a batch of sequences ([B, T, H], [B, heads, T, d]; a drafter at --batch-size > 1).
 The numerics follow the Llama/Qwen3 reference layers (RMSNorm in fp32, rotate-half RoPE).
 """
 
@@ -50,7 +51,7 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None].to(positions.device)
+        freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -68,10 +69,10 @@ def _scaled_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on [heads, T, d] with cos/sin [T, d]."""
+    """Rotate-half RoPE on [(B,) heads, T, d] with cos/sin [(B,) T, d]."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos.unsqueeze(-3) + rotated * sin.unsqueeze(-3)
 
 
 class Attention(nn.Module):
@@ -91,10 +92,10 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
 
     def _heads(self, x: torch.Tensor, n: int, norm: RMSNorm | None) -> torch.Tensor:
-        x = x.view(x.shape[0], n, self.head_dim)
+        x = x.view(*x.shape[:-1], n, self.head_dim)
         if norm is not None:
             x = norm(x)
-        return x.transpose(0, 1)  # [heads, T, d]
+        return x.transpose(-3, -2)  # [(B,) heads, T, d]
 
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         k = rotate(self._heads(self.k_proj(x), self.kv_heads, self.k_norm), cos, sin)
@@ -104,18 +105,21 @@ class Attention(nn.Module):
                 past: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None,
                 extra: tuple[torch.Tensor, torch.Tensor] | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Attend from x [T, in_dim] (rotated by cos/sin [T, d]) to past + `extra` + this call's keys.
+        """Attend from x [(B,) T, in_dim] (rotated by cos/sin [(B,) T, d]) to past + `extra` + this call's keys.
 
-        mask: bool [T, all keys] (True = may attend) or None for full attention."""
+        mask: bool [(B,) T, all keys] (True = may attend) or None for full attention."""
         q = rotate(self._heads(self.q_proj(x), self.heads, self.q_norm), cos, sin)
         k, v = self.keys_values(x, cos, sin)
         keys = [kv for kv in (past, extra) if kv is not None] + [(k, v)]
-        all_k = torch.cat([kk for kk, _ in keys], dim=1)
-        all_v = torch.cat([vv for _, vv in keys], dim=1)
-        out = F.scaled_dot_product_attention(q[None], all_k[None], all_v[None],
-                                             attn_mask=None if mask is None else mask[None, None],
-                                             enable_gqa=self.heads != self.kv_heads)[0]
-        return self.o_proj(out.transpose(0, 1).reshape(x.shape[0], -1)), (k, v)
+        all_k = torch.cat([kk for kk, _ in keys], dim=-2)
+        all_v = torch.cat([vv for _, vv in keys], dim=-2)
+        one = x.dim() == 2  # a single sequence: SDPA wants a batch dimension
+        out = F.scaled_dot_product_attention(q[None] if one else q, all_k[None] if one else all_k,
+                                             all_v[None] if one else all_v,
+                                             attn_mask=None if mask is None else mask[None, None] if one else mask[:, None],
+                                             enable_gqa=self.heads != self.kv_heads)
+        out = out[0] if one else out
+        return self.o_proj(out.transpose(-3, -2).reshape(*x.shape[:-1], -1)), (k, v)
 
 
 class MLP(nn.Module):
@@ -139,3 +143,15 @@ def causal_mask(queries: int, past: int, device: torch.device) -> torch.Tensor:
 def append_kv(kv, new):
     """Grow a (k, v) pair [heads, T, d] along T."""
     return new if kv is None else (torch.cat((kv[0], new[0]), 1), torch.cat((kv[1], new[1]), 1))
+
+
+def stack_kv(caches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Several sequences' caches [heads, T_b, d] as one batch [B, heads, max T, d] (zero-padded at the end), and
+    which entries are real: bool [B, max T]."""
+    longest = max(k.shape[1] for k, _ in caches)
+    pad = lambda t: F.pad(t, (0, 0, 0, longest - t.shape[1]))  # noqa: E731
+    keys = torch.stack([pad(k) for k, _ in caches])
+    values = torch.stack([pad(v) for _, v in caches])
+    real = torch.arange(longest, device=keys.device)[None] < torch.tensor([k.shape[1] for k, _ in caches],
+                                                                          device=keys.device)[:, None]
+    return (keys, values), real

@@ -16,6 +16,7 @@ from specbench_cli.core.tree import DraftTree
 
 class PromptLookup(Method):
     name = "pld"
+    batchable = True
 
     @dataclass
     class Options:

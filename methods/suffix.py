@@ -17,6 +17,7 @@ depend on the order requests were cached in (resume gives the same drafts).
 
 from __future__ import annotations
 
+import copy
 import heapq
 from dataclasses import dataclass, field
 
@@ -67,6 +68,17 @@ class TokenStore:
     @property
     def data(self) -> np.ndarray:
         return self._buf[: self.size]
+
+
+class Joined:
+    """Several stores read as one, each its own sequence (a lookup reads only `data`)."""
+
+    def __init__(self, stores: list[TokenStore]) -> None:
+        self.stores = stores
+
+    @property
+    def data(self) -> np.ndarray:
+        return np.concatenate([part for store in self.stores for part in (store.data, [SEPARATOR])])
 
 
 @dataclass
@@ -178,7 +190,11 @@ def _push(draft: SuffixDraft, token: int, parent: int, prob: float) -> None:
 
 
 class Suffix(Method):
+    """At batch > 1 (`fork`), as in ArcticInference's cache, the global tree holds every finished request's output
+    and every in-flight one's so far, each its own sequence; the local tree is the request's own."""
+
     name = "suffix"
+    batchable = True
 
     @dataclass
     class Options(SpecParams):
@@ -189,18 +205,39 @@ class Suffix(Method):
         self.global_store = TokenStore()  # outputs of every request so far
         self.local_store = TokenStore()  # this request's prompt + output
         self.last_draft = SuffixDraft()
+        self.in_flight: list[TokenStore] | None = None  # batch > 1: the outputs being decoded (shared by forks)
+        self.response = TokenStore()  # batch > 1: this request's output so far
+
+    def fork(self) -> Suffix:
+        if self.in_flight is None:
+            self.in_flight = []
+        return copy.copy(self)
 
     def start(self, state: DecodeState) -> None:
         self.local_store = TokenStore()
         self.local_store.extend(state.tokens)
-        self.global_store.new_sequence()
-        self.global_store.extend(state.tokens[state.prompt_len:])
+        if self.in_flight is not None:
+            self.response = TokenStore()
+            self.in_flight.append(self.response)
+        self.outputs.new_sequence()
+        self.outputs.extend(state.tokens[state.prompt_len:])
+
+    @property
+    def outputs(self) -> TokenStore:
+        """Where this request's output goes as it is decoded: the global store at batch 1, its own at batch > 1."""
+        return self.global_store if self.in_flight is None else self.response
+
+    def finish(self, state: DecodeState) -> None:
+        if self.in_flight is not None:  # the finished output joins the global store
+            self.in_flight.remove(self.response)
+            self.absorb(self.response.data.tolist())
 
     def lookup(self, state: DecodeState) -> SuffixDraft:
         """This round's draft: the better of the local and the global tree's (the global only if strictly)."""
         pattern = state.tokens[-self.options.max_depth:]
         draft = speculate(self.local_store, pattern, self.options)
-        other = speculate(self.global_store, pattern, self.options)
+        every = self.global_store if self.in_flight is None else Joined([self.global_store, *self.in_flight])
+        other = speculate(every, pattern, self.options)
         if other.score > draft.score:
             draft = other
         self.last_draft = draft
@@ -216,7 +253,7 @@ class Suffix(Method):
 
     def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
         self.local_store.extend(new_tokens)
-        self.global_store.extend(new_tokens)
+        self.outputs.extend(new_tokens)
 
     def absorb(self, output_ids: list[int]) -> None:
         self.global_store.new_sequence()

@@ -93,6 +93,7 @@ def run(
     engine_arg: Annotated[Optional[list[str]], typer.Option(help="--engine vllm: KEY=VALUE passed to vllm.EngineArgs unchanged (repeatable; the value read as JSON when it parses), e.g. tensor_parallel_size=2, max_model_len=4096, enforce_eager=true.")] = None,
     engine_python: Annotated[Optional[str], typer.Option(help="--engine vllm: the Python that has vLLM. Default: $SPECBENCH_VLLM_PYTHON, this Python if it imports vllm, else .venv-vllm/bin/python (scripts/setup-vllm.sh).")] = None,
     concurrency: Annotated[str, typer.Option(help="--engine vllm: requests kept in flight (a closed loop: a new one starts when one finishes). A comma list (1,2,4,8) runs one level after another, each its own run (folder ..._c<N>, or <out>/c<N> with --out); `report` then shows throughput and speedup against concurrency. Default: 1.")] = "1",
+    batch_size: Annotated[str, typer.Option(help="Our engine: sequences decoded together, one target forward per round over all of them; a finished sequence's slot takes the next prompt at once (continuous batching; a conversation keeps its slot for all its turns). A comma list (1,2,4,8,16) runs one size after another, each its own run (folder ..._b<N>, or <out>/b<N> with --out); `report` then shows throughput and speedup against batch size (DART Tables 5-7). Methods: baseline, pld, suffix, eagle3. At most the number of prompts selected. Default: 1.")] = "1",
     engine_url: Annotated[Optional[str], typer.Option(help="--engine vllm: measure a vLLM server already running (http://HOST:PORT; a multi-GPU or multi-node deployment), started with the method's --speculative-config and --per-request-spec-decode-metrics detailed (specbench prints the matching `vllm serve` command if it does not match). Waited for 30 s. Default: specbench starts the engine.")] = None,
     engine_serve: Annotated[bool, typer.Option(help="--engine vllm: start `vllm serve` on 127.0.0.1 (the engine's Python, the run's engine arguments) and reach it over HTTP, as a deployment is measured; stopped at the end. Default: off (vLLM's engine loop in a process of its own, no HTTP).")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List methods, models and datasets, then exit.")] = False,
@@ -109,14 +110,21 @@ def run(
                        drafters=drafter or [], compile=compile, compile_buckets=compile_buckets,
                        batch_invariant=batch_invariant, tuned=tuned, engine=engine, engine_args=engine_arg or [],
                        engine_python=engine_python, engine_url=engine_url, engine_serve=engine_serve, threads=threads)
-    _execute_levels(config, concurrency, threads)
+    _execute_levels(config, concurrency, batch_size, threads)
 
 
-def _execute_levels(config, concurrency: str, threads: int | None) -> None:
-    """Each --concurrency level as its own run; every level's input is checked before the first one starts."""
+def _execute_levels(config, concurrency: str, batch_size: str, threads: int | None) -> None:
+    """Each --concurrency or --batch-size level as its own run; every level's input is checked before the first
+    one starts."""
     from specbench_cli.inputs import check_run, level_configs, parse_levels
 
-    configs = level_configs(config, parse_levels(concurrency))
+    engines, batches = parse_levels(concurrency, "--concurrency"), parse_levels(batch_size, "--batch-size")
+    if len(engines) > 1 and len(batches) > 1:
+        raise UsageError("sweep --concurrency or --batch-size, not both at once")
+    if len(batches) > 1:
+        configs = level_configs(dataclasses.replace(config, concurrency=engines[0]), batches, "batch_size")
+    else:
+        configs = level_configs(dataclasses.replace(config, batch_size=batches[0]), engines, "concurrency")
     for each in configs[1:]:
         check_run(each, dict(os.environ))
     for each in configs:

@@ -60,6 +60,7 @@ class RunConfig:
     engine_args: list[str] = field(default_factory=list)  # KEY=VALUE passed to the engine unchanged
     engine_python: str | None = None  # the Python that runs the engine (engines/vllm.py: engine_python)
     concurrency: int = 1  # requests an engine keeps in flight (a closed loop)
+    batch_size: int = 1  # sequences our engine decodes together (core/batch.py)
     engine_url: str | None = None  # a running vLLM server to measure (engines/vllm_server.py)
     engine_serve: bool = False  # start `vllm serve` and reach it over HTTP instead of the in-process engine
     threads: int | None = None  # --threads: an engine process's CPU threads too
@@ -101,7 +102,7 @@ class Plan:
                 "options": options_record(self.options), "target": self.spec.target, "drafters": self.drafters,
                 "warmup": [p.id for p in self.warmup], "batch_invariant": self.batch_invariant,
                 "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)},
-                **self.engine_settings()}
+                **({"batch_size": c.batch_size} if c.batch_size > 1 else {}), **self.engine_settings()}
 
     def engine_settings(self) -> dict:
         """An engine run's own settings (none for our engine, whose runs predate engines)."""
@@ -143,6 +144,11 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
     prompts = chosen[shard[0]::shard[1]]
     if not prompts:
         raise UsageError("no prompts selected (check --category, --limit and --shard)")
+    if config.batch_size > len(prompts):  # the batch could never fill: its throughput would not be batch B's
+        raise UsageError(f"--batch-size {config.batch_size} is more than the {len(prompts)} prompt(s) selected, so "
+                         "the batch could never fill; lower it or select more prompts")
+    if config.batch_size > 1 and config.compile:
+        raise UsageError("--batch-size > 1 runs eager: the compiled path has graphs for one sequence only")
     out = config.out or config.results_root / default_name(config, shard)
     if out.exists() and not config.resume:
         raise UsageError(f"results directory {out} exists; pass --resume to continue it or --out for a new one")
@@ -157,12 +163,16 @@ def check_engine(config: RunConfig, env: dict[str, str]) -> tuple[dict, str]:
     if config.engine not in ENGINES:
         raise unknown("engine", config.engine, ENGINES)
     at_least("--concurrency", config.concurrency, 1)
+    at_least("--batch-size", config.batch_size, 1)
     if config.engine == "specbench":
         if config.engine_args or config.engine_python or config.engine_url or config.engine_serve:
             raise UsageError("--engine-arg, --engine-python, --engine-url and --engine-serve are for --engine vllm")
         if config.concurrency != 1:
-            raise UsageError("--concurrency is for --engine vllm: our engine decodes one request at a time")
+            raise UsageError("--concurrency is for --engine vllm; our engine decodes --batch-size sequences together")
         return {}, ""
+    if config.batch_size != 1:
+        raise UsageError(f"--batch-size is our engine's; --engine {config.engine} batches the requests it has in "
+                         "flight: use --concurrency")
     if config.method not in MAPPINGS:
         raise UsageError(f"--engine {config.engine} runs {', '.join(MAPPINGS)}; not {config.method}")
     ours = {"--compile": config.compile, "--batch-invariant on": config.batch_invariant == "on",
@@ -179,29 +189,36 @@ def check_engine(config: RunConfig, env: dict[str, str]) -> tuple[dict, str]:
     return parse_engine_args(config.engine_args), engine_python(config.engine_python, env)
 
 
-def parse_levels(text: str) -> list[int]:
-    """--concurrency: one level or a comma list (`1,2,4,8`), each a positive whole number, in the order given."""
+# The loads a run can be swept over, one run per level: the setting, its folder tag (name suffix _<tag><N>, or
+# <out>/<tag><N>) and its option.
+LOADS = {"concurrency": ("c", "--concurrency"), "batch_size": ("b", "--batch-size")}
+
+
+def parse_levels(text: str, option: str = "--concurrency") -> list[int]:
+    """A load option: one level or a comma list (`1,2,4,8`), each a positive whole number, in the order given."""
     try:
         levels = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         levels = []
     if not levels or min(levels) < 1 or len(set(levels)) < len(levels):
-        raise UsageError(f"--concurrency '{text}': expected distinct positive whole numbers such as 1 or 1,2,4,8")
+        raise UsageError(f"{option} '{text}': expected distinct positive whole numbers such as 1 or 1,2,4,8")
     return levels
 
 
-def level_configs(config: RunConfig, levels: list[int]) -> list[RunConfig]:
-    """One run per concurrency level: each its own results folder (the default name ends in _c<N>), or with
-    several levels and --out, <out>/c<N>, so that `specbench report <out>` reads the whole sweep."""
+def level_configs(config: RunConfig, levels: list[int], load: str = "concurrency") -> list[RunConfig]:
+    """One run per level of `load` (a LOADS key): each its own results folder (the default name ends in _c<N> or
+    _b<N>), or with several levels and --out, <out>/c<N> (b<N>), so that `specbench report <out>` reads the whole
+    sweep."""
     if len(levels) == 1:
-        return [dataclasses.replace(config, concurrency=levels[0])]
-    return [dataclasses.replace(config, concurrency=n, out=config.out / f"c{n}" if config.out else None)
+        return [dataclasses.replace(config, **{load: levels[0]})]
+    tag = LOADS[load][0]
+    return [dataclasses.replace(config, **{load: n}, out=config.out / f"{tag}{n}" if config.out else None)
             for n in levels]
 
 
 def default_name(c: RunConfig, shard: tuple[int, int]) -> str:
     engine = "" if c.engine == "specbench" else f"{c.engine}-"
-    concurrency = f"_c{c.concurrency}" if c.concurrency > 1 else ""
+    concurrency = "".join(f"_{tag}{getattr(c, load)}" for load, (tag, _) in LOADS.items() if getattr(c, load) > 1)
     name = f"{c.model}_{dataset_slug(c.dataset)}_{engine}{c.method}{'-tuned' if c.tuned else ''}{concurrency}_t{c.temperature:g}"
     return name + (f"_shard{shard[0]}of{shard[1]}" if shard[1] > 1 else "")
 

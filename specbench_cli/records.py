@@ -57,6 +57,11 @@ class RoundRecord(Identity):
     extra_forward_ms: float = NAN  # target forwards a method runs outside verify (SpS deferred=false)
     reverify_ms: float = NAN  # part of verify: a batch-invariant greedy tree's path verified again (core.engine)
     engine: str = "specbench"  # which engine decoded it (engines/: specbench, vllm)
+    # Batch > 1 (run --batch-size): the sequence's slot, the sequences in the round's forward, and the batch round
+    # (rows with the same batch_round share one forward and its phase times; -1 at batch 1).
+    batch_slot: int = 0
+    batch_size: int = 1
+    batch_round: int = -1
     # The method's own per-round signals (`Route.extras`: a router's inputs and score, the catch-up backlog),
     # each written as a column of its own after the fixed ones; a vector as comma-separated text.
     extras: dict = field(default_factory=dict)
@@ -143,7 +148,8 @@ def read_table(run_dir: Path, name: str) -> pd.DataFrame:
 
 
 # Columns added after records were first written, with what they mean in an older part (NaN: not measured).
-_LATER = {cls: {"engine": "specbench"} for cls in (PromptRecord, RoundRecord)}
+_LATER = {PromptRecord: {"engine": "specbench"},
+          RoundRecord: {"engine": "specbench", "batch_slot": 0, "batch_size": 1, "batch_round": -1}}
 
 
 def _with_fixed_types(table: pa.Table, fixed: pa.Schema, later: dict) -> pa.Table:

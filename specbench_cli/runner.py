@@ -8,11 +8,13 @@ with the same settings and gives the same records an uninterrupted run would hav
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import os
 import time
 import zlib
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -28,6 +30,8 @@ from specbench_cli.core.options import parse_options
 from specbench_cli import hardware
 from specbench_cli.telemetry import GpuTelemetry
 from specbench_cli.datasets import Prompt
+from specbench_cli.conversations import Conversation, Throughput
+from specbench_cli.core.batch import BatchTarget, Turn, decode_batch
 from specbench_cli.core.engine import decode_turn
 from specbench_cli.core.turn import DecodeSettings, TurnResult
 from specbench_cli.core.errors import UsageError
@@ -36,7 +40,7 @@ from specbench_cli.inputs import Plan, RunConfig, check_run
 from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype, resolve_invariant
 from specbench_cli.tuning import machine_key, tuned_opts
 from specbench_cli.models import checkpoint_ref
-from specbench_cli.registry import method_class
+from specbench_cli.registry import METHODS, method_class
 from specbench_cli.records import NAN, RUN_TABLES, PromptRecord, RoundRecord, output_hash, run_parts
 from specbench_cli.run_folder import RunFolder, RunInfo, now
 from specbench_cli.analysis.summary import print_summary
@@ -70,6 +74,9 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
     planned = dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device,
                                   dtype=dtype.dtype, dtype_reason=dtype.reason, tuned_from=tuned_from,
                                   compile_mode=mode, batch_invariant=invariant, notes=notes)
+    if config.batch_size > 1 and not cls.batchable:
+        batched = ", ".join(name for name in METHODS if method_class(name).batchable)
+        raise UsageError(f"{config.method} does not decode batches yet; --batch-size > 1 runs {batched}")
     if config.engine == "vllm":
         from specbench_cli.engines.vllm import plan_engine
 
@@ -145,17 +152,18 @@ class Runner:
 
     def decode_prompt(self, prompt: Prompt) -> list[tuple[list[int], TurnResult]]:
         """All turns of a prompt, each turn seeing the model's own earlier answers."""
-        messages, turns = [], []
-        for t, text in enumerate(prompt.turns):
-            messages.append({"role": "user", "content": text})
-            ids = self.model.encode_chat(messages)
-            result = decode_turn(self.target, self.method, ids, self.settings, self._generator(prompt, t), context(prompt))
-            messages.append({"role": "assistant", "content": self.model.decode(result.output_ids)})
-            turns.append((ids, result))
-        return turns
+        conv = Conversation(0, prompt)
+        while not conv.finished:
+            turn = self.next_turn(conv)
+            conv.add(decode_turn(self.target, self.method, turn.prompt_ids, self.settings, turn.generator, turn.context),
+                     self.model)
+        return conv.turns
 
-    def _generator(self, prompt: Prompt, turn: int) -> torch.Generator:
-        return torch.Generator(device=self.model.device).manual_seed(turn_seed(self.plan.config.seed, prompt, turn))
+    def next_turn(self, conv: Conversation) -> Turn:
+        """What decoding a conversation's next turn takes: its ids, its own generator, the prompt's context."""
+        generator = torch.Generator(device=self.model.device).manual_seed(
+            turn_seed(self.plan.config.seed, conv.prompt, conv.turn))
+        return Turn(conv.next_ids(self.model), generator, context(conv.prompt))
 
     def records(self, index: int, prompt: Prompt, turns: list[tuple[list[int], TurnResult]]):
         clock = PhaseClock(self.model.device).name if not self.method.owns_loop else "perf_counter_ns (streamer)"
@@ -188,7 +196,8 @@ def turn_records(plan: Plan, run_name: str, clock: str, decode_text, index: int,
             rounds.append(RoundRecord(**common, turn=t, round=k, proposer=info.proposer, tree_size=info.tree_size,
                                       draft_depth=info.draft_depth, accepted=info.accepted, emitted=info.emitted,
                                       kv_len=info.kv_len, target_forwards=info.target_forwards, **ms,
-                                      engine=engine, extras=info.extras))
+                                      engine=engine, batch_slot=info.slot, batch_size=info.batch,
+                                      batch_round=info.batch_round, extras=info.extras))
     return rounds, rows
 
 
@@ -206,8 +215,20 @@ class PromptJob(Protocol):
     def decode(self, index: int, prompt: Prompt) -> dict[str, pa.Table]:
         """Decode one prompt of the selection: its rows, one table per name of the folder's tables."""
 
+    def decode_all(self, todo: list[tuple[int, Prompt]], finished: Callable[[int, Prompt, dict], None]) -> None:
+        """Decode the prompts `todo`, handing each one's rows to `finished` as soon as it is done (`OneAtATime`:
+        in order, with `decode`)."""
+
     def stats(self) -> str:
         """The progress bar's live text after the latest prompt."""
+
+
+class OneAtATime:
+    """A job that decodes one prompt at a time (`decode`), in the selection's order."""
+
+    def decode_all(self, todo: list[tuple[int, Prompt]], finished: Callable[[int, Prompt, dict], None]) -> None:
+        for index, prompt in todo:
+            finished(index, prompt, self.decode(index, prompt))
 
 
 def warm_up(folder: RunFolder, job: PromptJob, plan: Plan, console: Console) -> None:
@@ -225,9 +246,11 @@ def record_prompts(folder: RunFolder, job: PromptJob, plan: Plan, done: set[int]
     """Decode and write the prompts not yet done, one part per table each."""
     todo = [(i, p) for i, p in enumerate(plan.prompts) if i not in done]
     with record_progress(console, plan, todo, label) as advance:
-        for index, prompt in todo:
-            folder.write_prompt(index, job.decode(index, prompt))
+        def finished(index: int, prompt: Prompt, tables: dict) -> None:
+            folder.write_prompt(index, tables)
             advance(prompt, job.stats())
+
+        job.decode_all(todo, finished)
 
 
 @contextmanager
@@ -262,7 +285,7 @@ def loaded_target(plan: Plan, model: LoadedModel | None, split: bool = False) ->
 
 
 # ---------------------------------------------------------------------------------------------- `run`
-class RunJob:
+class RunJob(OneAtATime):
     """`run`'s rows: a prompt decoded by the method -> its rounds and prompts records."""
 
     def __init__(self, runner: Runner) -> None:
@@ -277,7 +300,9 @@ class RunJob:
         self.runner.method.absorb(output_ids)
 
     def decode(self, index: int, prompt: Prompt) -> dict[str, pa.Table]:
-        turns = self.runner.decode_prompt(prompt)
+        return self.tables(index, prompt, self.runner.decode_prompt(prompt))
+
+    def tables(self, index: int, prompt: Prompt, turns: list[tuple[list[int], TurnResult]]) -> dict[str, pa.Table]:
         rounds, rows = self.runner.records(index, prompt, turns)
         self.generated += sum(len(r.output_ids) for _, r in turns)
         self.decode_tokens += sum(len(r.output_ids) - 1 for _, r in turns)  # the first token is the prefill's
@@ -290,6 +315,54 @@ class RunJob:
         per-prompt rates, and is labelled so."""
         return (f"τ {tau(self.decode_tokens, self.rounds):.2f}  "
                 f"{self.decode_tokens / max(self.decode_s, 1e-9):.1f} tok/s pooled")
+
+
+class BatchJob(RunJob):
+    """`run --batch-size B`: the selection decoded B sequences at a time by one loop (core/batch.py). A
+    conversation keeps its lane for all its turns; a lane whose conversation ends takes the next prompt in the
+    selection's order. A prompt's rows are written when its last turn ends (so not in selection order), and a
+    killed run keeps every finished prompt. Throughput is every output token over the wall time of the
+    recorded prompts' decoding, prefills of refilled slots included (run.json `throughput`)."""
+
+    def __init__(self, runner: Runner, size: int) -> None:
+        super().__init__(runner)
+        model, plan = runner.model, runner.plan
+        self.batch = BatchTarget(model.model, model.device, size, plan.batch_invariant)
+        self.forks = [runner.method.fork() for _ in range(size)]
+        self.throughput = Throughput()
+        self.batch_rounds = 0
+
+    def warm_up(self, prompt: Prompt) -> None:
+        self._decode([(0, prompt)], lambda conv: None)
+
+    def decode_all(self, todo: list[tuple[int, Prompt]], finished: Callable[[int, Prompt, dict], None]) -> None:
+        def done(conv: Conversation) -> None:
+            self.throughput.add(conv)
+            finished(conv.index, conv.prompt, self.tables(conv.index, conv.prompt, conv.turns))
+
+        self.throughput.start()
+        self.batch_rounds += self._decode(todo, done).rounds
+
+    def _decode(self, todo: list[tuple[int, Prompt]], done: Callable[[Conversation], None]):
+        waiting = collections.deque(Conversation(i, p) for i, p in todo)
+        lanes: dict[int, Conversation] = {}
+
+        def feed(lane: int, result: TurnResult | None) -> Turn | None:
+            conv = lanes.pop(lane, None)
+            if conv is not None:
+                conv.add(result, self.runner.model)
+                if conv.finished:
+                    done(conv)
+                    conv = None
+            if conv is None and not waiting:
+                return None
+            lanes[lane] = conv = conv or waiting.popleft()
+            return self.runner.next_turn(conv)
+
+        return decode_batch(self.batch, self.forks, self.runner.settings, feed)
+
+    def stats(self) -> str:
+        return f"τ {tau(self.decode_tokens, self.rounds):.2f}  {self.throughput.line()}"
 
 
 def execute(plan: Plan, console: Console, model: LoadedModel | None = None) -> Path:
@@ -334,12 +407,16 @@ def _record(plan: Plan, folder: RunFolder, console: Console, model: LoadedModel 
         info.more["compile"] = runner.compile(longest)  # compile time is reported here and never enters a timed round
         folder.write_info(info)
 
-    job = RunJob(runner)
+    job = BatchJob(runner, plan.config.batch_size) if plan.config.batch_size > 1 else RunJob(runner)
+    if plan.config.batch_size > 1:
+        job.batch.plan(longest)
     warm_up(folder, job, plan, console)
     gpu.start()
     record_prompts(folder, job, plan, done, console, f"{plan.config.method} on {plan.config.dataset}")
     if runner.target.late_compiles:
         info.more["compile"]["late"] = runner.target.late_compiles  # sizes past every bucket: compiled inside a round
+    if isinstance(job, BatchJob):
+        info.more["throughput"] = {**job.throughput.summary(), "batch_rounds": job.batch_rounds}
     folder.complete(info, prompts=len(plan.prompts) - len(done), tokens=job.generated,
                     **hardware.peak_memory(plan.device), **gpu.stop(job.generated))  # energy: this session's
 

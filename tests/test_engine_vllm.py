@@ -171,7 +171,7 @@ def test_the_concurrency_tables_and_figure(runs, tmp_path):
     from specbench_cli.analysis.results import load
 
     results = load([runs["ours"].parent])
-    frame = scaling.throughput_table(results).frame
+    frame = scaling.throughput_table(results, "concurrency").frame
     vllm = frame[frame.engine == "vllm"].set_index("concurrency")
     assert list(vllm.index) == [1, int(LEVELS)]
     speedup = next(c for c in vllm.columns if c.startswith("eagle3[") and c.endswith(" ×"))

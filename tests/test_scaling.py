@@ -29,7 +29,7 @@ def sweep(root, levels=(1, 4)):
 
 def test_the_throughput_table_divides_by_the_baseline_of_the_same_level(tmp_path):
     sweep(tmp_path)
-    frame = scaling.throughput_table(load([tmp_path])).frame.set_index("concurrency")
+    frame = scaling.throughput_table(load([tmp_path]), "concurrency").frame.set_index("concurrency")
     # the baseline has no recorded throughput here: new tokens / (TTFT + decode) over its prompts
     base = load([tmp_path / "base-c1"]).groups[0].prompts
     expected = base.new_tokens.sum() / ((base.ttft_ms.sum() + base.decode_ms.sum()) / 1e3)
@@ -38,7 +38,7 @@ def test_the_throughput_table_divides_by_the_baseline_of_the_same_level(tmp_path
     assert frame.loc[1, "eagle3 ×"] == pytest.approx(100.0 / frame.loc[1, "baseline tok/s"])
     assert frame.loc[4, "eagle3 ×"] == pytest.approx(400.0 / frame.loc[4, "baseline tok/s"])
     assert frame.loc[1, "eagle3 τ"] == pytest.approx((4 + 2 + 1 + 3 + 3 * 3) / 7)
-    latency = scaling.latency_table(load([tmp_path])).frame
+    latency = scaling.latency_table(load([tmp_path]), "concurrency").frame
     assert latency[latency.method == "vllm:eagle3"]["requests/s"].tolist() == [1.0, 1.0]  # 2 requests in 2 s
 
 
@@ -53,6 +53,29 @@ def test_the_load_figure_is_written(tmp_path):
     sweep(tmp_path / "runs", levels=(1, 2, 4))
     written = figures(load([tmp_path / "runs"]), tmp_path / "figs")
     assert tmp_path / "figs" / "throughput_vs_concurrency.png" in written
+
+
+def test_a_batch_size_sweep_has_its_own_table_and_figure(tmp_path):
+    """Our engine's --batch-size runs: their own table (DART Tables 5-7) and figure, kept out of the concurrency
+    ones; each level divided by the baseline at the same batch size."""
+    from specbench_cli.analysis.report import figures
+
+    for n in (1, 2, 8):
+        settings = {"batch_size": n} if n > 1 else {}
+        more = {"throughput": {"output_tokens_per_s": 50.0 * n, "seconds": 2.0}} if n > 1 else {}
+        base = {"throughput": {"output_tokens_per_s": 40.0 * n, "seconds": 2.0}} if n > 1 else {}
+        write_run(tmp_path / "runs" / f"base-b{n}", "baseline", baseline_turns(turns(10.0), 1.0), settings=settings,
+                  more=base)
+        write_run(tmp_path / "runs" / f"suffix-b{n}", "suffix", turns(10.0), settings=settings, more=more)
+    results = load([tmp_path / "runs"])
+    names = [t.name for t in scaling.tables(results)]
+    assert names == ["throughput_vs_batch_size", "latency_vs_batch_size"]
+    frame = scaling.throughput_table(results, "batch_size").frame.set_index("batch_size")
+    assert frame.loc[8, "suffix tok/s"] == 400.0 and frame.loc[8, "suffix ×"] == pytest.approx(50.0 / 40.0)
+    assert len(scaling.throughput_table(results, "concurrency").frame) == 1  # batch 1 only: no sweep there
+    written = figures(results, tmp_path / "figs")
+    assert tmp_path / "figs" / "throughput_vs_batch_size.png" in written
+    assert tmp_path / "figs" / "throughput_vs_concurrency.png" not in written
 
 
 def pair(root, method: str, engine_accepted: list[int], version: str = "0.32.0"):

@@ -10,9 +10,9 @@ import torch
 
 from methods.checkpoints import Checkpoint
 from methods.eagle3.network import Eagle3Draft
-from methods.eagle3.tree_search import beam_search, top_nodes
+from methods.eagle3.tree_search import Candidates, beam_search, top_nodes
 from methods.features import FeatureDrafter
-from methods.layers import append_kv, causal_mask
+from methods.layers import append_kv, causal_mask, stack_kv
 from specbench_cli.core.method import DecodeState
 from specbench_cli.core.tree import DraftTree
 
@@ -23,6 +23,7 @@ class Eagle3(FeatureDrafter):
     the cache)."""
 
     name = "eagle3"
+    batchable = True  # `propose_batch`; subclasses that change the draft (hooks below) say so themselves
     drafter_names = ("eagle3",)
     extra_tensors: tuple[str, ...] = ()  # checkpoint tensors a subclass reads itself (ConFu's "confu.*")
     inherent_syncs = "two per round: the candidate scores for tree selection, and the accepted length"
@@ -76,14 +77,21 @@ class Eagle3(FeatureDrafter):
         """Cache every committed position but the newest through `backlog_kv`. A routed method calls this for
         the backlog after an idle stretch; `advance` calls it every round, so a plain EAGLE-3 run and a
         routed one build the same cache the same way."""
+        rows = self._backlog(state)
+        if rows is not None:
+            self.kv = append_kv(self.kv, self.backlog_kv(*rows))
+
+    def _backlog(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The committed positions not in the draft cache but the newest, as (features, tokens, positions), or
+        None; the newest stays pending (`advance` runs the whole layer on it)."""
         start = self.absorbed
         feats = self.take_pending(state, start)
         n, device = feats.shape[0], feats.device
-        if n > 1:
-            ids = torch.tensor(state.tokens[start + 1: start + n], device=device)
-            positions = torch.arange(start, start + n - 1, device=device)
-            self.kv = append_kv(self.kv, self.backlog_kv(feats[:-1], ids, positions))
         self.pending = [feats[-1:]]
+        if n <= 1:
+            return None
+        ids = torch.tensor(state.tokens[start + 1: start + n], device=device)
+        return feats[:-1], ids, torch.arange(start, start + n - 1, device=device)
 
     # ------------------------------------------------------------------------------------ what profiling times
     @torch.inference_mode()
@@ -189,3 +197,66 @@ class Eagle3(FeatureDrafter):
         kept, parents = top_nodes(cands, o.total_token - 1)
         tokens = self.draft.to_target(cands.tokens[kept]).tolist()
         return DraftTree(tokens, parents)
+
+    # ------------------------------------------------------------------------------------ batch > 1
+    @torch.inference_mode()
+    def propose_batch(self, forks: list[Eagle3], states: list[DecodeState]) -> list[DraftTree]:
+        """Trees for a batch of sequences, every draft step one forward for all of them: the backlogs' keys and
+        values, the newest positions (each over its own cache; the caches stacked and padded, `stack_kv`), then
+        each tree level. Each sequence's tree is the one `propose` grows for it alone (the same search; the
+        arithmetic of a batched forward may round differently)."""
+        if len(forks) == 1:
+            return [forks[0].propose(states[0])]
+        o, draft, batch = self.options, self.draft, len(forks)
+        self._catch_up_all(forks, states)
+        feats = torch.cat([f.take_pending(s, f.absorbed) for f, s in zip(forks, states)])  # [B, 3Ht], the newest
+        device = feats.device
+        starts = [f.absorbed for f in forks]
+        empty = torch.zeros(draft.config.kv_heads, 0, draft.config.head_dim, device=device, dtype=feats.dtype)
+        past, real = stack_kv([f.kv if f.kv is not None else (empty, empty) for f in forks])
+        seen = torch.cat((real, torch.ones(batch, 1, dtype=torch.bool, device=device)), 1)  # + the newest
+        ids = torch.tensor([[s.tokens[a + 1]] for s, a in zip(states, starts)], device=device)
+        out, (k, v) = draft.step(feats[:, None], ids, torch.tensor(starts, device=device)[:, None], past, seen[:, None])
+        for b, f in enumerate(forks):
+            f.kv = append_kv(f.kv, (k[b], v[b]))
+            f.last_features = feats[b]
+        cache = (torch.cat((past[0], k), 2), torch.cat((past[1], v), 2))
+        last = out[:, -1]
+        with states[0].timed("draft_head"):
+            first = draft.log_probs(last)
+        length = torch.tensor([s.target.length for s in states], device=device)[:, None]
+        eye = torch.eye(o.top_k, dtype=torch.bool, device=device).expand(batch, -1, -1)
+        hidden, ancestry = last[:, None].expand(-1, o.top_k, -1), eye
+        seen = seen[:, None].expand(-1, o.top_k, -1)
+        tree_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def expand(tokens, rows, level):
+            nonlocal hidden, ancestry
+            if level > 0:
+                hidden = hidden.gather(1, rows[..., None].expand(-1, -1, hidden.shape[-1]))
+                ancestry = torch.cat((ancestry.gather(1, rows[..., None].expand(-1, -1, ancestry.shape[-1])), eye), 2)
+            extra = (torch.cat([t[0] for t in tree_kv], 2), torch.cat([t[1] for t in tree_kv], 2)) if tree_kv else None
+            out, kv = draft.step(hidden, draft.to_target(tokens), (length + level).expand(-1, o.top_k), cache,
+                                 torch.cat((seen, ancestry), 2), extra, features=False)
+            tree_kv.append(kv)
+            hidden = out
+            with states[0].timed("draft_head"):
+                return draft.log_probs(out)
+
+        cands = beam_search(first, expand, o.top_k, o.depth)
+        scores, tokens, parents = cands.scores.cpu(), draft.to_target(cands.tokens).cpu(), cands.parents.cpu()  # one read
+        trees = []
+        for b in range(batch):
+            kept, tree_parents = top_nodes(Candidates(scores[b], tokens[b], parents[b]), o.total_token - 1)
+            trees.append(DraftTree(tokens[b][kept].tolist(), tree_parents))
+        return trees
+
+    def _catch_up_all(self, forks: list[Eagle3], states: list[DecodeState]) -> None:
+        """`catch_up` for every sequence, their backlogs' keys and values in one call."""
+        backlogs = [(f, rows) for f, s in zip(forks, states) if (rows := f._backlog(s)) is not None]
+        if not backlogs:
+            return
+        k, v = self.backlog_kv(*(torch.cat([rows[j] for _, rows in backlogs]) for j in range(3)))
+        sizes = [rows[1].shape[0] for _, rows in backlogs]
+        for (f, _), keys, values in zip(backlogs, k.split(sizes, 1), v.split(sizes, 1)):
+            f.kv = append_kv(f.kv, (keys, values))

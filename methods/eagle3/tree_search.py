@@ -25,26 +25,31 @@ def beam_search(first: torch.Tensor, expand, top_k: int, depth: int) -> Candidat
     parent score + its log-prob, all k² are recorded, and the best k become the next frontier.
 
     `rows` says which earlier frontier node each new frontier node came from (the caller keeps per-node
-    state such as the draft's hidden output); tokens are draft-vocabulary ids."""
+    state such as the draft's hidden output); tokens are draft-vocabulary ids.
+
+    A batch of sequences searches at once with one more leading dimension (`first` [B, V], `expand` -> [B, k, V];
+    Candidates of [B, nodes])."""
     top = torch.topk(first, top_k)
     scores, tokens = top.values, top.indices
+    lead = scores.shape[:-1]
     record_s, record_t = [scores], [tokens]
-    record_p = [torch.zeros(top_k, dtype=torch.long, device=first.device)]
-    frontier = torch.arange(top_k, device=first.device)  # recording indices of the frontier nodes
-    rows = torch.arange(top_k, device=first.device)
+    record_p = [torch.zeros_like(tokens)]
+    frontier = torch.arange(top_k, device=first.device).expand_as(tokens)  # recording indices of the frontier nodes
+    rows = frontier
     offset = top_k
     for level in range(depth):
-        logp = expand(tokens, rows, level)  # [k, V]
+        logp = expand(tokens, rows, level)  # [(B,) k, V]
         top = torch.topk(logp, top_k, dim=-1)
-        cumulative = (top.values + scores[:, None]).reshape(-1)
+        cumulative = (top.values + scores[..., None]).reshape(*lead, -1)
+        children = top.indices.reshape(*lead, -1)
         record_s.append(cumulative)
-        record_t.append(top.indices.reshape(-1))
-        record_p.append((frontier + 1).repeat_interleave(top_k))
+        record_t.append(children)
+        record_p.append((frontier + 1).repeat_interleave(top_k, dim=-1))
         best = torch.topk(cumulative, top_k).indices
-        scores, tokens, rows = cumulative[best], top.indices.reshape(-1)[best], best // top_k
+        scores, tokens, rows = cumulative.gather(-1, best), children.gather(-1, best), best // top_k
         frontier = offset + best
         offset += top_k * top_k
-    return Candidates(torch.cat(record_s), torch.cat(record_t), torch.cat(record_p))
+    return Candidates(torch.cat(record_s, -1), torch.cat(record_t, -1), torch.cat(record_p, -1))
 
 
 def top_nodes(c: Candidates, total: int) -> tuple[list[int], list[int]]:

@@ -250,7 +250,7 @@ def tune_candidates(frame: pd.DataFrame, title: str) -> plt.Figure:
     return fig
 
 
-def against_load(series: dict[str, pd.DataFrame], level: str, context: str = "") -> plt.Figure:
+def against_load(series: dict[str, pd.DataFrame], level: str, unit: str, context: str = "") -> plt.Figure:
     """Throughput, speedup over the same level's baseline, and τ against the load (DART Tables 6-7 as curves):
     one line per method, the load on a log2 axis."""
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
@@ -265,11 +265,11 @@ def against_load(series: dict[str, pd.DataFrame], level: str, context: str = "")
     for ax, (column, name) in zip(axes, panels):
         ax.set_xscale("log", base=2)
         ax.set_xticks(levels, [str(n) for n in levels])
-        ax.set_xlabel(f"{level} (requests in flight)")
+        ax.set_xlabel(f"{level.replace('_', ' ')} ({unit})")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     axes[1].axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    fig.suptitle(f"Throughput, speedup and τ against {level}" + (f" ({context})" if context else ""))
+    fig.suptitle(f"Throughput, speedup and τ against {level.replace('_', ' ')}" + (f" ({context})" if context else ""))
     handles, labels = axes[0].get_legend_handles_labels()
     axes[-1].legend(handles, labels, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title="method")
     return fig

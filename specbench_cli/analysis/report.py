@@ -323,9 +323,10 @@ def figures(results: Results, folder, along: list[str] | None = None) -> list:
             written += plots.save(plots.survival_curves({name(g): g.rounds for g in drafting}), folder, "survival")
             written += plots.save(plots.length_histogram({name(g): g.rounds for g in drafting}), folder,
                                   "acceptance_histogram")
-    if scaling.swept(results):
-        written += plots.save(plots.against_load(scaling.figure_series(results), scaling.LEVEL, scaling.context(results)), folder,
-                              f"throughput_vs_{scaling.LEVEL}")
+    for load, unit in scaling.LOADS.items():
+        if scaling.swept(results, load):
+            written += plots.save(plots.against_load(scaling.figure_series(results, load), load, unit,
+                                                     scaling.context(results)), folder, f"throughput_vs_{load}")
     for cal in results.calibrations:
         written += plots.save(plots.threshold_sensitivity(cal.sweep, cal.card.get("method", "")), folder,
                               f"sensitivity_{cal.card.get('method')}_{cal.card.get('model')}")

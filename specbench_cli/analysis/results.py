@@ -20,9 +20,10 @@ from specbench_cli.hardware import hardware_key
 from specbench_cli.records import read_table
 
 # Settings that make two runs the same experiment (besides the method label and the hardware).
-SAME_EXPERIMENT = ("model", "dataset", "temperature", "max_new_tokens", "dtype", "target", "engine", "concurrency")
+SAME_EXPERIMENT = ("model", "dataset", "temperature", "max_new_tokens", "dtype", "target", "engine", "concurrency",
+                   "batch_size")
 # What a setting meant in runs written before it existed (our engine, one request at a time).
-BEFORE = {"engine": "specbench", "concurrency": 1}
+BEFORE = {"engine": "specbench", "concurrency": 1, "batch_size": 1}
 
 
 @dataclass

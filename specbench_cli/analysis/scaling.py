@@ -1,13 +1,14 @@
 """Throughput and speedup against load: the tables and figure of DART's Tables 6-7 (baseline tokens/s, each
 method's tokens/s and speedup per load level), with τ and the latency percentiles beside them.
 
-The load is the number of requests an engine keeps in flight (`run --concurrency`, one run per level). A
-method's speedup at a level is against the same engine's baseline at the same level, model, dataset and
-hardware (`Results.baseline_for`: concurrency is part of the experiment).
+A load is either the number of requests an engine keeps in flight (`run --engine vllm --concurrency`) or the
+number of sequences our engine decodes together (`run --batch-size`), one run per level; each has its own
+tables and figure. A method's speedup at a level is against the same engine's baseline at the same level,
+model, dataset and hardware (`Results.baseline_for`: both loads are part of the experiment).
 
-Throughput here is what a server's is: output tokens of all requests / wall seconds of the run. An engine
-run records it (run.json `throughput`); for our engine, which decodes one request at a time, it is Σ new
-tokens / Σ (TTFT + decode time) over the prompts, the same quantity with nothing overlapping.
+Throughput here is what a server's is: output tokens of all requests / wall seconds of the run. Engine and
+batch runs record it (run.json `throughput`); for our engine at batch 1, which decodes one request at a time,
+it is Σ new tokens / Σ (TTFT + decode time) over the prompts, the same quantity with nothing overlapping.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from specbench_cli.analysis.metrics import tau
 from specbench_cli.analysis.results import BEFORE, Results, RunGroup, method_label
 from specbench_cli.analysis.tables import Table
 
-LEVEL = "concurrency"
+# Each load: what one unit of it is (the figure's axis says so).
+LOADS = {"concurrency": "requests in flight", "batch_size": "sequences per forward"}
 PERCENTILES = (50, 90, 99)
 
 
-def level(group: RunGroup) -> int:
-    return int(group.info["settings"].get(LEVEL, BEFORE[LEVEL]))
+def level(group: RunGroup, load: str) -> int:
+    return int(group.info["settings"].get(load, BEFORE[load]))
 
 
 def throughput(group: RunGroup) -> float:
@@ -36,30 +38,33 @@ def throughput(group: RunGroup) -> float:
     return p.new_tokens.sum() / seconds if seconds > 0 else float("nan")
 
 
-def _series(results: Results) -> dict[tuple, dict[int, RunGroup]]:
-    """Groups of one method (options included), model, dataset and engine, keyed by their load level."""
+def _series(results: Results, load: str) -> dict[tuple, dict[int, RunGroup]]:
+    """Groups of one method (options included), model, dataset and engine, keyed by their level of `load`
+    (runs measured at the other load's level 1 only)."""
     series: dict[tuple, dict[int, RunGroup]] = {}
     for g in results.groups:
+        if any(level(g, other) > 1 for other in LOADS if other != load):
+            continue
         s = g.info["settings"]
         key = (s["model"], s["dataset"], method_label(s))
-        series.setdefault(key, {})[level(g)] = g
+        series.setdefault(key, {})[level(g, load)] = g
     return series
 
 
-def swept(results: Results) -> bool:
-    """Whether any run was measured above one request in flight (else the tables say nothing new)."""
-    return any(level(g) > 1 for g in results.groups)
+def swept(results: Results, load: str) -> bool:
+    """Whether any run was measured above level 1 of `load` (else its tables say nothing new)."""
+    return any(level(g, load) > 1 for g in results.groups)
 
 
-def throughput_table(results: Results) -> Table:
+def throughput_table(results: Results, load: str) -> Table:
     """DART Tables 6-7's form: per model, dataset, engine and level, the baseline's tokens/s, then each method's
     tokens/s, speedup over that baseline and τ."""
     rows: dict[tuple, dict] = {}
-    for (model, dataset, label), levels in _series(results).items():
+    for (model, dataset, label), levels in _series(results, load).items():
         for n, g in sorted(levels.items()):
             engine = g.info["settings"].get("engine", BEFORE["engine"])
             row = rows.setdefault((model, dataset, engine, n), {"model": model, "dataset": dataset, "engine": engine,
-                                                                 LEVEL: n, "baseline tok/s": float("nan")})
+                                                                 load: n, "baseline tok/s": float("nan")})
             if g.method == "baseline":
                 row["baseline tok/s"] = throughput(g)
                 continue
@@ -68,33 +73,35 @@ def throughput_table(results: Results) -> Table:
             row[f"{name} tok/s"] = throughput(g)
             row[f"{name} ×"] = throughput(g) / throughput(base) if base is not None else float("nan")
             row[f"{name} τ"] = tau(g.prompts.decode_tokens.sum(), g.prompts.rounds.sum())
-    frame = pd.DataFrame(sorted(rows.values(), key=lambda r: (r["model"], r["dataset"], r["engine"], r[LEVEL])))
-    return Table(f"throughput_vs_{LEVEL}", f"Throughput and speedup against {LEVEL} (output tokens/s of all requests "
-                 "over the run's wall time)", frame,
+    frame = pd.DataFrame(sorted(rows.values(), key=lambda r: (r["model"], r["dataset"], r["engine"], r[load])))
+    return Table(f"throughput_vs_{load}", f"Throughput and speedup against {load.replace('_', ' ')} (output tokens/s "
+                 "of all requests over the run's wall time)", frame,
                  "× = the method's throughput / the same engine's baseline at the same level (— where that run is "
                  "missing); τ = mean acceptance length, bonus included")
 
 
-def latency_table(results: Results) -> Table:
+def latency_table(results: Results, load: str) -> Table:
     """Per run: requests/s, TTFT and TPOT percentiles (TPOT of a request = decode time / decode tokens)."""
     rows = []
-    for (model, dataset, label), levels in _series(results).items():
+    for (model, dataset, label), levels in _series(results, load).items():
         for n, g in sorted(levels.items()):
             p = g.prompts
             tpot = (p.decode_ms / p.decode_tokens).where(p.decode_tokens > 0)
             wall = g.info.get("throughput", {}).get("seconds")
-            row = {"model": model, "dataset": dataset, "method": label, LEVEL: n,
+            row = {"model": model, "dataset": dataset, "method": label, load: n,
                    "requests/s": len(p) / wall if wall and len(g.dirs) == 1 else float("nan")}
             row |= {f"TTFT p{q} ms": p.ttft_ms.quantile(q / 100) for q in PERCENTILES}
             row |= {f"TPOT p{q} ms": tpot.quantile(q / 100) for q in PERCENTILES}
             rows.append(row)
-    return Table(f"latency_vs_{LEVEL}", f"Latency against {LEVEL}: time to first token and time per output token, "
-                 "percentiles over requests", pd.DataFrame(rows),
-                 "requests/s: engine runs only (requests finished / wall seconds of the run)")
+    return Table(f"latency_vs_{load}", f"Latency against {load.replace('_', ' ')}: time to first token and time per "
+                 "output token, percentiles over requests", pd.DataFrame(rows),
+                 "requests/s: runs that record their throughput (engine and batch runs: requests finished / wall "
+                 "seconds of the run)")
 
 
 def tables(results: Results) -> list[Table]:
-    return [throughput_table(results), latency_table(results)] if swept(results) else []
+    return [t for load in LOADS if swept(results, load) for t in (throughput_table(results, load),
+                                                                   latency_table(results, load))]
 
 
 def context(results: Results) -> str:
@@ -104,16 +111,16 @@ def context(results: Results) -> str:
     return " · ".join(next(iter(keys))) if len(keys) == 1 else ""
 
 
-def figure_series(results: Results) -> dict[str, pd.DataFrame]:
+def figure_series(results: Results, load: str) -> dict[str, pd.DataFrame]:
     """Per line of the figure (model · dataset · method when several), its levels with throughput, speedup, τ."""
-    series = _series(results)
+    series = _series(results, load)
     many = len({k[:2] for k in series}) > 1
     out = {}
     for (model, dataset, label), levels in series.items():
         rows = []
         for n, g in sorted(levels.items()):
             base = results.baseline_for(g)
-            rows.append({LEVEL: n, "throughput": throughput(g),
+            rows.append({load: n, "throughput": throughput(g),
                          "speedup": throughput(g) / throughput(base) if base is not None else float("nan"),
                          "tau": tau(g.prompts.decode_tokens.sum(), g.prompts.rounds.sum())})
         out[f"{label} · {model} · {dataset}" if many else label] = pd.DataFrame(rows)

@@ -7,6 +7,7 @@ method class; `--opt key=value` fills it, typed by the dataclass fields (`core/o
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -116,6 +117,10 @@ class Method(Proposer):
     calibration: ClassVar[str] = ""
     # Host syncs the algorithm needs in a round beyond reading the accepted length (recorded in run.json).
     inherent_syncs: ClassVar[str] = "one per round: accepted length to host"
+    # Decodes at --batch-size > 1 (core/batch.py): its drafts for B sequences come from `propose_batch`, which a
+    # network drafter implements as one draft forward for all of them (a loop of B forwards would make batch
+    # throughput meaningless).
+    batchable: ClassVar[bool] = False
 
     @classmethod
     def reads_calibration(cls, options: Options) -> bool:
@@ -130,6 +135,16 @@ class Method(Proposer):
     def drafter_ref(self, name: str) -> str:
         """The checkpoint of drafter `name`: `--drafter` first, then the model registry."""
         return drafter_ref(type(self), self.model.spec, self.drafters, name)
+
+    def fork(self) -> Method:
+        """The proposer of one more sequence decoded beside this one (batch > 1): the same weights and
+        cross-request state, per-turn state of its own (every hook sets per-turn state afresh in `start`)."""
+        return copy.copy(self)
+
+    def propose_batch(self, forks: list[Method], states: list[DecodeState]) -> list[DraftTree]:
+        """Drafts for several sequences in one go, `forks[i]` (this method's forks) drafting for `states[i]`.
+        Model-free drafting is per sequence on the host, so the default asks each fork."""
+        return [m.propose(s) for m, s in zip(forks, states)]
 
     def route(self, state: DecodeState) -> Route:
         """Routed methods: pick this round's proposer (the loop calls this only when `routed`)."""

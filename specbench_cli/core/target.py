@@ -80,24 +80,30 @@ def check_supported(model: torch.nn.Module) -> None:
 
 
 class StaticKV:
-    """Preallocated keys and values: one [layers, 2, kv heads, capacity, head dim] buffer per device."""
+    """Preallocated keys and values: one [layers, 2, slots, kv heads, capacity, head dim] buffer per device.
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    A slot holds one sequence's cache; a batch of B sequences (core/batch.py) shares one buffer of B slots, each
+    slot's `Target` reading and writing its own."""
+
+    def __init__(self, model: torch.nn.Module, slots: int = 1) -> None:
         self.model = model
+        self.slots = slots
         self.capacity = 0
         self.buffers: list[torch.Tensor] = []
         self.where: list[tuple[int, int]] = []  # per layer: (buffer, index in it)
 
     def layer(self, i: int) -> torch.Tensor:
-        """Layer i's [2, kv heads, capacity, head dim] view (indexed on every call, so a compiled graph
+        """Layer i's [2, slots, kv heads, capacity, head dim] view (indexed on every call, so a compiled graph
         reading it mutates its static input, the buffer, in place)."""
         g, j = self.where[i]
         return self.buffers[g][j]
 
     def ensure(self, needed: int, keep: int = 0) -> bool:
-        """Make room for `needed` slots (rounded up to 256), keeping the first `keep`; True if it reallocated."""
+        """Make room for `needed` positions (rounded up to 256), keeping the first `keep` (every position when
+        the buffer has several slots: the others' sequences are not the caller's to drop); True if it reallocated."""
         if needed <= self.capacity:
             return False
+        keep = self.capacity if self.slots > 1 else keep
         old = [self.layer(i) for i in range(len(self.where))]
         self.capacity = -(-needed // 256) * 256
         self.buffers = []
@@ -109,32 +115,37 @@ class StaticKV:
         for device, members in groups.items():
             attn = layers[members[0]].self_attn
             heads = attn.k_proj.out_features // attn.head_dim
-            buf = torch.zeros(len(members), 2, heads, self.capacity, attn.head_dim, dtype=attn.k_proj.weight.dtype,
-                              device=device)
+            buf = torch.zeros(len(members), 2, self.slots, heads, self.capacity, attn.head_dim,
+                              dtype=attn.k_proj.weight.dtype, device=device)
             torch._dynamo.mark_static_address(buf)  # CUDA graphs update it in place instead of copying it
             self.buffers.append(buf)
             where.update({i: (len(self.buffers) - 1, j) for j, i in enumerate(members)})
         self.where = [where[i] for i in range(len(layers))]
         for i, previous in enumerate(old):
-            self.layer(i)[:, :, :keep] = previous[:, :, :keep]
+            self.layer(i)[..., :keep, :] = previous[..., :keep, :]
         return True
 
     @torch.no_grad()
-    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy the entries at slots `src` to slots `dst` (one indexing op per device)."""
+    def move(self, src: torch.Tensor, dst: torch.Tensor, slot: int = 0) -> None:
+        """In slot `slot`, copy the entries at positions `src` to positions `dst` (one indexing op per device)."""
         for buf in self.buffers:
             s, d = src.to(buf.device), dst.to(buf.device)
-            buf[:, :, :, d] = buf[:, :, :, s]
+            view = buf[:, :, slot]
+            view[:, :, :, d] = view[:, :, :, s]
 
 
 class Target:
     def __init__(self, model: torch.nn.Module, device: torch.device, compile: str | None = None,
-                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, invariant: bool = False) -> None:
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, invariant: bool = False, kv: StaticKV | None = None,
+                 slot: int = 0) -> None:
+        """`kv`, `slot`: this target is one sequence of a batch (`core.batch.BatchTarget`), whose cache is slot
+        `slot` of the shared buffer `kv`; alone, it has a buffer of its own."""
         check_supported(model)
         self.model = model
         self.invariant = invariant  # every row computed as a one-row forward computes it (see `_kv_span`)
         self.device = device
-        self.kv = StaticKV(model)
+        self.kv = kv or StaticKV(model)
+        self.slot = slot
         self.length = 0  # tokens whose KV is committed
         self.forwards = 0  # forward passes so far (rounds record how many they used)
         self.captured: dict[int, torch.Tensor] = {}  # layer index -> [T, H] output of the last forward
@@ -194,7 +205,7 @@ class Target:
         r, n = self.offset, len(ids)
         self._grow(r + n + room)
         for i, (k, v) in enumerate(self.reserved or []):
-            layer = self.kv.layer(i)
+            layer = self.kv.layer(i)[:, self.slot]
             layer[0, :, :r] = k.to(layer)
             layer[1, :, :r] = v.to(layer)
         self.length = 0
@@ -279,7 +290,7 @@ class Target:
         self._root_cached = False
         if path != list(range(len(path))):
             self.kv.move(torch.tensor(path, device=self.device) + start,
-                         torch.arange(start, start + len(path), device=self.device))
+                         torch.arange(start, start + len(path), device=self.device), self.slot)
         self.captured = {i: h[path] for i, h in self.captured.items()}
         self.last_path = path
         self.length = start + len(path) - self.offset
@@ -323,11 +334,13 @@ class Target:
         one-token decode's included, has the same shape, and so the same kernel and reduction order per row."""
         if not self.invariant:
             return fn(x)
+        lead, x = x.shape[:-1], x.reshape(1, -1, x.shape[-1])  # a batch's rows [B, R, H] as one run of B*R rows
         rows = x.shape[-2]
         pad = -rows % ROW_BLOCK
         if pad:
             x = torch.cat((x, x.new_zeros(*x.shape[:-2], pad, x.shape[-1])), dim=-2)
-        return torch.cat([fn(piece) for piece in x.split(ROW_BLOCK, dim=-2)], dim=-2)[..., :rows, :]
+        out = torch.cat([fn(piece) for piece in x.split(ROW_BLOCK, dim=-2)], dim=-2)[..., :rows, :]
+        return out.reshape(*lead, -1)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.model.get_output_embeddings()
@@ -340,12 +353,22 @@ class Target:
 
         Row i may see slot c if c is a committed prefix slot, or a reserved slot and row i sees reserved
         entries, or c = base + j with block[i, j]; no block: plain causal attention over the rows."""
-        base_model = self.model.model
         rows, device = embeds.shape[0], embeds.device
-        mask = None if block is None else self._visibility(block, sees_reserved, base, kv_len)
+        mask = None if block is None else self.visibility(block[None], sees_reserved[None], base.view(1), kv_len)
         slots = base - start + torch.arange(rows, device=device)  # in the attended view of the cache
-        h = embeds[None].to(self._dtype)
-        cos, sin = base_model.rotary_emb(h, positions[None])
+        hidden, captured = self.decoder(embeds[None], positions[None], mask, slots[None], sees_reserved[None],
+                                        lambda i: self.kv.layer(i)[:, self.slot:self.slot + 1, :, start:kv_len])
+        return hidden[0], [h[0] for h in captured]
+
+    def decoder(self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, slots: torch.Tensor,
+                sees_reserved: torch.Tensor, kv: Callable[[int], torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The decoder over a batch of sequences' rows: embeds [B, R, H] at `positions` [B, R], each written at
+        `slots` [B, R] of its sequence's cache `kv(layer)` [2, B, kv heads, S, d] and attending where `mask`
+        [B, 1, R, S] allows (None: plain causal attention over the rows). Returns the final-norm hidden states
+        [B, R, H] and the captured layers' outputs."""
+        base_model = self.model.model
+        h = embeds.to(self._dtype)
+        cos, sin = base_model.rotary_emb(h, positions)
         captured = []
         for i, block_module in enumerate(base_model.layers):
             if self._layer_devices[i] != h.device:  # --device split: the layer's inputs follow it
@@ -353,41 +376,49 @@ class Target:
                 h, cos, sin, slots = (t.to(dev) for t in (h, cos, sin, slots))
                 mask = None if mask is None else mask.to(dev)
             h = h + self._attention(block_module.self_attn, block_module.input_layernorm(h), cos, sin, mask, slots,
-                                    self.kv.layer(i)[:, :, start:kv_len], sees_reserved)
+                                    kv(i), sees_reserved)
             h = h + self._rows(block_module.mlp, block_module.post_attention_layernorm(h))
             if i in self._capture:
-                captured.append(h[0])
-        return base_model.norm(h)[0], captured
+                captured.append(h)
+        return base_model.norm(h), captured
 
-    def _visibility(self, block: torch.Tensor, sees_reserved: torch.Tensor, base: torch.Tensor,
-                    kv_len: int) -> torch.Tensor:
-        """Boolean [1, 1, rows, kv_len] mask of which cache slots each row attends to."""
-        rows, r = block.shape[0], self.offset
-        cols = torch.arange(kv_len, device=block.device)
-        rel = cols - base
-        prefix = (cols < base) & ((cols >= r) | sees_reserved[:, None])
-        own = ((rel >= 0) & (rel < rows)) & block.gather(1, rel.clamp(0, rows - 1).expand(rows, kv_len))
-        return (prefix | own)[None, None]
+    def visibility(self, block: torch.Tensor, sees_reserved: torch.Tensor, base: torch.Tensor,
+                   kv_len: int) -> torch.Tensor:
+        """Boolean [B, 1, rows, kv_len] mask of which cache slots each row of each sequence attends to, for
+        sequences whose rows `block` [B, rows, rows] sit at slots base [B] onwards."""
+        batch, rows, r = block.shape[0], block.shape[1], self.offset
+        cols = torch.arange(kv_len, device=block.device)[None, None]
+        rel = cols - base[:, None, None]
+        prefix = (rel < 0) & ((cols >= r) | sees_reserved[:, :, None])
+        own = ((rel >= 0) & (rel < rows)) & block.gather(2, rel.clamp(0, rows - 1).expand(batch, rows, kv_len))
+        return (prefix | own)[:, None]
 
     def _attention(self, attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    mask: torch.Tensor | None, slots: torch.Tensor, kv: torch.Tensor,
                    sees_reserved: torch.Tensor) -> torch.Tensor:
-        """One attention block reading and writing the static cache `kv` [2, kv heads, kv_len, d]."""
-        rows, d = x.shape[1], attn.head_dim
-        q = self._rows(attn.q_proj, x).view(1, rows, -1, d)
-        k = self._rows(attn.k_proj, x).view(1, rows, -1, d)
-        v = self._rows(attn.v_proj, x).view(1, rows, -1, d)
+        """One attention block over x [B, R, H], reading and writing the static cache `kv` [2, B, kv heads, S, d]."""
+        batch, rows, d = x.shape[0], x.shape[1], attn.head_dim
+        q = self._rows(attn.q_proj, x).view(batch, rows, -1, d)
+        k = self._rows(attn.k_proj, x).view(batch, rows, -1, d)
+        v = self._rows(attn.v_proj, x).view(batch, rows, -1, d)
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rotary
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        kv[0].index_copy_(1, slots, k[0])
-        kv[1].index_copy_(1, slots, v[0])
+        if batch == 1:
+            kv[0, 0].index_copy_(1, slots[0], k[0])
+            kv[1, 0].index_copy_(1, slots[0], v[0])
+        else:  # each sequence's rows at its own slots
+            lanes = torch.arange(batch, device=slots.device)[:, None]
+            kv[0][lanes, :, slots] = k.transpose(1, 2)
+            kv[1][lanes, :, slots] = v.transpose(1, 2)
         if self.invariant and mask is not None:
-            return self._rows(attn.o_proj, self._one_query_each(q, kv, mask[0, 0], attn.scaling, sees_reserved))
-        out = F.scaled_dot_product_attention(q, kv[0][None], kv[1][None], attn_mask=mask, is_causal=mask is None,
+            out = torch.cat([self._one_query_each(q[b:b + 1], kv[:, b], mask[b, 0], attn.scaling, sees_reserved[b])
+                             for b in range(batch)])
+            return self._rows(attn.o_proj, out)
+        out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, is_causal=mask is None,
                                              scale=attn.scaling, enable_gqa=True)
-        return self._rows(attn.o_proj, out.transpose(1, 2).reshape(1, rows, -1))
+        return self._rows(attn.o_proj, out.transpose(1, 2).reshape(batch, rows, -1))
 
     def _one_query_each(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
                         sees_reserved: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ from rich.console import Console
 from specbench_cli import hardware
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.method import Proposer
+from specbench_cli.conversations import Conversation, Throughput
 from specbench_cli.core.turn import RoundInfo, TurnResult
 from specbench_cli.datasets import Prompt
 from specbench_cli.engines.vllm_methods import TESTED_VERSIONS, engine_method
@@ -246,16 +246,6 @@ def _verify_steps(emitted: list[int], accepted: list[int], drafted: list[int]) -
 
 
 # ---------------------------------------------------------------------------------------------- the run
-@dataclasses.dataclass
-class Conversation:
-    """A prompt in flight: its turns so far, each turn's ids and result."""
-
-    index: int
-    prompt: Prompt
-    messages: list[dict] = dataclasses.field(default_factory=list)
-    turns: list[tuple[list[int], TurnResult]] = dataclasses.field(default_factory=list)
-
-
 class ClosedLoop:
     """Keeps `concurrency` conversations in flight: a turn's answer starts the conversation's next turn, a
     finished conversation's slot takes the next prompt. `on_done(conversation)` sees each finished one."""
@@ -266,16 +256,14 @@ class ClosedLoop:
 
     def run(self, todo: list[tuple[int, Prompt]], concurrency: int, on_done, tag: str = "") -> None:
         waiting = collections.deque(Conversation(i, p) for i, p in todo)
-        live: dict[str, tuple[Conversation, list[int]]] = {}
+        live: dict[str, Conversation] = {}
         while waiting or live:
             while waiting and len(live) < concurrency:
                 self._next_turn(waiting.popleft(), live, tag)
             reply = self.worker.next_done()
-            conv, ids = live.pop(reply["id"])
-            result = turn_result(reply, len(ids), self.proposer)
-            conv.turns.append((ids, result))
-            conv.messages.append({"role": "assistant", "content": self.text.decode(result.output_ids)})
-            if len(conv.turns) < len(conv.prompt.turns):
+            conv = live.pop(reply["id"])
+            conv.add(turn_result(reply, len(conv.pending), self.proposer), self.text)
+            if not conv.finished:
                 self._next_turn(conv, live, tag)
             else:
                 on_done(conv)
@@ -283,15 +271,14 @@ class ClosedLoop:
     def _next_turn(self, conv: Conversation, live: dict, tag: str) -> None:
         from specbench_cli.runner import turn_seed
 
-        turn = len(conv.turns)
-        conv.messages.append({"role": "user", "content": conv.prompt.turns[turn]})
-        ids = self.text.encode_chat(conv.messages)
+        turn = conv.turn
+        ids = conv.next_ids(self.text)
         c = self.plan.config
         seed = turn_seed(c.seed, conv.prompt, turn)
         request = f"{tag}{conv.index}.{turn}"
         self.worker.submit({"id": request, "prompt_ids": ids, "max_tokens": c.max_new_tokens,
                             "temperature": c.temperature, "seed": seed, "stop_ids": sorted(self.text.stop_ids)})
-        live[request] = (conv, ids)
+        live[request] = conv
 
 
 def record(plan: Plan, folder: RunFolder, console: Console, env: dict[str, str]) -> None:
@@ -362,28 +349,3 @@ def longest_needed(plan: Plan, text: LoadedModel) -> int:
 
     context = json.loads((Path(checkpoint_location(plan.spec)) / "config.json").read_text()).get("max_position_embeddings")
     return check_lengths(plan, text, context)
-
-
-class Throughput:
-    """Output tokens of all requests over the wall time of the recorded part of the run (what a server's
-    throughput is), beside the per-request rates the prompts table holds."""
-
-    def __init__(self) -> None:
-        self.tokens = self.requests = 0
-        self.started = time.perf_counter()
-
-    def start(self) -> None:
-        self.started = time.perf_counter()
-
-    def add(self, conv: Conversation) -> None:
-        self.tokens += sum(len(r.output_ids) for _, r in conv.turns)
-        self.requests += len(conv.turns)
-
-    def line(self) -> str:
-        return f"{self.tokens / max(time.perf_counter() - self.started, 1e-9):.1f} tok/s output"
-
-    def summary(self) -> dict:
-        seconds = time.perf_counter() - self.started
-        return {"output_tokens": self.tokens, "requests": self.requests, "seconds": round(seconds, 3),
-                "output_tokens_per_s": round(self.tokens / max(seconds, 1e-9), 3),
-                "requests_per_s": round(self.requests / max(seconds, 1e-9), 4), "clock": "perf_counter (specbench)"}

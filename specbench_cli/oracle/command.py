@@ -32,7 +32,7 @@ from specbench_cli.oracle.replay import Trace, replay_turn
 from specbench_cli.inputs import RunConfig
 from specbench_cli.registry import method_class
 from specbench_cli.run_folder import RunFolder, RunInfo
-from specbench_cli.runner import Plan, Runner, loaded_target, new_session, plan, record_prompts, warm_up
+from specbench_cli.runner import OneAtATime, Plan, Runner, loaded_target, new_session, plan, record_prompts, warm_up
 
 NOT_REPLAYABLE = {"confu": "its future token comes from the target's verify pass, which replay does not run",
                   "hf-generate": "it runs its own loop", "baseline": "it drafts nothing"}
@@ -123,7 +123,7 @@ def _record(config: OracleConfig, checked: Plan, options: dict[str, object], fol
     folder.complete(info)
 
 
-class OracleJob:
+class OracleJob(OneAtATime):
     """`oracle`'s rows: a prompt's greedy traces, and what every drafter would have had accepted along them."""
 
     def __init__(self, runner: Runner, drafters: dict[str, Method]) -> None:

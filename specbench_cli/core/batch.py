@@ -1,0 +1,258 @@
+"""Batch > 1: B sequences decoded together, one target forward per round over all of them.
+
+    each free slot takes a turn (its conversation's next turn, else the next conversation) and prefills it alone
+    while a slot is busy: draft (all sequences) -> one verify forward over every sequence's tree
+                          -> accept, commit (each sequence its own path) -> finished turns leave, slots refill
+
+Each sequence has its own `Target`, a slot of one shared static cache (`BatchTarget`), and its own proposer, a
+`Method.fork` of the run's method (the same weights and cross-request caches, per-turn state of its own), so a
+proposer sees what it sees at batch 1 and every sequence's output is its batch-1 output: a greedy sequence's
+tokens are the target's argmax whatever its neighbours draft. The trees of one round differ in size (a
+60-node tree, a chain, an empty draft): they share one forward padded to the largest, padding rows seeing only
+themselves and landing past the sequence's committed length, where nothing reads them.
+
+Busy sequences always fill slots 0..n-1 (when a slot empties for good, the sequence in the last busy slot moves
+into it), so each forward spans exactly the sequences still decoding; the last rounds of a run, when no turn
+is left to start, run with fewer sequences, and say so (`RoundInfo.batch`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from specbench_cli.core.acceptance import Acceptance, accept
+from specbench_cli.core.method import DecodeState, Method
+from specbench_cli.core.target import StaticKV, Target
+from specbench_cli.core.timing import PhaseClock, sync
+from specbench_cli.core.tree import DraftTree
+from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut, pick
+
+
+class BatchTarget:
+    """`size` single-sequence targets over one static cache with `size` slots, and the batched verify."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, size: int, invariant: bool = False) -> None:
+        self.kv = StaticKV(model, size)
+        self.slots = [Target(model, device, invariant=invariant, kv=self.kv, slot=b) for b in range(size)]
+        self.device = device
+        self.invariant = invariant
+
+    def plan(self, tokens: int) -> None:
+        """Size the cache for sequences of up to `tokens` positions before anything is timed."""
+        self.slots[0].plan(tokens)
+
+    @torch.inference_mode()
+    def verify(self, work: list[tuple[int, DraftTree]]) -> list[torch.Tensor]:
+        """Slots 0..n-1 verify their (root, tree) in one forward: logits [1 + nodes, V] per slot.
+
+        Each tree's rows are padded to the largest; a node sees its own sequence's cached prefix, itself and its
+        ancestors, at position prefix + depth (what `Target.verify` does for one sequence)."""
+        targets = self.slots[:len(work)]
+        sizes = [1 + len(tree) for _, tree in work]
+        rows = max(sizes)
+        for t in targets:
+            t._grow(t.offset + t.length + rows)
+        ids = torch.zeros(len(work), rows, dtype=torch.long)
+        positions = torch.zeros(len(work), rows, dtype=torch.long)
+        block = torch.eye(rows, dtype=torch.bool).repeat(len(work), 1, 1)  # padding rows see only themselves
+        base = torch.tensor([t.offset + t.length for t in targets])
+        for b, ((root, tree), m) in enumerate(zip(work, sizes)):
+            ids[b, :m] = torch.tensor([root, *tree.tokens])
+            positions[b, :m] = torch.tensor(tree.depths())
+            block[b, :m, :m] = tree.ancestor_mask()
+        first = targets[0]
+        kv_len = first._kv_span(int(base.max()) + rows)
+        device = self.device
+        base, block = base.to(device), block.to(device)
+        sees_reserved = torch.zeros(len(work), rows, dtype=torch.bool, device=device)
+        mask = first.visibility(block, sees_reserved, base, kv_len)
+        slots = base[:, None] + torch.arange(rows, device=device)
+        embeds = first.model.get_input_embeddings()(ids.to(device))
+        hidden, captured = first.decoder(embeds, positions.to(device) + base[:, None], mask, slots, sees_reserved,
+                                         lambda i: self.kv.layer(i)[:, :len(work), :, :kv_len])
+        real = torch.arange(rows)[None] < torch.tensor(sizes)[:, None]  # the rows that are tree nodes
+        logits = first._head(hidden[real.to(hidden.device)]).split(sizes)
+        for b, (t, m) in enumerate(zip(targets, sizes)):
+            t.forwards += 1
+            t.captured = {i: c[b, :m] for i, c in zip(t._capture, captured)}
+            t.side_hidden = None
+        return list(logits)
+
+    @torch.inference_mode()
+    def move(self, src: int, dst: int) -> None:
+        """The sequence in slot `src` moves to the free slot `dst` (its cache entries and its target)."""
+        t = self.slots[src]
+        used = t.offset + t.length
+        for buf in self.kv.buffers:
+            buf[:, :, dst, :, :used] = buf[:, :, src, :, :used]
+        self.slots[src], self.slots[dst] = self.slots[dst], t
+        self.slots[src].slot, t.slot = src, dst
+
+
+@dataclass
+class Turn:
+    """One turn to decode: what `decode_turn` takes, and whatever the caller needs back with its result."""
+
+    prompt_ids: list[int]
+    generator: torch.Generator | None = None
+    context: Mapping[str, str] = field(default_factory=dict)
+
+
+# feed(lane, finished): the caller's scheduler. Called with None when lane `lane` (a sequence stream, which keeps
+# its number while its slot changes) first asks for work, then with each turn it finishes; returns the lane's next
+# turn (a conversation's next turn stays on its lane) or None when there is nothing left for it.
+Feed = Callable[[int, "TurnResult | None"], "Turn | None"]
+
+
+@dataclass
+class BatchStats:
+    """What the batch decoded: rounds, tokens emitted (first tokens included) and the wall time of it all
+    (prefills of refilled slots included: they stall every other sequence)."""
+
+    rounds: int = 0
+    tokens: int = 0
+    wall_ms: float = 0.0
+
+
+@dataclass
+class _Sequence:
+    lane: int
+    target: Target
+    method: Method
+    state: DecodeState
+    out: list[int]
+    stopped: bool
+    ttft_ms: float
+    started_ns: int
+    max_new: int
+    rounds: list[RoundInfo] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.stopped or len(self.out) >= self.max_new
+
+
+def decode_batch(batch: BatchTarget, methods: list[Method], settings: DecodeSettings, feed: Feed) -> BatchStats:
+    """Decode every turn `feed` hands out, `len(methods)` sequences at a time (`methods[i]` drafts for lane i;
+    `methods[0].propose_batch` drafts for all of them at once)."""
+    clock = PhaseClock(batch.device)
+    stats = BatchStats()
+    busy: list[_Sequence] = []
+    unresolved: list[list[RoundInfo]] = []  # rounds whose phase times are not read yet, with their rows
+    t0 = time.perf_counter_ns()
+
+    def resolve() -> None:
+        for infos, phases in zip(unresolved, clock.resolve()):
+            for info in infos:
+                info.phases = phases
+        unresolved.clear()
+
+    def fill(lane: int, finished: TurnResult | None, slot: int) -> _Sequence | None:
+        """Lane `lane`'s next turn, started in slot `slot` (a turn done at its first token is handed straight
+        back); None when the lane has nothing left."""
+        while (turn := feed(lane, finished)) is not None:
+            seq = _start(batch.slots[slot], methods[lane], lane, turn, settings, clock)
+            stats.tokens += len(seq.out)
+            if not seq.done:
+                return seq
+            finished = _result(seq, batch.device)
+        return None
+
+    for lane in range(len(methods)):
+        if (seq := fill(lane, None, len(busy))) is not None:
+            busy.append(seq)
+    while busy:
+        clock.start_round()
+        n = len(busy)
+        states = [s.state for s in busy]
+        with clock.phase("draft"):
+            trees = methods[0].propose_batch([s.method for s in busy], states)
+        sizes = [(len(t), max(t.depths()) if len(t) else 0) for t in trees]
+        kv_lens = [s.target.length for s in busy]
+        with clock.phase("verify"):
+            logits = batch.verify([(s.tokens[-1], t) for s, t in zip(states, trees)])
+        with clock.phase("accept"):
+            results = [accept(t, lg, settings.temperature, s.generator) for t, lg, s in zip(trees, logits, states)]
+        if batch.invariant and settings.temperature == 0 and not all(t.is_chain for t in trees):
+            trees, logits, results = _exact_paths(batch, states, trees, results, clock)
+        infos = []
+        with clock.phase("commit"):
+            for i, (seq, lg, r) in enumerate(zip(busy, logits, results)):
+                new, seq.stopped = cut(r.tokens, settings.stop_ids, settings.max_new_tokens - len(seq.out))
+                seq.state.next_logits = lg[r.path[-1]]
+                seq.target.commit(r.path)
+                seq.state.tokens.extend(new)
+                seq.out.extend(new)
+                seq.method.observe(seq.state, new)
+                stats.tokens += len(new)
+                infos.append(RoundInfo(proposer=seq.method.name, tree_size=sizes[i][0], draft_depth=sizes[i][1],
+                                       accepted=r.accepted, emitted=len(new), kv_len=kv_lens[i], target_forwards=1,
+                                       slot=i, batch=n, batch_round=stats.rounds))
+                seq.rounds.append(infos[-1])
+        clock.end_round()
+        unresolved.append(infos)
+        stats.rounds += 1
+        finished = [s for s in busy if s.done]
+        if finished:
+            resolve()
+            slots: list[_Sequence | None] = list(busy)
+            for seq in finished:  # the lane's next turn takes the slot it leaves
+                slots[seq.target.slot] = fill(seq.lane, _result(seq, batch.device), seq.target.slot)
+            busy = _compact(batch, slots)
+    resolve()
+    sync(batch.device)
+    stats.wall_ms = (time.perf_counter_ns() - t0) / 1e6
+    return stats
+
+
+def _start(target: Target, method: Method, lane: int, turn: Turn, settings: DecodeSettings,
+           clock: PhaseClock) -> _Sequence:
+    """Prefill a turn alone in its slot (the rest of the batch waits, as it would in a serving engine without
+    chunked prefill) and start its proposer."""
+    method.attach(target)
+    t0 = time.perf_counter_ns()
+    prefill_logits = target.prefill(turn.prompt_ids, room=settings.max_new_tokens)
+    first = pick(prefill_logits, settings.temperature, turn.generator)
+    ttft_ms = (time.perf_counter_ns() - t0) / 1e6
+    tokens = [*turn.prompt_ids, first]
+    state = DecodeState(tokens, len(turn.prompt_ids), target, settings.temperature, turn.generator, clock,
+                        dict(turn.context), prefill_logits)
+    out, stopped = cut([first], settings.stop_ids, settings.max_new_tokens)
+    method.start(state)
+    return _Sequence(lane, target, method, state, out, stopped, ttft_ms, time.perf_counter_ns(),
+                     max_new=settings.max_new_tokens)
+
+
+def _result(seq: _Sequence, device: torch.device) -> TurnResult:
+    sync(device)
+    decode_ms = (time.perf_counter_ns() - seq.started_ns) / 1e6
+    seq.method.finish(seq.state)
+    return TurnResult(seq.out, "stop_token" if seq.stopped else "max_new_tokens", seq.ttft_ms, decode_ms, seq.rounds)
+
+
+def _compact(batch: BatchTarget, slots: list[_Sequence | None]) -> list[_Sequence]:
+    """Fill the empty slots (None) with the sequences of the last busy slots, so busy slots stay 0..n-1."""
+    while slots and slots[-1] is None:
+        slots.pop()
+    while None in slots:
+        hole = slots.index(None)
+        batch.move(len(slots) - 1, hole)
+        slots[hole] = slots.pop()
+        while slots and slots[-1] is None:
+            slots.pop()
+    return slots  # type: ignore[return-value]
+
+
+def _exact_paths(batch: BatchTarget, states: list[DecodeState], trees: list[DraftTree], results: list[Acceptance],
+                 clock: PhaseClock) -> tuple[list[DraftTree], list[torch.Tensor], list[Acceptance]]:
+    """A batch-invariant target's greedy round with trees: every sequence's accepted path verified again as a
+    chain, in one forward (`core.engine._exact_path` for a batch)."""
+    chains = [tree.along(r.path) for tree, r in zip(trees, results)]
+    with clock.phase("verify"), clock.phase("reverify"):
+        logits = batch.verify([(s.tokens[-1], c) for s, c in zip(states, chains)])
+    with clock.phase("accept"):
+        return chains, logits, [accept(c, lg, 0.0) for c, lg in zip(chains, logits)]

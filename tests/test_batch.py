@@ -1,0 +1,249 @@
+"""Batch > 1 in our engine (core/batch.py): every sequence's output is its batch-1 output, whatever its
+neighbours draft, however long they run, and wherever in the batch it sits."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from specbench_cli.core.batch import BatchTarget, Turn, decode_batch
+from specbench_cli.core.engine import decode_turn
+from specbench_cli.core.method import DecodeState, Method
+from specbench_cli.core.target import Target
+from specbench_cli.core.tree import DraftTree
+from specbench_cli.core.turn import DecodeSettings, TurnResult
+from tests.conftest import needs_embedded
+from tests.helpers import OracleTree, random_prompt, run_method
+from tests.test_lossless import make
+
+
+class BatchOracle(OracleTree):
+    """OracleTree for many prompts: each sequence drafts from its own prompt's reference output."""
+
+    batchable = True
+
+    def __init__(self, references: dict[tuple[int, ...], list[int]], vocab: int, chain: bool = False) -> None:
+        super().__init__([], vocab, seed=5, chain=chain)
+        self.references = references
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        self.reference = self.references[tuple(state.tokens[:state.prompt_len])]
+        return super().propose(state)
+
+
+def run_batch(model, method: Method, prompts: list[list[int]], size: int, max_new: int,
+              stops: frozenset[int] = frozenset(), temperature: float = 0.0, invariant: bool = False,
+              seed: int = 0) -> tuple[list[TurnResult], object]:
+    """Decode single-turn prompts `size` at a time, each with its own generator; results in prompt order and
+    the batch's stats."""
+    batch = BatchTarget(model, torch.device("cpu"), size, invariant)
+    forks = [method.fork() for _ in range(size)]
+    waiting = collections.deque(range(len(prompts)))
+    current: dict[int, int] = {}
+    results: dict[int, TurnResult] = {}
+
+    def feed(lane: int, result: TurnResult | None) -> Turn | None:
+        if result is not None:
+            results[current.pop(lane)] = result
+        if not waiting:
+            return None
+        current[lane] = i = waiting.popleft()
+        return Turn(prompts[i], torch.Generator().manual_seed(seed + i))
+
+    stats = decode_batch(batch, forks, DecodeSettings(max_new, temperature, stops), feed)
+    return [results[i] for i in range(len(prompts))], stats
+
+
+def prompts_of(n: int, vocab: int = 96) -> list[list[int]]:
+    """Prompts of very different lengths (8 to 90 tokens)."""
+    return [random_prompt(8 + (i * 37) % 83, vocab, seed=100 + i) for i in range(n)]
+
+
+def batch_one(model, prompts, max_new, stops=frozenset(), invariant=False) -> list[list[int]]:
+    target = Target(model, torch.device("cpu"), invariant=invariant)
+    return [run_method(model, make("baseline"), p, max_new, stops, target=target).output_ids for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def references(tiny):
+    """Ten prompts of different lengths, their batch-1 greedy outputs, and a stop token that ends some of them
+    early (so sequences leave the batch at different rounds)."""
+    prompts = prompts_of(10)
+    outputs = batch_one(tiny, prompts, 60)
+    counts = collections.Counter(t for out in outputs for t in out[5:40])
+    stop = counts.most_common(1)[0][0]
+    stopped = batch_one(tiny, prompts, 60, frozenset({stop}))
+    assert 2 <= sum(len(o) < 60 for o in stopped) <= 9, "the stop token should end some outputs early, not all"
+    return prompts, stop, stopped
+
+
+@pytest.mark.parametrize("size", [2, 3, 8])
+@pytest.mark.parametrize("name", ["baseline", "oracle-tree", "oracle-chain", "suffix", "pld"])
+def test_every_sequence_equals_its_batch_one_output(tiny, references, size, name):
+    prompts, stop, expected = references
+    if name.startswith("oracle"):
+        refs = {tuple(p): out for p, out in zip(prompts, expected)}
+        method = BatchOracle(refs, 96, chain=name == "oracle-chain")
+    else:
+        method = make(name)
+    results, stats = run_batch(tiny, method, prompts, size, 60, frozenset({stop}))
+    assert [r.output_ids for r in results] == expected
+    rounds = [info for r in results for info in r.rounds]
+    assert max(info.batch for info in rounds) == size and min(info.batch for info in rounds) < size
+    if name != "baseline":
+        assert sum(info.accepted for info in rounds) >= 40, "drafts were barely accepted"
+    if name == "oracle-tree":
+        assert any(info.tree_size > info.draft_depth for info in rounds), "no round verified a real tree"
+    assert stats.tokens == sum(len(r.output_ids) for r in results)
+    # every round's rows: one per busy slot, slots 0..n-1
+    by_round = collections.defaultdict(list)
+    for info in rounds:
+        by_round[info.batch_round].append(info)
+    assert all(sorted(i.slot for i in infos) == list(range(infos[0].batch)) for infos in by_round.values())
+    assert len(by_round) == stats.rounds
+
+
+def test_bfloat16_batch_invariant_is_bitwise_batch_one(tiny, references):
+    """With the batch-invariant target every row is computed as a one-token decode computes it, so in bfloat16 too
+    each sequence of a batch emits exactly its batch-1 greedy output (trees included: their paths are verified
+    again as chains, all sequences in one forward)."""
+    prompts, stop, _ = references
+    model = tiny.to(torch.bfloat16)
+    try:
+        expected = batch_one(model, prompts, 40, invariant=True)
+        refs = {tuple(p): out for p, out in zip(prompts, expected)}
+        results, _ = run_batch(model, BatchOracle(refs, 96), prompts, 4, 40, invariant=True)
+        assert [r.output_ids for r in results] == expected
+        plain, _ = run_batch(model, make("baseline"), prompts, 4, 40, invariant=True)
+        assert [r.output_ids for r in plain] == expected
+    finally:
+        tiny.to(torch.float32)
+
+
+NETWORK_DRAFTERS = {"eagle3-tree": ("eagle3", dict(depth=4, top_k=4, total_token=16)),
+                    "eagle3-chain": ("eagle3", dict(depth=5, top_k=1, total_token=6)),
+                    "dflash": ("dflash", dict(block_size=6)),
+                    "dart": ("dart", dict(total=12, beam_width=4, top_k=4))}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("case", NETWORK_DRAFTERS)
+def test_network_drafters_draft_a_batch_in_one_forward_and_stay_lossless(distilled, arch, case):
+    """Batched drafting (`propose_batch`: one draft forward per step for all sequences) with distilled drafters:
+    every sequence equals its batch-1 output, and drafts what it drafts at batch 1 (the same accepted lengths
+    round by round)."""
+    from tests.drafter_fixtures import make_method
+
+    name, opts = NETWORK_DRAFTERS[case]
+    target, corpus, folder = distilled(name, arch)
+    prompts = [seq[:12 + 7 * i] for i, seq in enumerate(corpus)] + [seq[:30] for seq in corpus[:2]]
+    alone = [run_method(target, make_method(name, target, folder, **opts), p, 50) for p in prompts]
+    method = make_method(name, target, folder, **opts)
+    calls = []
+    network = method.draft.block if name == "dflash" else method.draft.step
+    spy = lambda h, *a, **k: calls.append(h.shape[0] if h.dim() == (2 if name == "dflash" else 3) else 1) or network(h, *a, **k)  # noqa: E731
+    setattr(method.draft, "block" if name == "dflash" else "step", spy)
+    results, _ = run_batch(target, method, prompts, 3, 50)
+    assert [r.output_ids for r in results] == [r.output_ids for r in alone]
+    assert [[i.accepted for i in r.rounds] for r in results] == [[i.accepted for i in r.rounds] for r in alone]
+    assert sum(i.accepted for r in results for i in r.rounds) >= 40
+    assert max(calls) == 3, "the draft never ran one forward over the whole batch"
+
+
+@pytest.mark.parametrize("case, opts", [("eagle3-tree", {}), ("dflash", {"sampling": "sample"}), ("dart", {})])
+def test_sampling_in_a_batch_draws_what_batch_one_draws(distilled, case, opts):
+    """Temperature 0.8: each sequence has its own generator (seeded per turn, as the runner seeds it) and a
+    drafter that drafts what it drafts alone, so a batch must sample exactly the tokens batch 1 samples; since
+    batch-1 sampling reproduces the target's distribution (tests/test_sampling.py), so does every sequence of a
+    batch. DFlash with sampled drafts carries draft distributions into the acceptance."""
+    from tests.drafter_fixtures import make_method
+
+    name, shape = NETWORK_DRAFTERS[case]
+    target, corpus, folder = distilled(name, "llama")
+    prompts = [seq[:10 + 9 * i] for i, seq in enumerate(corpus)]
+    settings = DecodeSettings(40, 0.8, frozenset())
+    alone = [decode_turn(Target(target, torch.device("cpu")), make_method(name, target, folder, **shape, **opts), p,
+                         settings, torch.Generator().manual_seed(7 + i)) for i, p in enumerate(prompts)]
+    batched, _ = run_batch(target, make_method(name, target, folder, **shape, **opts), prompts, 3, 40,
+                           temperature=0.8, seed=7)
+    assert [r.output_ids for r in batched] == [r.output_ids for r in alone]
+    greedy = [run_method(target, make("baseline"), p, 40).output_ids for p in prompts]
+    assert sum(r.output_ids != g for r, g in zip(alone, greedy)) >= 2, "nothing was sampled"
+    assert sum(i.accepted for r in batched for i in r.rounds) >= 10
+
+
+# ---------------------------------------------------------------------------------------------- the command
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from specbench_cli.cli import app
+
+    return CliRunner().invoke(app, ["run", "--model", "smollm2-135m", "--threads", "2", "--dtype", "float32", *args])
+
+
+@needs_embedded
+def test_batched_runs_equal_batch_one_turn_by_turn_and_resume(tmp_path):
+    """`run --batch-size` on the embedded model: multi-turn prompts (a conversation keeps its slot), suffix and the
+    committed EAGLE-3 at batch 3, each prompt's turns equal to the batch-1 baseline's; rounds rows carry the
+    batch; run.json the throughput; a batch run killed after its first prompt resumes to the same records."""
+    from specbench_cli.records import read_table
+
+    args = ["--dataset", "spec-bench", "--category", "writing", "--category", "summarization", "--limit", "4",
+            "--max-new-tokens", "24", "--warmup", "1"]
+    small = ["--opt", "total_token=8", "--opt", "depth=3", "--opt", "top_k=3"]
+    for method, size, extra in (("baseline", "1", []), ("suffix", "3", []), ("eagle3", "2", small)):
+        result = _cli("--method", method, *args, *extra, "--batch-size", size, "--out", str(tmp_path / method))
+        assert result.exit_code == 0, result.output
+    base = read_table(tmp_path / "baseline", "prompts").sort_values(["prompt_id", "turn"])
+    assert base.turn.max() == 1 and len(base) >= 5
+    for method, size in (("suffix", 3), ("eagle3", 2)):
+        mine = read_table(tmp_path / method, "prompts").sort_values(["prompt_id", "turn"])
+        assert [list(x) for x in mine.output_ids] == [list(x) for x in base.output_ids], method
+        rounds = read_table(tmp_path / method, "rounds")
+        assert rounds.batch_size.max() == size and (rounds.batch_round >= 0).all(), method
+        assert rounds.accepted.sum() > 0, method
+        info = json.loads((tmp_path / method / "run.json").read_text())
+        assert info["settings"]["batch_size"] == size and info["throughput"]["output_tokens"] == mine.new_tokens.sum()
+
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "specbench_cli.cli", "run", "--model", "smollm2-135m", "--threads", "2", "--dtype",
+           "float32", "--method", "suffix", *args, "--batch-size", "3", "--out", str(killed)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.time() + 600
+    while not list((killed / "prompts.parquet").glob("part-*.parquet")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the run to be killed ended by itself (exit {proc.returncode})"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 1 <= read_table(killed, "prompts")["index"].nunique() < 4
+    assert _cli("--method", "suffix", *args, "--batch-size", "3", "--out", str(killed), "--resume").exit_code == 0
+    again = read_table(killed, "prompts").sort_values(["prompt_id", "turn"])
+    assert [list(x) for x in again.output_ids] == [list(x) for x in base.output_ids]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch-size", "0"], "expected distinct positive whole numbers"),
+    (["--batch-size", "two"], "expected distinct positive whole numbers"),
+    (["--batch-size", "2,2"], "expected distinct positive whole numbers"),
+    (["--batch-size", "9", "--limit", "4"], "more than the 4 prompt(s) selected"),
+    (["--batch-size", "2", "--method", "hvd"], "hvd does not decode batches yet; --batch-size > 1 runs baseline"),
+    (["--batch-size", "2", "--engine", "vllm"], "use --concurrency"),
+    (["--batch-size", "2", "--compile"], "runs eager"),
+    (["--batch-size", "1,2", "--engine", "vllm", "--concurrency", "1,2"], "not both at once"),
+])
+def test_bad_batch_input_is_one_line_before_anything_loads(tmp_path, args, message, monkeypatch):
+    from specbench_cli import runner
+
+    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    method = [] if "--method" in args else ["--method", "suffix"]
+    result = _cli(*method, "--dataset", "spec-bench", "--limit", "4", *args, "--out", str(tmp_path / "x"))
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output

@@ -93,7 +93,7 @@ def run(
     engine_arg: Annotated[Optional[list[str]], typer.Option(help="--engine vllm: KEY=VALUE passed to vllm.EngineArgs unchanged (repeatable; the value read as JSON when it parses), e.g. tensor_parallel_size=2, max_model_len=4096, enforce_eager=true.")] = None,
     engine_python: Annotated[Optional[str], typer.Option(help="--engine vllm: the Python that has vLLM. Default: $SPECBENCH_VLLM_PYTHON, this Python if it imports vllm, else .venv-vllm/bin/python (scripts/setup-vllm.sh).")] = None,
     concurrency: Annotated[str, typer.Option(help="--engine vllm: requests kept in flight (a closed loop: a new one starts when one finishes). A comma list (1,2,4,8) runs one level after another, each its own run (folder ..._c<N>, or <out>/c<N> with --out); `report` then shows throughput and speedup against concurrency. Default: 1.")] = "1",
-    batch_size: Annotated[str, typer.Option(help="Our engine: sequences decoded together, one target forward per round over all of them; a finished sequence's slot takes the next prompt at once (continuous batching; a conversation keeps its slot for all its turns). A comma list (1,2,4,8,16) runs one size after another, each its own run (folder ..._b<N>, or <out>/b<N> with --out); `report` then shows throughput and speedup against batch size (DART Tables 5-7). Methods: baseline, pld, suffix, eagle3. At most the number of prompts selected. Default: 1.")] = "1",
+    batch_size: Annotated[str, typer.Option(help="Our engine: sequences decoded together, one target forward per round over all of them; a finished sequence's slot takes the next prompt at once (continuous batching; a conversation keeps its slot for all its turns). A comma list (1,2,4,8,16) runs one size after another, each its own run (folder ..._b<N>, or <out>/b<N> with --out); `report` then shows throughput and speedup against batch size (DART Tables 5-7). Methods: baseline, pld, suffix, eagle3, dflash, dart. At most the number of prompts selected. Default: 1.")] = "1",
     engine_url: Annotated[Optional[str], typer.Option(help="--engine vllm: measure a vLLM server already running (http://HOST:PORT; a multi-GPU or multi-node deployment), started with the method's --speculative-config and --per-request-spec-decode-metrics detailed (specbench prints the matching `vllm serve` command if it does not match). Waited for 30 s. Default: specbench starts the engine.")] = None,
     engine_serve: Annotated[bool, typer.Option(help="--engine vllm: start `vllm serve` on 127.0.0.1 (the engine's Python, the run's engine arguments) and reach it over HTTP, as a deployment is measured; stopped at the end. Default: off (vLLM's engine loop in a process of its own, no HTTP).")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List methods, models and datasets, then exit.")] = False,
@@ -179,6 +179,7 @@ def profile(
     compile: Compile = False,
     compile_buckets: CompileBuckets = "1,4,16,64",
     batch_invariant: BatchInvariant = "auto",
+    batch_size: Annotated[int, typer.Option(help="--phases: sequences decoded together (run --batch-size); each batch round counts once in the phase table.")] = 1,
 ) -> None:
     """Where the time goes: per-phase round breakdown (--phases) or component microbenchmarks (--component head).
     Every profile writes Parquet, a Markdown/CSV/LaTeX table and a PNG/PDF plot, and names its clock."""
@@ -201,13 +202,18 @@ def profile(
     at_least("--threads", threads, 1)
     at_least("--reps", reps, 1)
     at_least("--warmup-reps", warmup_reps, 0)
+    at_least("--batch-size", batch_size, 1)
+    if batch_size > 1 and not phases:
+        fail("--batch-size is for --phases (a batched run); the microbenchmarks time one sequence")
     for length in (*(kv_lens or ()), *(backlogs or ())):
         at_least("--kv-len and --backlog", length, 1)
     suffix = "_head" if component else "_switching" if switching else ""
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,
                        warmup=warmup, opts=opt or [], target=target, drafters=drafter or [], compile=compile,
-                       compile_buckets=compile_buckets, batch_invariant=batch_invariant, out=out or Path("results") / "profile" / f"{model}_{dataset_slug(dataset)}_{method}{suffix}")
+                       compile_buckets=compile_buckets, batch_invariant=batch_invariant, batch_size=batch_size,
+                       out=out or Path("results") / "profile" / f"{model}_{dataset_slug(dataset)}_{method}{suffix}"
+                       f"{f'_b{batch_size}' if batch_size > 1 else ''}")
     if phases:
         run_dir = _execute(config, threads)  # checks the run's input before torch (which profile imports) loads
         from specbench_cli import profile as prof

@@ -21,7 +21,7 @@ import torch
 from rich.console import Console
 
 from specbench_cli.core.errors import UsageError
-from specbench_cli.analysis.phases import flashhead_view, phase_table
+from specbench_cli.analysis.phases import flashhead_view, phase_table, split
 from specbench_cli.records import read_table
 from specbench_cli.analysis.tables import Table
 
@@ -37,7 +37,7 @@ def phases(run_dir: Path, console: Console) -> list[Path]:
     folder = run_dir / "profile"
     method, clock = info["settings"]["method"], info["clock"]
     table = Table("phases", f"{method} · {info['settings']['model']}: ms per round by phase ({clock} clock, "
-                  f"{len(rounds)} rounds)", phase_table(rounds), "host = round wall time minus the timed phases")
+                  f"{len(split(rounds))} rounds)", phase_table(rounds), "host = round wall time minus the timed phases")
     view = Table("flashhead_view", f"{method}: FlashHead thesis profile (Tables 4.7/4.8)",
                  pd.DataFrame(list(flashhead_view(table.frame).items()), columns=["quantity", "value"]))
     for t in (table, view):

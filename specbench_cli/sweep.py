@@ -12,6 +12,9 @@
     [options.eagle3]                   # --opt grid of one method: a list expands, a scalar is fixed
     depth = [4, 8]
 
+A load in `[run]` may be a list too (`batch_size = [1, 2, 4, 8]`, or `concurrency` for an engine): every job
+then runs at each level, and `specbench report <out>` shows throughput and speedup against it.
+
 A job's hash covers everything that changes its records (model, dataset, method, options, run settings),
 so the same grid always gives the same directories: re-running skips finished jobs and resumes unfinished
 ones, and `--shard i/n` takes every n-th job from i, the same split on every machine.
@@ -34,6 +37,7 @@ from specbench_cli.inputs import RunConfig
 # `[run]` keys a sweep may set: RunConfig fields that are not chosen per job.
 RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig)
                  if f.name not in ("method", "model", "dataset", "opts", "out", "resume", "shard", "results_root"))
+LOAD_KEYS = ("batch_size", "concurrency")  # `[run]` keys whose list of levels expands the grid
 
 
 @dataclass(frozen=True)
@@ -95,14 +99,16 @@ def load(path: Path) -> Sweep:
     for key, value in run.items():
         if key not in RUN_KEYS:
             raise unknown(f"[run] setting in {path}", key, RUN_KEYS)
-        _check_type(path, key, value)
+        for one in value if key in LOAD_KEYS and isinstance(value, list) else [value]:
+            _check_type(path, key, one)
     grids = data.get("options", {})
     for method in grids:
         if method not in data["methods"]:
             raise UsageError(f"{path}: [options.{method}] names a method that is not in 'methods'")
-    jobs = [Job(model, dataset, method, options, tuple(sorted(run.items())))
+    loads = expand({k: v for k, v in run.items() if k in LOAD_KEYS})
+    jobs = [Job(model, dataset, method, options, tuple(sorted({**run, **dict(levels)}.items())))
             for model in data["models"] for dataset in data["datasets"] for method in data["methods"]
-            for options in expand(grids.get(method, {}))]
+            for options in expand(grids.get(method, {})) for levels in loads]
     return Sweep(Path(data.get("out", f"results/{path.stem}")), jobs)
 
 

@@ -247,3 +247,17 @@ def test_bad_batch_input_is_one_line_before_anything_loads(tmp_path, args, messa
     result = _cli(*method, "--dataset", "spec-bench", "--limit", "4", *args, "--out", str(tmp_path / "x"))
     assert result.exit_code == 2 and message in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_a_batch_round_counts_once_in_the_phase_split():
+    """Rows of one batch round share its phase times: the phase table must not count them once per sequence."""
+    import pandas as pd
+
+    from specbench_cli.analysis.phases import split
+
+    row = dict(route_ms=0.0, catchup_ms=0.0, extra_forward_ms=0.0, draft_ms=2.0, draft_head_ms=0.0, verify_ms=10.0,
+               accept_ms=1.0, commit_ms=1.0, run="r")
+    rounds = pd.DataFrame([{**row, "batch_round": 0, "wall_ms": 20.0}] * 4 + [{**row, "batch_round": 1, "wall_ms": 40.0}])
+    parts = split(rounds)
+    assert len(parts) == 2 and parts["round"].mean() == 30.0
+    assert len(split(rounds.assign(batch_round=-1))) == 5  # batch 1: every row is a round

@@ -75,7 +75,17 @@ def test_slurm_script(config):
     assert result.exit_code == 0 and (grid.out / "sweep.sbatch").read_text().count("#SBATCH") == 6
 
 
+def test_a_load_list_runs_every_job_at_each_level(config):
+    config.write_text(config.read_text().replace("limit = 4", "limit = 4\nbatch_size = [1, 4]"))
+    jobs = sweep.load(config).jobs
+    assert len(jobs) == 2 * 2 * (1 + 1 + 2)
+    sizes = sorted(dict(j.run)["batch_size"] for j in jobs if j.method == "suffix" and j.dataset == "mt-bench")
+    assert sizes == [1, 4] and len({j.hash for j in jobs}) == len(jobs)
+    assert jobs[0].config(config.parent).batch_size in (1, 4)
+
+
 @pytest.mark.parametrize("edit,message", [
+    (("limit = 4", "limit = 4\nbatch_size = [1, 2.5]"), "[run] batch_size = 2.5 must be an integer"),
     (("methods = [", "method = ["), "'methods' must be a non-empty list"),
     (("limit = 4", "limt = 4"), "did you mean 'limit'"),
     (("[options.eagle3]", "[options.dflash]"), "[options.dflash] names a method that is not in 'methods'"),

@@ -16,7 +16,10 @@ PARTS = ("route", "catchup", "extra_forward", "draft_body", "draft_head", "verif
 
 
 def split(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Milliseconds per part for every round (columns PARTS plus `round`, the host wall time)."""
+    """Milliseconds per part for every round (columns PARTS plus `round`, the host wall time). A batch round
+    (`run --batch-size`) counts once: its rows, one per sequence, share its phase times."""
+    if "batch_round" in rounds and (rounds.batch_round >= 0).any():
+        rounds = rounds.drop_duplicates(["run", "batch_round"])
     missing = pd.Series(0.0, index=rounds.index)  # a phase added after the run was recorded
     ms = pd.DataFrame({p: rounds.get(f"{p}_ms", missing).fillna(0.0) for p in PHASES})
     head = rounds["draft_head_ms"].fillna(0.0)

@@ -8,7 +8,8 @@ Each sequence has its own `Target`, a slot of one shared static cache (`BatchTar
 `Method.fork` of the run's method (the same weights and cross-request caches, per-turn state of its own), so a
 proposer sees what it sees at batch 1 and every sequence's output is its batch-1 output: a greedy sequence's
 tokens are the target's argmax whatever its neighbours draft. The trees of one round differ in size (a
-60-node tree, a chain, an empty draft): they share one forward padded to the largest, padding rows seeing only
+60-node tree, a chain, an empty draft): they share one forward whose row-wise parts (projections, MLP, head)
+run on the nodes alone, packed, and whose attention pads each tree to the largest, padding rows seeing only
 themselves and landing past the sequence's committed length, where nothing reads them.
 
 Busy sequences always fill slots 0..n-1 (when a slot empties for good, the sequence in the last busy slot moves
@@ -49,8 +50,9 @@ class BatchTarget:
     def verify(self, work: list[tuple[int, DraftTree]]) -> list[torch.Tensor]:
         """Slots 0..n-1 verify their (root, tree) in one forward: logits [1 + nodes, V] per slot.
 
-        Each tree's rows are padded to the largest; a node sees its own sequence's cached prefix, itself and its
-        ancestors, at position prefix + depth (what `Target.verify` does for one sequence)."""
+        A node sees its own sequence's cached prefix, itself and its ancestors, at position prefix + depth (what
+        `Target.verify` does for one sequence). The row-wise parts of the forward (projections, MLP, head) run on
+        the trees' nodes alone, packed; attention pads each tree to the largest."""
         targets = self.slots[:len(work)]
         sizes = [1 + len(tree) for _, tree in work]
         rows = max(sizes)
@@ -71,14 +73,15 @@ class BatchTarget:
         sees_reserved = torch.zeros(len(work), rows, dtype=torch.bool, device=device)
         mask = first.visibility(block, sees_reserved, base, kv_len)
         slots = base[:, None] + torch.arange(rows, device=device)
-        embeds = first.model.get_input_embeddings()(ids.to(device))
-        hidden, captured = first.decoder(embeds, positions.to(device) + base[:, None], mask, slots, sees_reserved,
-                                         lambda i: self.kv.layer(i)[:, :len(work), :, :kv_len])
-        real = torch.arange(rows)[None] < torch.tensor(sizes)[:, None]  # the rows that are tree nodes
-        logits = first._head(hidden[real.to(hidden.device)]).split(sizes)
-        for b, (t, m) in enumerate(zip(targets, sizes)):
+        real = (torch.arange(rows)[None] < torch.tensor(sizes)[:, None]).to(device)  # the rows that are tree nodes
+        embeds = first.model.get_input_embeddings()(ids.to(device)[real])[None]  # packed: no padding rows
+        hidden, captured = first.decoder(embeds, (positions.to(device) + base[:, None])[real][None], mask, slots,
+                                         sees_reserved, lambda i: self.kv.layer(i)[:, :len(work), :, :kv_len], real)
+        logits = first._head(hidden[0]).split(sizes)
+        captured = [c[0].split(sizes) for c in captured]
+        for b, t in enumerate(targets):
             t.forwards += 1
-            t.captured = {i: c[b, :m] for i, c in zip(t._capture, captured)}
+            t.captured = {i: c[b] for i, c in zip(t._capture, captured)}
             t.side_hidden = None
         return list(logits)
 

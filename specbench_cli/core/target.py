@@ -361,11 +361,16 @@ class Target:
         return hidden[0], [h[0] for h in captured]
 
     def decoder(self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, slots: torch.Tensor,
-                sees_reserved: torch.Tensor, kv: Callable[[int], torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                sees_reserved: torch.Tensor, kv: Callable[[int], torch.Tensor],
+                real: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The decoder over a batch of sequences' rows: embeds [B, R, H] at `positions` [B, R], each written at
         `slots` [B, R] of its sequence's cache `kv(layer)` [2, B, kv heads, S, d] and attending where `mask`
         [B, 1, R, S] allows (None: plain causal attention over the rows). Returns the final-norm hidden states
-        [B, R, H] and the captured layers' outputs."""
+        [B, R, H] and the captured layers' outputs.
+
+        `real` (bool [B, R]): the rows are packed, embeds [1, T, H] and positions [1, T] holding only the rows
+        `real` marks, in order; every row-wise part (norms, projections, MLP) runs on them alone and only
+        attention sees the padded [B, R] layout. Hidden states come back packed too."""
         base_model = self.model.model
         h = embeds.to(self._dtype)
         cos, sin = base_model.rotary_emb(h, positions)
@@ -376,7 +381,7 @@ class Target:
                 h, cos, sin, slots = (t.to(dev) for t in (h, cos, sin, slots))
                 mask = None if mask is None else mask.to(dev)
             h = h + self._attention(block_module.self_attn, block_module.input_layernorm(h), cos, sin, mask, slots,
-                                    kv(i), sees_reserved)
+                                    kv(i), sees_reserved, real)
             h = h + self._rows(block_module.mlp, block_module.post_attention_layernorm(h))
             if i in self._capture:
                 captured.append(h)
@@ -395,16 +400,20 @@ class Target:
 
     def _attention(self, attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    mask: torch.Tensor | None, slots: torch.Tensor, kv: torch.Tensor,
-                   sees_reserved: torch.Tensor) -> torch.Tensor:
-        """One attention block over x [B, R, H], reading and writing the static cache `kv` [2, B, kv heads, S, d]."""
-        batch, rows, d = x.shape[0], x.shape[1], attn.head_dim
-        q = self._rows(attn.q_proj, x).view(batch, rows, -1, d)
-        k = self._rows(attn.k_proj, x).view(batch, rows, -1, d)
-        v = self._rows(attn.v_proj, x).view(batch, rows, -1, d)
+                   sees_reserved: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
+        """One attention block over x [B, R, H] (or packed rows, `decoder`'s `real`), reading and writing the static
+        cache `kv` [2, B, kv heads, S, d]."""
+        d = attn.head_dim
+        q = self._rows(attn.q_proj, x).view(*x.shape[:2], -1, d)
+        k = self._rows(attn.k_proj, x).view(*x.shape[:2], -1, d)
+        v = self._rows(attn.v_proj, x).view(*x.shape[:2], -1, d)
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rotary
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if real is not None:  # packed rows -> each sequence's padded rows (padding rows: zeros, seen by nobody)
+            q, k, v = (unpack(t, real) for t in (q, k, v))
+        batch, rows = q.shape[0], q.shape[2]
         if batch == 1:
             kv[0, 0].index_copy_(1, slots[0], k[0])
             kv[1, 0].index_copy_(1, slots[0], v[0])
@@ -415,10 +424,10 @@ class Target:
         if self.invariant and mask is not None:
             out = torch.cat([self._one_query_each(q[b:b + 1], kv[:, b], mask[b, 0], attn.scaling, sees_reserved[b])
                              for b in range(batch)])
-            return self._rows(attn.o_proj, out)
-        out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, is_causal=mask is None,
-                                             scale=attn.scaling, enable_gqa=True)
-        return self._rows(attn.o_proj, out.transpose(1, 2).reshape(batch, rows, -1))
+        else:
+            out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, is_causal=mask is None,
+                                                 scale=attn.scaling, enable_gqa=True).transpose(1, 2).reshape(batch, rows, -1)
+        return self._rows(attn.o_proj, out if real is None else out[real][None])
 
     def _one_query_each(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
                         sees_reserved: torch.Tensor) -> torch.Tensor:
@@ -497,6 +506,13 @@ class Target:
         self._warming = False
         self.length = 0
         return dict(self.compile_seconds)
+
+
+def unpack(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Packed rows [1, heads, T, d] laid out as [B, heads, R, d], the rows `real` [B, R] marks filled in order."""
+    full = x.new_zeros(*real.shape, x.shape[1], x.shape[3])
+    full[real] = x[0].transpose(0, 1)
+    return full.transpose(1, 2)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -297,7 +297,7 @@ class DFlash(FeatureDrafter):
             return [forks[0].propose(states[0])]
         draft, size, batch = self.draft, self.block_size, len(forks)
         device = states[0].target.device
-        _catch_up_all(forks, states)
+        self.catch_up_batch(forks, states)
         blocks = torch.full((batch, size), draft.config.mask_token_id, device=device)
         blocks[:, 0] = torch.tensor([s.tokens[-1] for s in states], device=device)
         lengths = torch.tensor([s.target.length for s in states], device=device)
@@ -317,16 +317,16 @@ class DFlash(FeatureDrafter):
         return [DraftTree.chain(torch.multinomial(p, 1, generator=s.generator)[:, 0].tolist(), draft_probs=p)
                 for p, s in zip(probs, states)]
 
-
-def _catch_up_all(forks: list[DFlash], states: list[DecodeState]) -> None:
-    """`catch_up` for every sequence: their new context rows through one `context_kv` call."""
-    todo = [(f, f.take_pending(s, f.absorbed)) for f, s in zip(forks, states) if f.pending]
-    if not todo:
-        return
-    device = todo[0][1].device
-    positions = torch.cat([torch.arange(f.absorbed, f.absorbed + rows.shape[0], device=device) for f, rows in todo])
-    new_kv = todo[0][0].draft.context_kv(torch.cat([rows for _, rows in todo]), positions)
-    sizes = [rows.shape[0] for _, rows in todo]
-    for j, (f, _) in enumerate(todo):
-        mine = [(k.split(sizes, 1)[j], v.split(sizes, 1)[j]) for k, v in new_kv]
-        f.ctx_kv = mine if f.ctx_kv is None else [append_kv(old, new) for old, new in zip(f.ctx_kv, mine)]
+    @torch.inference_mode()
+    def catch_up_batch(self, forks: list[DFlash], states: list[DecodeState]) -> None:
+        """`catch_up` for every sequence: their new context rows through one `context_kv` call."""
+        todo = [(f, f.take_pending(s, f.absorbed)) for f, s in zip(forks, states) if f.pending]
+        if not todo:
+            return
+        device = todo[0][1].device
+        positions = torch.cat([torch.arange(f.absorbed, f.absorbed + rows.shape[0], device=device) for f, rows in todo])
+        new_kv = self.draft.context_kv(torch.cat([rows for _, rows in todo]), positions)
+        sizes = [rows.shape[0] for _, rows in todo]
+        for j, (f, _) in enumerate(todo):
+            mine = [(k.split(sizes, 1)[j], v.split(sizes, 1)[j]) for k, v in new_kv]
+            f.ctx_kv = mine if f.ctx_kv is None else [append_kv(old, new) for old, new in zip(f.ctx_kv, mine)]

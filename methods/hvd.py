@@ -113,6 +113,7 @@ class HybridVerified(RoutedMethod):
     """The shared structure; subclasses say how a cache draft is scored and what the threshold is by default."""
 
     PROPOSERS = {"suffix": Suffix, "eagle3": Eagle3}
+    batchable = True  # both proposers are
     drafter_names = ("eagle3",)
     inherent_syncs = "EAGLE-3's own when it drafts; the cache lookup and the decision are host work"
 
@@ -128,11 +129,13 @@ class HybridVerified(RoutedMethod):
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
-        self.suffix, self.eagle3 = self.proposers["suffix"], self.proposers["eagle3"]
-        self.cache = CacheDraft()
         self.classes = token_classes(model.tokenizer, int(model.model.config.vocab_size))
         self.history = History()
         self.chose_cache = False
+
+    def bind(self) -> None:
+        self.suffix, self.eagle3 = self.proposers["suffix"], self.proposers["eagle3"]
+        self.cache = CacheDraft()
 
     def score(self, draft: SuffixDraft, x: np.ndarray) -> float:
         raise NotImplementedError

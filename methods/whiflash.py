@@ -54,6 +54,7 @@ class FullLayerCatchUp(Eagle3):
 
 class WhiFlash(RoutedMethod):
     PROPOSERS = {"eagle3": Eagle3, "dflash": DFlash}
+    batchable = True  # both proposers are
     drafter_names = ("eagle3", "dflash")
     inherent_syncs = "EAGLE-3's or DFlash's own, plus one per round: the policy's decision to host"
     needs_artifact = False  # True: no --opt threshold can stand in for the artifact (the neural router)
@@ -71,8 +72,10 @@ class WhiFlash(RoutedMethod):
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
-        self.eagle3, self.dflash = self.proposers["eagle3"], self.proposers["dflash"]
         self.calibrated = self._calibration()
+
+    def bind(self) -> None:
+        self.eagle3, self.dflash = self.proposers["eagle3"], self.proposers["dflash"]
 
     def build(self, name: str, cls: type[Method]) -> Proposer:
         if name == "eagle3" and not self.options.kv_only:

@@ -234,7 +234,7 @@ def test_batched_runs_equal_batch_one_turn_by_turn_and_resume(tmp_path):
     (["--batch-size", "two"], "expected distinct positive whole numbers"),
     (["--batch-size", "2,2"], "expected distinct positive whole numbers"),
     (["--batch-size", "9", "--limit", "4"], "more than the 4 prompt(s) selected"),
-    (["--batch-size", "2", "--method", "hvd"], "hvd does not decode batches yet; --batch-size > 1 runs baseline"),
+    (["--batch-size", "2", "--method", "confu"], "confu does not decode batches yet; --batch-size > 1 runs baseline"),
     (["--batch-size", "2", "--engine", "vllm"], "use --concurrency"),
     (["--batch-size", "2", "--compile"], "runs eager"),
     (["--batch-size", "1,2", "--engine", "vllm", "--concurrency", "1,2"], "not both at once"),
@@ -261,3 +261,44 @@ def test_a_batch_round_counts_once_in_the_phase_split():
     parts = split(rounds)
     assert len(parts) == 2 and parts["round"].mean() == 30.0
     assert len(split(rounds.assign(batch_round=-1))) == 5  # batch 1: every row is a round
+
+
+@pytest.mark.parametrize("name", ["whiflash-entropy", "hvd-freq"])
+def test_routed_methods_route_each_sequence_of_a_batch(distilled, name):
+    """WhiFlash and HVD at batch 3: every sequence routed on its own (rounds of one forward mixing proposers),
+    each proposer drafting at once for the sequences sent to it, lazy catch-up per sequence; every sequence equal
+    to its batch-1 output. WhiFlash's entropy router sees the same target logits as at batch 1, so it routes each
+    sequence as batch 1 does (HVD's suffix lookups also see the other sequences' outputs, so its routes may differ)."""
+    import statistics
+
+    from methods.dflash import DFlash
+    from methods.eagle3 import Eagle3
+    from specbench_cli.registry import method_class
+    from tests.drafter_fixtures import loaded
+
+    target, corpus, eagle3 = distilled("eagle3", "llama")
+    drafters = {"eagle3": eagle3, "dflash": distilled("dflash", "llama")[2]}
+    small = {"eagle3": Eagle3.Options(depth=4, top_k=4, total_token=16), "dflash": DFlash.Options(block_size=4)}
+    if name == "hvd-freq":
+        small.pop("dflash")
+    prompts = [seq[:10 + 9 * i] for i, seq in enumerate(corpus)] + [seq[:30] for seq in corpus[:2]]
+
+    def method(threshold):
+        cls = method_class(name)
+        return cls(cls.Options(threshold=threshold, **small), loaded(target), {k: str(v) for k, v in drafters.items()})
+
+    signal = "entropy" if name == "whiflash-entropy" else "router_score"
+    probe = [run_method(target, method(-1.0 if signal == "entropy" else 1e9), p, 50) for p in prompts[:2]]
+    threshold = statistics.median(r.extras[signal] for res in probe for r in res.rounds if r.extras[signal] > 0)
+    alone = [run_method(target, method(threshold), p, 50) for p in prompts]
+    results, _ = run_batch(target, method(threshold), prompts, 3, 50)
+    assert [r.output_ids for r in results] == [r.output_ids for r in alone]
+    rounds = [i for r in results for i in r.rounds]
+    assert {i.proposer for i in rounds} == ({"eagle3", "dflash"} if signal == "entropy" else {"eagle3", "suffix"})
+    mixed = collections.defaultdict(set)
+    for i in rounds:
+        mixed[i.batch_round].add(i.proposer)
+    assert any(len(used) > 1 for used in mixed.values()), "no batch round mixed proposers"
+    assert all("backlog" in i.extras for i in rounds)
+    if signal == "entropy":
+        assert [[i.proposer for i in r.rounds] for r in results] == [[i.proposer for i in r.rounds] for r in alone]

@@ -208,7 +208,7 @@ class Eagle3(FeatureDrafter):
         if len(forks) == 1:
             return [forks[0].propose(states[0])]
         o, draft, batch = self.options, self.draft, len(forks)
-        self._catch_up_all(forks, states)
+        self.catch_up_batch(forks, states)
         feats = torch.cat([f.take_pending(s, f.absorbed) for f, s in zip(forks, states)])  # [B, 3Ht], the newest
         device = feats.device
         starts = [f.absorbed for f in forks]
@@ -251,7 +251,8 @@ class Eagle3(FeatureDrafter):
             trees.append(DraftTree(tokens[b][kept].tolist(), tree_parents))
         return trees
 
-    def _catch_up_all(self, forks: list[Eagle3], states: list[DecodeState]) -> None:
+    @torch.inference_mode()
+    def catch_up_batch(self, forks: list[Eagle3], states: list[DecodeState]) -> None:
         """`catch_up` for every sequence, their backlogs' keys and values in one call."""
         backlogs = [(f, rows) for f, s in zip(forks, states) if (rows := f._backlog(s)) is not None]
         if not backlogs:

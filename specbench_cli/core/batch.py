@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specbench_cli.core.acceptance import Acceptance, accept
-from specbench_cli.core.method import DecodeState, Method
+from specbench_cli.core.method import DecodeState, Method, Proposer, Route
 from specbench_cli.core.target import StaticKV, Target
 from specbench_cli.core.timing import PhaseClock, sync
 from specbench_cli.core.tree import DraftTree
@@ -140,8 +140,9 @@ class _Sequence:
 
 
 def decode_batch(batch: BatchTarget, methods: list[Method], settings: DecodeSettings, feed: Feed) -> BatchStats:
-    """Decode every turn `feed` hands out, `len(methods)` sequences at a time (`methods[i]` drafts for lane i;
-    `methods[0].propose_batch` drafts for all of them at once)."""
+    """Decode every turn `feed` hands out, `len(methods)` sequences at a time (`methods[i]` drafts for lane i; a
+    proposer's `propose_batch` drafts for all the sequences it serves at once; a routed method routes each
+    sequence, then each proposer drafts for the sequences sent to it)."""
     clock = PhaseClock(batch.device)
     stats = BatchStats()
     busy: list[_Sequence] = []
@@ -172,8 +173,16 @@ def decode_batch(batch: BatchTarget, methods: list[Method], settings: DecodeSett
         clock.start_round()
         n = len(busy)
         states = [s.state for s in busy]
+        routes = [Route(s.method) for s in busy]
+        if methods[0].routed:  # each sequence its own choice; each proposer then serves its share at once
+            with clock.phase("route"):
+                routes = [s.method.route(s.state) for s in busy]
+            with clock.phase("catchup"):
+                _by_proposer([(p, st) for r, st in zip(routes, states) for p in (r.proposer, *r.also)],
+                             lambda ps, sts: ps[0].catch_up_batch(ps, sts))
         with clock.phase("draft"):
-            trees = methods[0].propose_batch([s.method for s in busy], states)
+            trees = _by_proposer([(r.proposer, st) for r, st in zip(routes, states)],
+                                 lambda ps, sts: ps[0].propose_batch(ps, sts))
         sizes = [(len(t), max(t.depths()) if len(t) else 0) for t in trees]
         kv_lens = [s.target.length for s in busy]
         with clock.phase("verify"):
@@ -192,9 +201,10 @@ def decode_batch(batch: BatchTarget, methods: list[Method], settings: DecodeSett
                 seq.out.extend(new)
                 seq.method.observe(seq.state, new)
                 stats.tokens += len(new)
-                infos.append(RoundInfo(proposer=seq.method.name, tree_size=sizes[i][0], draft_depth=sizes[i][1],
-                                       accepted=r.accepted, emitted=len(new), kv_len=kv_lens[i], target_forwards=1,
-                                       slot=i, batch=n, batch_round=stats.rounds))
+                infos.append(RoundInfo(proposer=routes[i].proposer.name, tree_size=sizes[i][0],
+                                       draft_depth=sizes[i][1], accepted=r.accepted, emitted=len(new),
+                                       kv_len=kv_lens[i], target_forwards=1, extras=routes[i].extras, slot=i, batch=n,
+                                       batch_round=stats.rounds))
                 seq.rounds.append(infos[-1])
         clock.end_round()
         unresolved.append(infos)
@@ -235,6 +245,20 @@ def _result(seq: _Sequence, device: torch.device) -> TurnResult:
     decode_ms = (time.perf_counter_ns() - seq.started_ns) / 1e6
     seq.method.finish(seq.state)
     return TurnResult(seq.out, "stop_token" if seq.stopped else "max_new_tokens", seq.ttft_ms, decode_ms, seq.rounds)
+
+
+def _by_proposer(work: list[tuple[Proposer, DecodeState]], call: Callable) -> list:
+    """`call(proposers, states)` once per kind of proposer in `work` (the sequences a router sent to EAGLE-3 in one
+    call, those it sent to DFlash in another); the answers back in `work`'s order."""
+    groups: dict[tuple[type, str], list[int]] = {}
+    for i, (p, _) in enumerate(work):
+        groups.setdefault((type(p), p.name), []).append(i)
+    out: list = [None] * len(work)
+    for members in groups.values():
+        answers = call([work[i][0] for i in members], [work[i][1] for i in members])
+        for i, answer in zip(members, answers or [None] * len(members)):
+            out[i] = answer
+    return out
 
 
 def _compact(batch: BatchTarget, slots: list[_Sequence | None]) -> list[_Sequence]:

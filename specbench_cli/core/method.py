@@ -72,6 +72,12 @@ class Proposer:
     def catch_up(self, state: DecodeState) -> None:
         """Absorb tokens accepted while this proposer was idle (routed methods' lazy catch-up)."""
 
+    def catch_up_batch(self, forks: list[Proposer], states: list[DecodeState]) -> None:
+        """`catch_up` for several sequences (batch > 1), `forks[i]` (this proposer's forks) for `states[i]`; a
+        network drafter does them in one forward."""
+        for p, s in zip(forks, states):
+            p.catch_up(s)
+
     # A proposer that runs target forwards of its own before drafting sets this; the loop then calls
     # `extra_forward` each round and times it as its own phase (a draft model's non-deferred ablation).
     extra_forwards: ClassVar[bool] = False
@@ -81,6 +87,13 @@ class Proposer:
 
     def propose(self, state: DecodeState) -> DraftTree:
         raise NotImplementedError
+
+    def propose_batch(self, forks: list[Proposer], states: list[DecodeState]) -> list[DraftTree]:
+        """Drafts for several sequences in one go, `forks[i]` (this proposer's forks) drafting for `states[i]`.
+        Model-free drafting is per sequence on the host, so the default asks each fork; a method whose drafter
+        runs a network overrides this with one forward for all (a loop of B forwards would make batch throughput
+        meaningless)."""
+        return [p.propose(s) for p, s in zip(forks, states)]
 
     def verify_extras(self, state: DecodeState, tree: DraftTree) -> VerifyExtras | None:
         """What to add to the target's verify of `tree` (side rows, an already cached root); None: nothing."""
@@ -117,9 +130,7 @@ class Method(Proposer):
     calibration: ClassVar[str] = ""
     # Host syncs the algorithm needs in a round beyond reading the accepted length (recorded in run.json).
     inherent_syncs: ClassVar[str] = "one per round: accepted length to host"
-    # Decodes at --batch-size > 1 (core/batch.py): its drafts for B sequences come from `propose_batch`, which a
-    # network drafter implements as one draft forward for all of them (a loop of B forwards would make batch
-    # throughput meaningless).
+    # Decodes at --batch-size > 1 (core/batch.py): its drafts for B sequences come from `propose_batch`.
     batchable: ClassVar[bool] = False
 
     @classmethod
@@ -140,11 +151,6 @@ class Method(Proposer):
         """The proposer of one more sequence decoded beside this one (batch > 1): the same weights and
         cross-request state, per-turn state of its own (every hook sets per-turn state afresh in `start`)."""
         return copy.copy(self)
-
-    def propose_batch(self, forks: list[Method], states: list[DecodeState]) -> list[DraftTree]:
-        """Drafts for several sequences in one go, `forks[i]` (this method's forks) drafting for `states[i]`.
-        Model-free drafting is per sequence on the host, so the default asks each fork."""
-        return [m.propose(s) for m, s in zip(forks, states)]
 
     def route(self, state: DecodeState) -> Route:
         """Routed methods: pick this round's proposer (the loop calls this only when `routed`)."""

@@ -199,6 +199,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also the compiled Target and generate() with a static cache")
     ap.add_argument("--invariant", action="store_true", help="also the batch-invariant Target (core.target)")
     ap.add_argument("--batch", default="", help="batch sizes for the batched verify table, e.g. 2,4,8,16")
+    ap.add_argument("--batch-only", action="store_true", help="with --batch: that table alone")
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here too")
     args = ap.parse_args()
     if args.threads:
@@ -211,7 +212,7 @@ def main() -> None:
     clock = "CUDA events" if device.type == "cuda" else "perf_counter"
     where = f"{args.model} {str(dtype).removeprefix('torch.')} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}"
 
-    curves = verify_curve(loaded.model, device, args.context, args.reps, mode, args.invariant)
+    curves = {} if args.batch_only else verify_curve(loaded.model, device, args.context, args.reps, mode, args.invariant)
     table = Table(title=f"verify cost c(n) = t(n) / t(1), context {args.context}; t(1) ms in the last column ({where}, {clock})")
     table.add_column("forward")
     for n in NS:
@@ -219,9 +220,10 @@ def main() -> None:
     table.add_column("t(1) ms", justify="right")
     for name, curve in curves.items():
         table.add_row(name, *(f"{curve[n] / curve[1]:.2f}" for n in NS), f"{curve[1]:.3f}")
-    hf = curves["hf forward"]
-    table.add_row("eager chain / hf", *(f"{curves['ours eager chain'][n] / hf[n]:.2f}" for n in NS), "")
-    console.print(table)
+    if curves:
+        hf = curves["hf forward"]
+        table.add_row("eager chain / hf", *(f"{curves['ours eager chain'][n] / hf[n]:.2f}" for n in NS), "")
+        console.print(table)
 
     batched = {}
     if args.batch:
@@ -237,6 +239,10 @@ def main() -> None:
             table.add_row(str(size), *(f"{curve[n] / curve[1]:.2f}" for n in BATCH_NS), f"{curve[1]:.2f}",
                           f"{curve[1] / batched[1][1]:.2f}")
         console.print(table)
+    if args.batch_only:
+        if args.json:
+            args.json.write_text(json.dumps({"where": where, "clock": clock, "batched": batched}, indent=2))
+        return
 
     prompt = loaded.encode_chat([{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}])
     rates = decode_rates(loaded, device, prompt, args.new, mode, args.invariant)

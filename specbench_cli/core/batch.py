@@ -98,7 +98,8 @@ class BatchTarget:
 
 @dataclass
 class Turn:
-    """One turn to decode: what `decode_turn` takes, and whatever the caller needs back with its result."""
+    """One turn to decode, as `decode_turn` takes it: its prompt ids, its own generator (so a sequence samples what
+    it samples at batch 1) and what the method may know of the prompt (`DecodeState.context`)."""
 
     prompt_ids: list[int]
     generator: torch.Generator | None = None
@@ -248,8 +249,8 @@ def _result(seq: _Sequence, device: torch.device) -> TurnResult:
 
 
 def _by_proposer(work: list[tuple[Proposer, DecodeState]], call: Callable) -> list:
-    """`call(proposers, states)` once per kind of proposer in `work` (the sequences a router sent to EAGLE-3 in one
-    call, those it sent to DFlash in another); the answers back in `work`'s order."""
+    """`call(proposers, states)` once per kind of proposer in `work` (the sequences a router sent to one proposer in
+    one call, those it sent to another in a second); the answers back in `work`'s order."""
     groups: dict[tuple[type, str], list[int]] = {}
     for i, (p, _) in enumerate(work):
         groups.setdefault((type(p), p.name), []).append(i)

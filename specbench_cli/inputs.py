@@ -149,6 +149,8 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
                          "the batch could never fill; lower it or select more prompts")
     if config.batch_size > 1 and config.compile:
         raise UsageError("--batch-size > 1 runs eager: the compiled path has graphs for one sequence only")
+    if config.batch_size > 1 and config.device == "split":
+        raise UsageError("--batch-size > 1 runs on one device: --device split is for acceptance studies of one sequence")
     out = config.out or config.results_root / default_name(config, shard)
     if out.exists() and not config.resume:
         raise UsageError(f"results directory {out} exists; pass --resume to continue it or --out for a new one")

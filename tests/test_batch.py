@@ -237,6 +237,7 @@ def test_batched_runs_equal_batch_one_turn_by_turn_and_resume(tmp_path):
     (["--batch-size", "2", "--method", "confu"], "confu does not decode batches yet; --batch-size > 1 runs baseline"),
     (["--batch-size", "2", "--engine", "vllm"], "use --concurrency"),
     (["--batch-size", "2", "--compile"], "runs eager"),
+    (["--batch-size", "2", "--device", "split"], "runs on one device"),
     (["--batch-size", "1,2", "--engine", "vllm", "--concurrency", "1,2"], "not both at once"),
 ])
 def test_bad_batch_input_is_one_line_before_anything_loads(tmp_path, args, message, monkeypatch):

@@ -30,7 +30,8 @@ from specbench_cli.core.method import DecodeState, Method, Proposer, Route
 from specbench_cli.core.target import StaticKV, Target
 from specbench_cli.core.timing import PhaseClock, sync
 from specbench_cli.core.tree import DraftTree
-from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut, pick
+from specbench_cli.core.engine import commit, open_turn
+from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut
 
 
 class BatchTarget:
@@ -89,9 +90,7 @@ class BatchTarget:
     def move(self, src: int, dst: int) -> None:
         """The sequence in slot `src` moves to the free slot `dst` (its cache entries and its target)."""
         t = self.slots[src]
-        used = t.offset + t.length
-        for buf in self.kv.buffers:
-            buf[:, :, dst, :, :used] = buf[:, :, src, :, :used]
+        self.kv.copy_slot(src, dst, t.offset + t.length)
         self.slots[src], self.slots[dst] = self.slots[dst], t
         self.slots[src].slot, t.slot = src, dst
 
@@ -132,12 +131,7 @@ class _Sequence:
     stopped: bool
     ttft_ms: float
     started_ns: int
-    max_new: int
     rounds: list[RoundInfo] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        return self.stopped or len(self.out) >= self.max_new
 
 
 def decode_batch(batch: BatchTarget, methods: list[Method], settings: DecodeSettings, feed: Feed) -> BatchStats:
@@ -149,6 +143,9 @@ def decode_batch(batch: BatchTarget, methods: list[Method], settings: DecodeSett
     busy: list[_Sequence] = []
     unresolved: list[list[RoundInfo]] = []  # rounds whose phase times are not read yet, with their rows
     t0 = time.perf_counter_ns()
+
+    def done(seq: _Sequence) -> bool:
+        return seq.stopped or len(seq.out) >= settings.max_new_tokens
 
     def resolve() -> None:
         for infos, phases in zip(unresolved, clock.resolve()):
@@ -162,7 +159,7 @@ def decode_batch(batch: BatchTarget, methods: list[Method], settings: DecodeSett
         while (turn := feed(lane, finished)) is not None:
             seq = _start(batch.slots[slot], methods[lane], lane, turn, settings, clock)
             stats.tokens += len(seq.out)
-            if not seq.done:
+            if not done(seq):
                 return seq
             finished = _result(seq, batch.device)
         return None
@@ -196,11 +193,7 @@ def decode_batch(batch: BatchTarget, methods: list[Method], settings: DecodeSett
         with clock.phase("commit"):
             for i, (seq, lg, r) in enumerate(zip(busy, logits, results)):
                 new, seq.stopped = cut(r.tokens, settings.stop_ids, settings.max_new_tokens - len(seq.out))
-                seq.state.next_logits = lg[r.path[-1]]
-                seq.target.commit(r.path)
-                seq.state.tokens.extend(new)
-                seq.out.extend(new)
-                seq.method.observe(seq.state, new)
+                commit(seq.state, seq.method, seq.out, lg, r.path, new)
                 stats.tokens += len(new)
                 infos.append(RoundInfo(proposer=routes[i].proposer.name, tree_size=sizes[i][0],
                                        draft_depth=sizes[i][1], accepted=r.accepted, emitted=len(new),
@@ -210,7 +203,7 @@ def decode_batch(batch: BatchTarget, methods: list[Method], settings: DecodeSett
         clock.end_round()
         unresolved.append(infos)
         stats.rounds += 1
-        finished = [s for s in busy if s.done]
+        finished = [s for s in busy if done(s)]
         if finished:
             resolve()
             slots: list[_Sequence | None] = list(busy)
@@ -227,18 +220,9 @@ def _start(target: Target, method: Method, lane: int, turn: Turn, settings: Deco
            clock: PhaseClock) -> _Sequence:
     """Prefill a turn alone in its slot (the rest of the batch waits, as it would in a serving engine without
     chunked prefill) and start its proposer."""
-    method.attach(target)
-    t0 = time.perf_counter_ns()
-    prefill_logits = target.prefill(turn.prompt_ids, room=settings.max_new_tokens)
-    first = pick(prefill_logits, settings.temperature, turn.generator)
-    ttft_ms = (time.perf_counter_ns() - t0) / 1e6
-    tokens = [*turn.prompt_ids, first]
-    state = DecodeState(tokens, len(turn.prompt_ids), target, settings.temperature, turn.generator, clock,
-                        dict(turn.context), prefill_logits)
-    out, stopped = cut([first], settings.stop_ids, settings.max_new_tokens)
-    method.start(state)
-    return _Sequence(lane, target, method, state, out, stopped, ttft_ms, time.perf_counter_ns(),
-                     max_new=settings.max_new_tokens)
+    state, out, stopped, ttft_ms = open_turn(target, method, turn.prompt_ids, settings, turn.generator, turn.context,
+                                             clock)
+    return _Sequence(lane, target, method, state, out, stopped, ttft_ms, time.perf_counter_ns())
 
 
 def _result(seq: _Sequence, device: torch.device) -> TurnResult:

@@ -30,18 +30,8 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
         return method.generate(prompt_ids, settings, generator)  # type: ignore[attr-defined]
     device = target.device
     clock = PhaseClock(device)
-
-    method.attach(target)
-    t0 = time.perf_counter_ns()
-    prefill_logits = target.prefill(prompt_ids, room=settings.max_new_tokens)
-    first = pick(prefill_logits, settings.temperature, generator)
-    ttft_ms = (time.perf_counter_ns() - t0) / 1e6  # pick() read the token on the host: the device is done
-
-    tokens = [*prompt_ids, first]
-    state = DecodeState(tokens, len(prompt_ids), target, settings.temperature, generator, clock, dict(context or {}),
-                        prefill_logits)
-    out, stopped = cut([first], settings.stop_ids, settings.max_new_tokens)
-    method.start(state)
+    state, out, stopped, ttft_ms = open_turn(target, method, prompt_ids, settings, generator, context, clock)
+    tokens = state.tokens
     infos: list[RoundInfo] = []
     t1 = time.perf_counter_ns()
     while not stopped and len(out) < settings.max_new_tokens:
@@ -70,11 +60,7 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
             tree, logits, result = _exact_path(target, tokens[-1], tree, result.path, clock)
         new, stopped = cut(result.tokens, settings.stop_ids, settings.max_new_tokens - len(out))
         with clock.phase("commit"):
-            state.next_logits = logits[result.path[-1]]
-            target.commit(result.path)
-            tokens.extend(new)
-            out.extend(new)
-            method.observe(state, new)  # a routed method passes it to every proposer
+            commit(state, method, out, logits, result.path, new)
         clock.end_round()
         infos.append(RoundInfo(proposer=proposer.name, tree_size=size, draft_depth=depth, accepted=result.accepted,
                                emitted=len(new), kv_len=kv_len, target_forwards=target.forwards - forwards,
@@ -85,6 +71,32 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
     for info, phases in zip(infos, clock.resolve()):
         info.phases = phases
     return TurnResult(out, "stop_token" if stopped else "max_new_tokens", ttft_ms, decode_ms, infos)
+
+
+def open_turn(target: Target, method: Method, prompt_ids: list[int], settings: DecodeSettings,
+              generator: torch.Generator | None, context: Mapping[str, str] | None,
+              clock: PhaseClock) -> tuple[DecodeState, list[int], bool, float]:
+    """Prefill a turn and start its proposer: (state, output so far, stopped, TTFT ms)."""
+    method.attach(target)
+    t0 = time.perf_counter_ns()
+    prefill_logits = target.prefill(prompt_ids, room=settings.max_new_tokens)
+    first = pick(prefill_logits, settings.temperature, generator)
+    ttft_ms = (time.perf_counter_ns() - t0) / 1e6  # pick() read the token on the host: the device is done
+    state = DecodeState([*prompt_ids, first], len(prompt_ids), target, settings.temperature, generator, clock,
+                        dict(context or {}), prefill_logits)
+    out, stopped = cut([first], settings.stop_ids, settings.max_new_tokens)
+    method.start(state)
+    return state, out, stopped, ttft_ms
+
+
+def commit(state: DecodeState, method: Method, out: list[int], logits: torch.Tensor, path: list[int],
+           new: list[int]) -> None:
+    """Keep a round's accepted path (node indices, root first) and its emitted tokens `new`."""
+    state.next_logits = logits[path[-1]]
+    state.target.commit(path)
+    state.tokens.extend(new)
+    out.extend(new)
+    method.observe(state, new)  # a routed method passes it to every proposer
 
 
 def _exact_path(target: Target, root: int, tree: DraftTree, path: list[int],

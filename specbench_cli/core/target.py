@@ -133,6 +133,12 @@ class StaticKV:
             view = buf[:, :, slot]
             view[:, :, :, d] = view[:, :, :, s]
 
+    @torch.no_grad()
+    def copy_slot(self, src: int, dst: int, used: int) -> None:
+        """Copy slot `src`'s first `used` positions into slot `dst` (a sequence changing slots)."""
+        for buf in self.buffers:
+            buf[:, :, dst, :, :used] = buf[:, :, src, :, :used]
+
 
 class Target:
     def __init__(self, model: torch.nn.Module, device: torch.device, compile: str | None = None,

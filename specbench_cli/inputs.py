@@ -91,6 +91,7 @@ class Plan:
     speculative_config: dict | None = None  # what an engine run asks the engine for (engines/vllm_methods.py)
     engine_python: str = ""  # the Python that runs the engine (engines.engine_python)
     known_differences: list[str] = field(default_factory=list)  # where the engine drafts otherwise (run.json)
+    engine_proposer: dict | None = None  # specbench's own proposer inside the engine (engines/vllm_hvd.py)
     notes: list[str] = field(default_factory=list)  # lines to show before the run starts (deprecated spellings)
 
     def settings(self) -> dict:
@@ -110,8 +111,9 @@ class Plan:
         if c.engine == "specbench":
             return {}
         reached = {"engine_url": c.engine_url} if c.engine_url else {"engine_serve": True} if c.engine_serve else {}
+        proposer = {"engine_proposer": self.engine_proposer} if self.engine_proposer else {}
         return {"engine": c.engine, "engine_args": self.engine_args, "speculative_config": self.speculative_config,
-                "concurrency": c.concurrency, **reached}
+                "concurrency": c.concurrency, **proposer, **reached}
 
 
 def at_least(option: str, value: float | None, low: float) -> None:

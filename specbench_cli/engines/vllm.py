@@ -32,6 +32,7 @@ from specbench_cli.core.method import Proposer
 from specbench_cli.conversations import Conversation, Throughput
 from specbench_cli.core.turn import RoundInfo, TurnResult
 from specbench_cli.datasets import Prompt
+from specbench_cli.engines.vllm_hvd import Decisions
 from specbench_cli.engines.vllm_methods import TESTED_VERSIONS, engine_method
 from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel, checkpoint_location, load_text
@@ -90,17 +91,22 @@ def _local(plan: Plan, name: str) -> str:
 
 def plan_engine(plan: Plan) -> Plan:
     """The method as vLLM runs it (`vllm_methods.engine_method`), before anything starts."""
-    if plan.config.engine_url:  # an unreachable server is said before the results folder is taken
-        from specbench_cli.engines import vllm_server
-
-        vllm_server.wait_healthy(plan.config.engine_url.rstrip("/"), vllm_server.HEALTH_WAIT_S)
     given = {o.partition("=")[0].strip() for o in plan.config.opts}
     drafters = {name: _local(plan, name) for name in plan.method_cls.drafter_names}
     if "sps" in drafters:
         drafters["sps"] = whole_draft_model(Path(drafters["sps"]), Path(checkpoint_location(plan.spec)))
     mapped = engine_method(plan.config.method, plan.options, given, drafters)
-    return dataclasses.replace(plan, options=mapped.options, speculative_config=mapped.speculative_config,
-                               notes=[*plan.notes, *mapped.notes], known_differences=mapped.known_differences)
+    if mapped.proposer and (plan.config.engine_url or plan.config.engine_serve):
+        raise UsageError(f"--engine vllm runs {plan.config.method} inside the engine process specbench starts (its "
+                         f"proposer is a vLLM plugin, engines/vllm_hvd.py); drop --engine-url/--engine-serve")
+    plan = dataclasses.replace(plan, options=mapped.options, speculative_config=mapped.speculative_config,
+                               notes=[*plan.notes, *mapped.notes], known_differences=mapped.known_differences,
+                               engine_proposer=mapped.proposer)
+    if plan.config.engine_url:  # an unreachable server is said before the results folder is taken
+        from specbench_cli.engines import vllm_server
+
+        vllm_server.wait_healthy(plan.config.engine_url.rstrip("/"), vllm_server.HEALTH_WAIT_S)
+    return plan
 
 
 def whole_draft_model(folder: Path, target: Path) -> str:
@@ -211,16 +217,26 @@ class Worker:
 
 
 # ---------------------------------------------------------------------------------------------- replies
-def turn_result(reply: dict, prompt_len: int, proposer: str) -> TurnResult:
-    """One finished request as our engine's `TurnResult`: each engine step after the first token a round."""
+def turn_result(reply: dict, prompt_len: int, proposer: str, decisions: list[dict] | None = None) -> TurnResult:
+    """One finished request as our engine's `TurnResult`: each engine step after the first token a round. With
+    `decisions` (the HVD proposer's, engines/vllm_hvd.py: one per step, made after it, so the k-th decides round
+    k), a round's proposer and extras are its decision's."""
     steps = reply["steps"]
     spec = reply.get("spec") or {}
     verified = _verify_steps([n for _, n in steps[1:]], spec.get("per_step_accepted", []),
                              spec.get("per_step_drafted", []))
     rounds, length, before = [], prompt_len + steps[0][1], steps[0][0]
-    for (t, n), (drafted, accepted) in zip(steps[1:], verified):
-        rounds.append(RoundInfo(proposer=proposer, tree_size=drafted, draft_depth=drafted, accepted=accepted,
-                                emitted=n, kv_len=length, target_forwards=1, phases={"wall": (t - before) * 1e3}))
+    for i, ((t, n), (drafted, accepted)) in enumerate(zip(steps[1:], verified)):
+        source, extras = proposer, {}
+        if decisions is not None:
+            if i >= len(decisions):
+                raise RunFailed(f"the HVD proposer logged {len(decisions)} decisions for request {reply['id']}, "
+                                f"which took {len(steps) - 1} steps after its first token")
+            source, extras = decisions[i]["source"], {"router_score": decisions[i]["score"],
+                                                      "features": tuple(decisions[i]["features"])}
+        rounds.append(RoundInfo(proposer=source, tree_size=drafted, draft_depth=drafted, accepted=accepted,
+                                emitted=n, kv_len=length, target_forwards=1, extras=extras,
+                                phases={"wall": (t - before) * 1e3}))
         length, before = length + n, t
     stop = "stop_token" if reply["finish_reason"] == "stop" else "max_new_tokens"
     return TurnResult(reply["output_ids"], stop, (steps[0][0] - reply["arrival"]) * 1e3,
@@ -250,8 +266,8 @@ class ClosedLoop:
     """Keeps `concurrency` conversations in flight: a turn's answer starts the conversation's next turn, a
     finished conversation's slot takes the next prompt. `on_done(conversation)` sees each finished one."""
 
-    def __init__(self, worker: Worker, plan: Plan, text: LoadedModel) -> None:
-        self.worker, self.plan, self.text = worker, plan, text
+    def __init__(self, worker: Worker, plan: Plan, text: LoadedModel, decisions: Decisions | None = None) -> None:
+        self.worker, self.plan, self.text, self.decisions = worker, plan, text, decisions
         self.proposer = plan.config.method
 
     def run(self, todo: list[tuple[int, Prompt]], concurrency: int, on_done, tag: str = "") -> None:
@@ -262,7 +278,8 @@ class ClosedLoop:
                 self._next_turn(waiting.popleft(), live, tag)
             reply = self.worker.next_done()
             conv = live.pop(reply["id"])
-            conv.add(turn_result(reply, len(conv.pending), self.proposer), self.text)
+            decisions = None if self.decisions is None else self.decisions.take(reply["id"])
+            conv.add(turn_result(reply, len(conv.pending), self.proposer, decisions), self.text)
             if not conv.finished:
                 self._next_turn(conv, live, tag)
             else:
@@ -286,13 +303,18 @@ def record(plan: Plan, folder: RunFolder, console: Console, env: dict[str, str])
     from specbench_cli.runner import drafter_weights, new_session, record_progress, turn_records
 
     session = new_session(plan.device)
+    text = load_text(plan.spec)
+    longest_needed(plan, text)
     spec = launch(plan, env)
+    decisions = None
+    if plan.engine_proposer:  # HVD inside vLLM: its plugin reads these files (engines/vllm_hvd.py)
+        vocab = int(json.loads((Path(checkpoint_location(plan.spec)) / "config.json").read_text())["vocab_size"])
+        extra, decisions = Decisions.prepare(folder.path, plan.engine_proposer, text.tokenizer, vocab)
+        spec.env.update(extra)
     engine, clock = open_engine(plan, spec, folder.path / "engine.log")
     weights = drafter_weights(plan)
     resumed = folder.resumed(plan.settings(), session["environment"], weights=weights) if plan.config.resume else None
     done = folder.finished() if resumed else set()
-    text = load_text(plan.spec)
-    longest_needed(plan, text)
     info = resumed or RunInfo(plan.settings(), session["started"], session["environment"], more={
         "clock": clock, "prompts_selected": len(plan.prompts), "drafter_weights": weights,
         "dtype_choice": plan.dtype_reason, "engine": spec.record()})
@@ -309,7 +331,13 @@ def record(plan: Plan, folder: RunFolder, console: Console, env: dict[str, str])
                       ("" if version.rsplit(".", 1)[0] in TESTED_VERSIONS else
                        f"; specbench's method mapping was tested on vLLM {', '.join(TESTED_VERSIONS)} only"),
                       highlight=False, soft_wrap=True)
-        loop = ClosedLoop(worker, plan, text)
+        if decisions is not None:
+            decisions.read()  # the proposer's first line is written when vLLM builds it
+        if decisions is not None and not decisions.started:
+            raise RunFailed(f"vLLM did not build specbench's HVD proposer: its plugin (the vllm.general_plugins entry "
+                            f"point) is not installed in {spec.python}; run `bash scripts/setup-vllm.sh`, or `pip "
+                            f"install --no-deps -e <specbench>` in that Python")
+        loop = ClosedLoop(worker, plan, text, decisions)
         loop.run(list(enumerate(plan.warmup)), 1, lambda conv: None, tag="warmup-")
         if done and plan.method_cls.absorb is not Proposer.absorb:  # the engine's suffix cache lacks what finished
             loop.run([(i, plan.prompts[i]) for i in sorted(done)], 1, lambda conv: None, tag="replay-")

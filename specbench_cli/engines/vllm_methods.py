@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,16 +29,18 @@ class EngineMethod:
     options: object
     notes: list[str]
     known_differences: list[str] = dataclasses.field(default_factory=list)  # vLLM drafts otherwise than the method
+    proposer: dict | None = None  # settings of specbench's own proposer inside vLLM (engines/vllm_hvd.py)
 
 
-def _keep(options, given: set[str], name: str, value, why: str, notes: list[str]):
-    """Set option `name` to what vLLM does (`value`), refusing a different value the user asked for."""
+def _keep(options, given: set[str], name: str, value, why: str, notes: list[str], within: str = ""):
+    """Set option `name` to what vLLM does (`value`), refusing a different value the user asked for; `within`
+    is the dotted prefix of a routed method's proposer options ("eagle3.")."""
     current = getattr(options, name)
     if current == value:
         return options
-    if name in given:
-        raise UsageError(f"--engine vllm cannot run {name}={current}: {why}")
-    notes.append(f"vLLM: {name}={value} ({why})")
+    if f"{within}{name}" in given:
+        raise UsageError(f"--engine vllm cannot run {within}{name}={current}: {why}")
+    notes.append(f"vLLM: {within}{name}={value} ({why})")
     return dataclasses.replace(options, **{name: value})
 
 
@@ -51,20 +54,24 @@ def _pld(options, given, drafters, notes):
             "prompt_lookup_max": options.max_ngram, "prompt_lookup_min": options.min_ngram}, options
 
 
-def _suffix(options, given, drafters, notes):
+def _suffix_chain(options, given, notes, within: str = ""):
     # suffix_decoding.py hands ArcticInference's SuffixDecodingCache.speculate its max_spec_tokens,
     # max_spec_factor and min_token_prob, and verifies the draft's token_ids as one chain
-    options = _keep(options, given, "tree", False, "vLLM verifies a suffix draft as one path", notes)
-    options = _keep(options, given, "max_spec_offset", 0.0, "vLLM's suffix config has no spec offset", notes)
+    options = _keep(options, given, "tree", False, "vLLM verifies a suffix draft as one path", notes, within)
+    return _keep(options, given, "max_spec_offset", 0.0, "vLLM's suffix config has no spec offset", notes, within)
+
+
+def _suffix(options, given, drafters, notes):
+    options = _suffix_chain(options, given, notes)
     return {"method": "suffix", "num_speculative_tokens": options.max_spec_tokens,
             "suffix_decoding_max_tree_depth": options.max_depth,
             "suffix_decoding_max_spec_factor": options.max_spec_factor,
             "suffix_decoding_min_token_prob": options.min_token_prob}, options
 
 
-def _eagle3(options, given, drafters, notes):
+def _eagle3(options, given, drafters, notes, within: str = ""):
     # eagle.py drafts num_speculative_tokens tokens, one per draft step, always the top-1
-    options = _keep(options, given, "top_k", 1, "vLLM's EAGLE-3 drafts a chain", notes)
+    options = _keep(options, given, "top_k", 1, "vLLM's EAGLE-3 drafts a chain", notes, within)
     config = json.loads((Path(drafters["eagle3"]) / "config.json").read_text())
     nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if nested and not config.get("eagle_aux_hidden_state_layer_ids"):
@@ -72,8 +79,11 @@ def _eagle3(options, given, drafters, notes):
                      f"eagle_aux_hidden_state_layer_ids {nested} (layer outputs, SpecForge's meaning); vLLM reads them "
                      f"one layer early (vllm/v1/worker/gpu_model_runner.py). Add \"eagle_aux_hidden_state_layer_ids\": "
                      f"{[int(i) + 1 for i in nested]} at the top level to give vLLM the layers the draft was trained on")
-    k = min(options.depth + 1, options.total_token - 1)  # the nodes our top_k=1 search keeps (tree_search.py)
-    return {"method": "eagle3", "model": drafters["eagle3"], "num_speculative_tokens": k}, options
+    return {"method": "eagle3", "model": drafters["eagle3"], "num_speculative_tokens": _chain(options)}, options
+
+
+def _chain(eagle3) -> int:
+    return min(eagle3.depth + 1, eagle3.total_token - 1)  # the nodes our top_k=1 search keeps (tree_search.py)
 
 
 SPECULATORS_DFLASH_CAUSAL = (
@@ -101,8 +111,37 @@ def _sps(options, given, drafters, notes):
     return {"method": "draft_model", "model": drafters["sps"], "num_speculative_tokens": options.k}, options
 
 
+def _hybrid(options, given, drafters, notes):
+    # engines/vllm_hvd.py: vLLM's EAGLE-3 proposer, subclassed to score the suffix-cache draft first; the
+    # engine's speculation cap is the longer of the two drafts, and the proposer is called after bookkeeping
+    suffix = _suffix_chain(options.suffix, given, notes, "suffix.")
+    eagle3 = _eagle3(options.eagle3, given, drafters, notes, "eagle3.")
+    options = _keep(options, given, "lazy_catchup", False, "vLLM's EAGLE-3 drafter runs over every step's verified "
+                    "tokens, a cache step's included (its K = 0 path)", notes)
+    options = dataclasses.replace(options, suffix=suffix, eagle3=eagle3[1])
+    config = {**eagle3[0], "num_speculative_tokens": max(_chain(eagle3[1]), suffix.max_spec_tokens),
+              "disable_padded_drafter_batch": True}
+    return config, options
+
+
 MAPPINGS: dict[str, Callable] = {"baseline": _baseline, "pld": _pld, "suffix": _suffix, "eagle3": _eagle3,
-                                 "dflash": _dflash, "sps": _sps}
+                                 "dflash": _dflash, "sps": _sps, "hvd": _hybrid, "hvd-freq": _hybrid}
+
+
+def hybrid_settings(method: str, options, drafters: dict[str, str]) -> dict:
+    """What the HVD proposer inside vLLM reads (engines/vllm_hvd.py): the payoff predictor (hvd; none for
+    hvd-freq, which scores a draft by SuffixDecoding's own frequency score), the threshold as `methods.hvd`
+    resolves it, EAGLE-3's chain length and the suffix cache's knobs."""
+    predictor = drafters.get("hvd") if method == "hvd" else None
+    threshold = options.threshold
+    if math.isnan(threshold):
+        threshold = (float(json.loads((Path(predictor) / "config.json").read_text()).get("threshold", 6.0))
+                     if predictor else float(options.eagle3.depth))
+    s = options.suffix
+    return {"method": method, "predictor": predictor, "threshold": threshold,
+            "eagle_k": _chain(options.eagle3),
+            "suffix": {"max_depth": s.max_depth, "max_spec_tokens": s.max_spec_tokens,
+                       "max_spec_factor": s.max_spec_factor, "min_token_prob": s.min_token_prob}}
 
 
 def engine_method(method: str, options, given: set[str], drafters: dict[str, str]) -> EngineMethod:
@@ -113,4 +152,5 @@ def engine_method(method: str, options, given: set[str], drafters: dict[str, str
     notes: list[str] = []
     config, options = MAPPINGS[method](options, given, drafters, notes)
     known = [n.removeprefix("known difference: ") for n in notes if n.startswith("known difference: ")]
-    return EngineMethod(config, options, notes, known)
+    proposer = hybrid_settings(method, options, drafters) if MAPPINGS[method] is _hybrid else None
+    return EngineMethod(config, options, notes, known, proposer)

@@ -128,6 +128,20 @@ def test_routing_table_counts_cycles_and_drafter_shares(tmp_path):
     assert rows.loc["baseline", "cycles / 1K tokens"] == 1e3 and math.isnan(rows.loc["baseline", "eagle3 %"])
 
 
+def test_hybrid_table_puts_hvd_against_its_two_drafters_of_the_same_experiment(tmp_path):
+    from specbench_cli.analysis.report import hybrid
+
+    write_run(tmp_path / "hvd", "hvd", [Turn("A", "qa", [3, 0, 5, 0], 10.0, proposers=["suffix", "eagle3", "suffix", "eagle3"])])
+    write_run(tmp_path / "eagle3", "eagle3", [Turn("A", "qa", [1, 1, 1, 1, 1, 1], 20.0)])
+    write_run(tmp_path / "suffix", "suffix", [Turn("A", "qa", [2, 2, 2, 2], 16.0)])
+    write_run(tmp_path / "suffix-256", "suffix", [Turn("A", "qa", [2, 2], 1.0)], max_new_tokens=256)  # another experiment
+    rows = hybrid(load([tmp_path])).frame.set_index("method")
+    assert list(rows.index) == ["hvd"]  # single-drafter runs get no row
+    assert rows.loc["hvd", "τ"] == 3.0 and rows.loc["hvd", "eagle3 τ"] == 2.0 and rows.loc["hvd", "suffix τ"] == 3.0
+    assert rows.loc["hvd", "× eagle3"] == pytest.approx(2.0) and rows.loc["hvd", "× suffix"] == pytest.approx(1.6)
+    assert rows.loc["hvd", "cache steps %"] == 50.0
+
+
 def test_phase_table_and_flashhead_view():
     rounds = pd.DataFrame({**{f"{p}_ms": [0.0, 0.0] for p in ("route", "catchup", "accept")},
                            "draft_ms": [4.0, 6.0], "draft_head_ms": [1.0, 3.0], "verify_ms": [4.0, 2.0],

@@ -102,6 +102,32 @@ def routing(results: Results) -> Table:
                  "a cycle is one target verify forward; shares are left blank for runs of other drafters")
 
 
+HYBRID_PARTS = ("eagle3", "suffix")  # what a Hybrid Verified Decoding run chooses between
+
+
+def hybrid(results: Results) -> Table:
+    """HVD Table 3's form: each hybrid run (rounds from both the suffix cache and EAGLE-3) against the EAGLE-3 and
+    suffix runs of the same experiment (engine, dataset, settings) and hardware: its speedup over each (ratio of
+    decode tokens/s on the prompts both ran), τ of all three, and the share of steps that verified the cache."""
+    rows = []
+    for g in results.groups:
+        if set(g.rounds.proposer.unique()) != set(HYBRID_PARTS):
+            continue
+        total = summarise(g.prompts, group_column(g.prompts)).iloc[-1]
+        row = {"dataset": g.info["settings"]["dataset"], "engine": g.info["settings"].get("engine", "specbench"),
+               "method": g.label, "τ": total.tau, "tokens/s": total.tokens_per_s}
+        for name in HYBRID_PARTS:
+            part = next((o for o in results.groups if o.method == name and o.experiment() == g.experiment()), None)
+            mine = summarise(g.prompts, group_column(g.prompts), part.prompts if part else None).iloc[-1]
+            row[f"{name} τ"] = summarise(part.prompts, group_column(part.prompts)).iloc[-1].tau if part else NAN
+            row[f"× {name}"] = mine.speedup
+        row["cache steps %"] = 100 * (g.rounds.proposer == "suffix").mean()
+        rows.append(row)
+    return Table("hybrid", "Hybrid Verified Decoding against its two drafters (HVD Table 3's form)", pd.DataFrame(rows),
+                 "× name: the hybrid's decode tokens/s over that run's on the same prompts (same engine, settings and "
+                 "hardware); blank where no such run exists; cache steps: rounds that verified the suffix-cache draft")
+
+
 def positions(results: Results, depth: int = 8) -> Table:
     """Per-position acceptance (vLLM's rate and the conditional rate) for every drafting method."""
     rows = []
@@ -259,7 +285,7 @@ def all_tables(results: Results, classify: Classifier | None = None) -> list[Tab
     wide = [positions(results), lengths(results), phases(results), environment(results)]  # files only: too wide
     for table in wide:
         table.terminal = False
-    tables += [*scaling.tables(results), cross_engine.table(results), routing(results), lossless(results, classify), *oracle_tables(results),
+    tables += [*scaling.tables(results), cross_engine.table(results), routing(results), hybrid(results), lossless(results, classify), *oracle_tables(results),
                *calibration_tables(results), *wide]
     return [t for t in tables if len(t.frame)]
 

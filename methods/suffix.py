@@ -11,8 +11,11 @@ with the highest score (sum of probabilities) wins, the global tree only if stri
 We keep the trees implicitly: a node is the set of positions where its substring ends, so a node's count
 is the size of that set and its children are the tokens that follow those positions. This gives the
 reference's counts exactly (a depth-truncated suffix tree counts substring occurrences) with only the token
-arrays in memory. Ties between equally frequent children go to the smaller token id, so the draft does not
-depend on the order requests were cached in (resume gives the same drafts).
+arrays in memory. Ties between equally frequent children are broken as the reference breaks them: it keeps a
+node's children in one list ordered by count and drafts the first, and where it files a child depends on the
+order the child's occurrences arrived (`sibling_order`); our stores hold the sequences in the order they were
+appended, which is that order at batch 1 (at batch > 1 the reference interleaves the in-flight requests' steps,
+which a store of whole sequences does not keep, so a tie there may go otherwise).
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ class SuffixDraft:
 
     @property
     def score(self) -> float:
-        return float(sum(self.probs))
+        """The sum of the probabilities, accumulated in float32 as the reference's `Draft.score += prob` is (so a
+        tie between two drafts, or two match lengths, is broken on the same side)."""
+        return float(np.cumsum(np.asarray(self.probs, dtype=np.float32))[-1]) if self.probs else 0.0
 
     def truncated(self, n: int, match_len: int) -> SuffixDraft:
         return SuffixDraft(self.tokens[:n], self.parents[:n], self.probs[:n], match_len)
@@ -127,7 +132,8 @@ def speculate(store: TokenStore, pattern: list[int], params: SpecParams) -> Suff
 
 
 def _children(data: np.ndarray, ends: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """(token, end positions of the child) for every child of the node ending at `ends`, by token id."""
+    """(token, end positions of the child) for every child of the node ending at `ends`, in the reference's
+    sibling order: by count, ties as `sibling_order` files them."""
     nxt = ends + 1
     nxt = nxt[nxt < len(data)]
     vals = data[nxt]
@@ -137,11 +143,43 @@ def _children(data: np.ndarray, ends: np.ndarray) -> list[tuple[int, np.ndarray]
     vals, nxt = vals[order], nxt[order]
     tokens, starts = np.unique(vals, return_index=True)
     bounds = [*starts[1:], len(vals)]
-    return [(int(t), nxt[s:e]) for t, s, e in zip(tokens, starts, bounds)]
+    kids = {int(t): nxt[s:e] for t, s, e in zip(tokens, starts, bounds)}
+    counts = sorted((len(k) for k in kids.values()), reverse=True)
+    if all(a != b for a, b in zip(counts, counts[1:])):  # no tie: the order is the counts'
+        return sorted(kids.items(), key=lambda kid: -kid[1].size)
+    return [(t, kids[t]) for t in sibling_order(data[np.sort(nxt)].tolist())]
+
+
+def sibling_order(arrivals: list[int]) -> list[int]:
+    """The order ArcticInference keeps a node's children in, given the child tokens of the node's occurrences in
+    the order they were appended (csrc/suffix_decoding/suffix_tree.cc, `_increment_count` and
+    `_insert_into_siblings_after`: children sorted by count; a new child joins at the tail; a child whose count
+    grows from c moves to the tail of the count-(c+1) children, unless it was the first of the count-c ones, in
+    which case it moves to their head)."""
+    order: list[int] = []
+    count: dict[int, int] = {}
+    for token in arrivals:
+        c = count.get(token, 0)
+        if c == 0:
+            order.append(token)
+        else:
+            i = order.index(token)
+            if i > 0 and count[order[i - 1]] <= c + 1:
+                before = count[order[i - 1]]  # c: it was inside its group; c + 1: it led it
+                order.pop(i)
+                j = next((k for k, t in enumerate(order) if count[t] <= before), len(order))
+                order.insert(j, token)
+        count[token] = c + 1
+    return order
+
+
+# The reference computes probabilities in float32 (suffix_tree.cc: `float prob`, `static_cast<float>(count) /
+# node->count` on a path, `prob * count / static_cast<float>(node->count)` in a tree); so do we, in its order.
+F32 = np.float32
 
 
 def _grow_path(data: np.ndarray, ends: np.ndarray, limit: int, min_prob: float) -> SuffixDraft:
-    draft, prob = SuffixDraft(), 1.0
+    draft, prob = SuffixDraft(), F32(1.0)
     while len(draft.tokens) < limit:
         if ends.size == 1:  # a single occurrence: its continuation follows with probability unchanged
             p = int(ends[0]) + 1
@@ -154,9 +192,9 @@ def _grow_path(data: np.ndarray, ends: np.ndarray, limit: int, min_prob: float) 
         kids = _children(data, ends)
         if not kids:
             break
-        token, child = max(kids, key=lambda kid: (kid[1].size, -kid[0]))  # most frequent, then smaller id
-        prob *= child.size / ends.size
-        if prob < min_prob:
+        token, child = kids[0]  # the first in sibling order: the most frequent (`_speculate_path`)
+        prob = F32(prob * (F32(child.size) / F32(ends.size)))
+        if prob < F32(min_prob):
             break
         _push(draft, token, len(draft.tokens) - 1, prob)
         ends = child
@@ -170,12 +208,13 @@ def _grow_tree(data: np.ndarray, ends: np.ndarray, limit: int, min_prob: float) 
     def expand(node_ends: np.ndarray, prob: float, parent: int) -> None:
         nonlocal counter
         for token, child in _children(data, node_ends):
-            p = prob * child.size / node_ends.size
-            if p >= min_prob:
+            # along a path without branches (the reference's compressed edge) the probability carries over
+            p = prob if child.size == node_ends.size else F32(F32(prob * F32(child.size)) / F32(node_ends.size))
+            if p >= F32(min_prob):
                 heapq.heappush(heap, (-p, counter, token, child, parent))
                 counter += 1
 
-    expand(ends, 1.0, -1)
+    expand(ends, F32(1.0), -1)
     while heap and len(draft.tokens) < limit:
         neg_p, _, token, child, parent = heapq.heappop(heap)
         _push(draft, token, parent, -neg_p)
@@ -186,7 +225,7 @@ def _grow_tree(data: np.ndarray, ends: np.ndarray, limit: int, min_prob: float) 
 def _push(draft: SuffixDraft, token: int, parent: int, prob: float) -> None:
     draft.tokens.append(token)
     draft.parents.append(parent)
-    draft.probs.append(prob)
+    draft.probs.append(float(prob))
 
 
 class Suffix(Method):

@@ -83,3 +83,17 @@ def drawn(monkeypatch) -> dict:
 
     monkeypatch.setattr(plots, "save", save)
     return seen
+
+
+@pytest.fixture(scope="module")
+def engine_python() -> str:
+    """The Python that runs vLLM (the engine tests skip without one, unless SPECBENCH_REQUIRE_ENGINES=1: CI)."""
+    from specbench_cli.core.errors import UsageError
+    from specbench_cli.engines import engine_python
+
+    try:
+        return engine_python(None, dict(os.environ))
+    except UsageError as err:
+        if os.environ.get("SPECBENCH_REQUIRE_ENGINES") == "1":
+            pytest.fail(f"the vLLM engine is required here: {err}")
+        pytest.skip(str(err))

@@ -11,19 +11,43 @@ from methods.suffix import SpecParams, TokenStore, speculate
 
 
 class Trie:
-    """The reference's data structure, uncompressed: every suffix (cut at max_depth) counted node by node."""
+    """The reference's data structure, uncompressed: every suffix (cut at max_depth) counted node by node, each
+    node's children in a list kept as ArcticInference's suffix_tree.cc keeps its sibling list: sorted by count, a
+    new child at the tail, a child whose count grows from c filed after every child of count c + 1 (at the tail
+    of those) unless it led the children of count c, in which case it leads those of count c + 1. (Per node the
+    occurrences arrive here in the order the reference appends them: by position within a sequence, sequences in
+    order.)"""
 
     def __init__(self, max_depth: int) -> None:
         self.max_depth = max_depth
-        self.root: dict = {"count": 0, "kids": {}}
+        self.root: dict = self._node()
+
+    @staticmethod
+    def _node() -> dict:
+        return {"count": 0, "kids": {}, "order": []}
 
     def add(self, seq: list[int]) -> None:
         for start in range(len(seq)):
             node = self.root
             node["count"] += 1
             for tok in seq[start:start + self.max_depth]:
-                node = node["kids"].setdefault(tok, {"count": 0, "kids": {}})
-                node["count"] += 1
+                node = self._bump(node, tok)
+
+    def _bump(self, node: dict, tok: int) -> dict:
+        kids, order = node["kids"], node["order"]
+        if tok not in kids:
+            kids[tok] = self._node()
+            order.append(tok)
+        else:
+            c, i = kids[tok]["count"], order.index(tok)
+            if i > 0 and kids[order[i - 1]]["count"] in (c, c + 1):
+                led = kids[order[i - 1]]["count"] == c + 1  # the one before it has the next count up
+                order.pop(i)
+                # led: to the head of the count-(c+1) children; else to their tail (before the count-c ones)
+                below = c + 1 if led else c
+                order.insert(next(j for j, t in enumerate(order) if kids[t]["count"] <= below), tok)
+        kids[tok]["count"] += 1
+        return kids[tok]
 
     def speculate_path(self, pattern: list[int], p: SpecParams) -> tuple[list[int], list[float], int]:
         pattern = pattern[-p.max_depth:]
@@ -36,7 +60,8 @@ class Trie:
                     return best
             tokens, probs, prob = [], [], 1.0
             while len(tokens) < p.cap(m) and node["kids"]:
-                tok, kid = max(node["kids"].items(), key=lambda kv: (kv[1]["count"], -kv[0]))
+                tok = node["order"][0]
+                kid = node["kids"][tok]
                 prob *= kid["count"] / node["count"]
                 if prob < p.min_token_prob:
                     break
@@ -66,6 +91,22 @@ def test_suffix_path_draft_matches_an_explicit_suffix_tree(seed):
         assert draft.tokens == tokens
         assert draft.probs == pytest.approx(probs)
         assert draft.match_len == m or not tokens
+
+
+def test_equally_frequent_continuations_go_as_in_arcticinference():
+    """Cases worked by hand from the reference's sibling list (suffix_tree.cc); tests/test_engine_vllm.py compares
+    whole drafts with ArcticInference's own cache where it is installed."""
+    from methods.suffix import sibling_order
+
+    assert sibling_order([9, 7]) == [9, 7]  # [5, 9, 5, 7] then "5": 9 arrived first, so 9 is drafted
+    store = TokenStore()
+    store.new_sequence()
+    store.extend([5, 9, 5, 7, 3])
+    assert speculate(store, [1, 5], SpecParams(tree=False, min_token_prob=0.0)).tokens[0] == 9
+    # root children appended 1, 2, 3, 3, 2, 1: 3 leads its group when it reaches 2, so it leads the 2s; 2 then
+    # follows it (it was inside the 1s), and 1, which led the 1s, moves to the head of the 2s
+    assert sibling_order([1, 2, 3, 3, 2, 1]) == [1, 3, 2]
+    assert sibling_order([4, 4, 6, 5, 5]) == [4, 5, 6]
 
 
 def test_suffix_tree_draft_is_best_first():

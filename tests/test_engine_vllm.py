@@ -15,7 +15,6 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench_cli.cli import app
-from specbench_cli.core.errors import UsageError
 
 pytestmark = [pytest.mark.engine, pytest.mark.embedded]
 
@@ -28,18 +27,6 @@ ENGINE = ["--engine", "vllm", "--engine-arg", "enforce_eager=true"]
 METHODS = {"baseline": [], "pld": [], "suffix": [],
            "eagle3": ["--opt", "top_k=1", "--opt", "depth=2", "--opt", "total_token=4"],  # a chain of 3
            "dflash": [], "sps": []}
-
-
-@pytest.fixture(scope="module")
-def engine_python() -> str:
-    from specbench_cli.engines import engine_python
-
-    try:
-        return engine_python(None, dict(os.environ))
-    except UsageError as err:
-        if os.environ.get("SPECBENCH_REQUIRE_ENGINES") == "1":
-            pytest.fail(f"the vLLM engine is required here: {err}")
-        pytest.skip(str(err))
 
 
 def run(*args: str) -> None:
@@ -295,3 +282,58 @@ def test_an_engine_that_dies_mid_run_keeps_finished_prompts_and_resume_finishes(
     assert result.exit_code == 0, result.output
     info = json.loads((out / "run.json").read_text())
     assert info["status"] == "complete" and read_table(out, "prompts")["index"].nunique() == 4
+
+
+@pytest.mark.parametrize("max_depth, factor, min_prob", [(64, 1.0, 0.1), (8, 2.0, 0.0)])
+def test_our_suffix_drafts_what_arcticinference_drafts(engine_python, tmp_path, monkeypatch, max_depth, factor,
+                                                     min_prob):
+    """Random token streams over tiny vocabularies (so equally frequent continuations are common), drafted by
+    our `speculate` and by ArcticInference's SuffixDecodingCache itself (tests/engine_side/suffix_probe.py), as
+    vLLM's suffix proposer and our suffix method use them at batch 1: the request's own tree (prompt + response)
+    and the global one (earlier responses and this one), the global draft only if strictly better."""
+    import random
+    import subprocess
+    from pathlib import Path
+
+    from methods.suffix import SpecParams, TokenStore, speculate
+
+    rng = random.Random(max_depth)
+    params = SpecParams(max_depth=max_depth, max_spec_tokens=16, max_spec_factor=factor, min_token_prob=min_prob,
+                        tree=False)
+    cases = []
+    for _ in range(60):
+        vocab = rng.choice([2, 3, 5])
+        seq = lambda lo, hi: [rng.randrange(vocab) for _ in range(rng.randint(lo, hi))]  # noqa: E731
+        cases.append({"earlier": [seq(1, 40) for _ in range(rng.randint(0, 3))], "prompt": seq(2, 50),
+                      "response": seq(1, 30)})
+    for case in cases:
+        case["pattern_len"] = min(max_depth, len(case["prompt"]) + len(case["response"]))
+    job = {"cases": cases, "max_depth": max_depth, "max_spec_tokens": 16, "max_spec_factor": factor,
+           "min_token_prob": min_prob}
+    probe = subprocess.run([engine_python, str(Path(__file__).parent / "engine_side" / "suffix_probe.py")],
+                           input=json.dumps(job), cwd=tmp_path, capture_output=True, text=True)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    theirs = [json.loads(line) for line in probe.stdout.strip().splitlines()]
+    assert len(theirs) == len(cases)
+
+    def ours(case: dict):
+        local, every = TokenStore(), TokenStore()
+        local.extend(case["prompt"] + case["response"])
+        for sequence in [*case["earlier"], case["response"]]:
+            every.new_sequence()
+            every.extend(sequence)
+        pattern = (case["prompt"] + case["response"])[-case["pattern_len"]:]
+        draft, other = speculate(local, pattern, params), speculate(every, pattern, params)
+        return other if other.score > draft.score else draft
+
+    for case, arctic in zip(cases, theirs):
+        draft = ours(case)
+        assert draft.tokens == arctic["tokens"], (case, arctic)
+        assert draft.probs == pytest.approx(arctic["probs"], abs=1e-6)
+    assert sum(bool(arctic["tokens"]) for arctic in theirs) > len(cases) // 2
+    # the cases exercise ties: breaking them by the smaller token id instead drafts otherwise in some
+    import methods.suffix
+
+    monkeypatch.setattr(methods.suffix, "sibling_order",
+                        lambda arrivals: sorted(set(arrivals), key=lambda t: (-arrivals.count(t), t)))
+    assert any(ours(case).tokens != arctic["tokens"] for case, arctic in zip(cases, theirs))

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from specbench_cli.cli import app
 
-from tests.test_engine_vllm import ENGINE, engine_python, outputs  # noqa: F401 (a fixture)
+from tests.test_engine_vllm import ENGINE, outputs
 
 pytestmark = [pytest.mark.engine, pytest.mark.embedded]
 
@@ -39,7 +39,7 @@ def run(*args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, engine_python, embedded) -> dict[str, Path]:  # noqa: F811
+def runs(tmp_path_factory, engine_python, embedded) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hvd_runs")
     out = {name: root / name for name in ("ours", "ours-hvd", "vllm-hvd", "vllm-hvd-freq")}
     run("--method", "baseline", "--out", str(out["ours"]))

@@ -8,7 +8,7 @@
 # - arctic-inference: vLLM's suffix decoding (a source package on PyPI; it compiles in about 2 minutes)
 # - speculators: vLLM's drafter library, for the tests that load checkpoints its own code writes; --no-deps, as
 #   its torchvision/torchaudio pins would replace the CPU torch with a CUDA build (it imports without them)
-# - specbench itself, --no-deps: its vLLM plugin (the HVD proposer, specbench_cli/engines/vllm_hvd.py) is a
+# - specbench itself, --no-deps: its vLLM plugin (the routed proposers, specbench_cli/engines/vllm_routed.py) is a
 #   `vllm.general_plugins` entry point, so vLLM's Python must have it installed; editable, so it follows the tree
 # On a GPU machine install the official `vllm` wheel instead and point specbench at it (--engine-python).
 set -euo pipefail

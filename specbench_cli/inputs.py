@@ -91,7 +91,7 @@ class Plan:
     speculative_config: dict | None = None  # what an engine run asks the engine for (engines/vllm_methods.py)
     engine_python: str = ""  # the Python that runs the engine (engines.engine_python)
     known_differences: list[str] = field(default_factory=list)  # where the engine drafts otherwise (run.json)
-    engine_proposer: dict | None = None  # specbench's own proposer inside the engine (engines/vllm_hvd.py)
+    engine_proposer: dict | None = None  # specbench's own proposer inside the engine (engines/vllm_routed.py)
     notes: list[str] = field(default_factory=list)  # lines to show before the run starts (deprecated spellings)
 
     def settings(self) -> dict:

@@ -1,10 +1,11 @@
-"""Hybrid Verified Decoding inside a real vLLM engine (engines/vllm_hvd.py: vLLM's EAGLE-3 proposer, subclassed
-through the `vllm.general_plugins` entry point to score the suffix-cache draft first).
+"""The routed methods inside a real vLLM engine (engines/vllm_routed.py: vLLM's EAGLE-3 proposer, subclassed
+through the `vllm.general_plugins` entry point): Hybrid Verified Decoding scores the suffix-cache draft first
+(engines/vllm_hvd.py); WhiFlash routes between EAGLE-3 and vLLM's own DFlash proposer (engines/vllm_whiflash.py).
 
-At float32 and temperature 0: `hvd` and `hvd-freq` in vLLM equal our baseline turn by turn (a two-turn prompt
-included); both proposers draft and have drafts accepted; every decision follows the paper's rule from its
-recorded features with our own predictor; and step by step our engine's `hvd`, run with what vLLM can run
-(chains), routes as vLLM's does wherever the two saw the same features.
+At float32 and temperature 0: every routed method in vLLM equals our baseline turn by turn (a two-turn prompt
+included); both of its drafters draft and have drafts accepted; every decision follows the method's rule from
+what it recorded; and step by step our engine's method, run with what vLLM can run (chains, catch-up every
+step), routes as vLLM's does wherever the two saw the same inputs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ SELECTION = ["--model", "smollm2-135m", "--dataset", "spec-bench", "--category",
              "--threads", "1"]
 # what vLLM runs of hvd (engines/vllm_methods.py, _hybrid): EAGLE-3 and the suffix draft as chains, catch-up each step
 AS_VLLM = ["--opt", "eagle3.top_k=1", "--opt", "suffix.tree=false", "--opt", "lazy_catchup=false"]
+# what vLLM runs of whiflash (_whiflash): an EAGLE-3 chain, both drafters catching up every step, EAGLE-3's whole layer
+WHIFLASH_AS_VLLM = ["--opt", "eagle3.top_k=1", "--opt", "lazy_catchup=false", "--opt", "kv_only=false"]
+VLLM = ("hvd", "hvd-freq", "whiflash-entropy", "whiflash-neural")
 
 
 def run(*args: str) -> None:
@@ -41,10 +45,11 @@ def run(*args: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, engine_python, embedded) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hvd_runs")
-    out = {name: root / name for name in ("ours", "ours-hvd", "vllm-hvd", "vllm-hvd-freq")}
+    out = {name: root / name for name in ("ours", "ours-hvd", "ours-whiflash-entropy", *(f"vllm-{m}" for m in VLLM))}
     run("--method", "baseline", "--out", str(out["ours"]))
     run("--method", "hvd", *AS_VLLM, "--out", str(out["ours-hvd"]))
-    for method in ("hvd", "hvd-freq"):
+    run("--method", "whiflash-entropy", *WHIFLASH_AS_VLLM, "--out", str(out["ours-whiflash-entropy"]))
+    for method in VLLM:
         run("--method", method, *ENGINE, "--engine-python", engine_python, "--out", str(out[f"vllm-{method}"]))
     return out
 
@@ -53,8 +58,8 @@ def features(rounds: pd.DataFrame) -> np.ndarray:
     return np.array([[float(v) for v in f.split(",")] for f in rounds.features])
 
 
-@pytest.mark.parametrize("method", ["vllm-hvd", "vllm-hvd-freq", "ours-hvd"])
-def test_hvd_outputs_equal_our_baseline_turn_by_turn(runs, method):
+@pytest.mark.parametrize("method", [*(f"vllm-{m}" for m in VLLM), "ours-hvd", "ours-whiflash-entropy"])
+def test_routed_outputs_equal_our_baseline_turn_by_turn(runs, method):
     ours, theirs = outputs(runs["ours"]), outputs(runs[method])
     assert set(ours) == set(theirs) and any(turn == 1 for _, turn in ours)
     for key, (prompt_ids, output_ids) in ours.items():
@@ -95,19 +100,42 @@ def test_hvd_freq_in_vllm_routes_by_the_suffix_score(runs):
     assert ((rounds.proposer == "suffix") == ((x[:, 2] > 0) & (x[:, 0] >= 8))).all()  # τ = eagle3.depth
 
 
-def test_our_engine_routes_as_vllm_wherever_both_saw_the_same_features(runs):
-    """Step by step. Where the features differ the two suffix caches drafted different tokens of equal score
-    (a tie between equally frequent continuations, broken otherwise by ArcticInference); such steps are few."""
+def test_our_hvd_routes_as_vllm_at_every_step(runs):
+    """Step by step: the same features (our suffix cache drafts what ArcticInference's drafts, ties included), the
+    same score, the same choice, the same accepted count."""
     theirs = pd.read_parquet(runs["vllm-hvd"] / "rounds.parquet")
     ours = pd.read_parquet(runs["ours-hvd"] / "rounds.parquet")
-    key = ["prompt_id", "turn", "round"]
-    both = theirs.merge(ours, on=key, suffixes=("_vllm", "_ours"))
+    both = theirs.merge(ours, on=["prompt_id", "turn", "round"], suffixes=("_vllm", "_ours"))
     assert len(both) == len(theirs) == len(ours)
-    same = np.isclose(features(both.rename(columns={"features_vllm": "features"})),
-                      features(both.rename(columns={"features_ours": "features"})), atol=1e-5).all(1)
-    assert same.mean() > 0.8, f"only {same.sum()} of {len(same)} steps saw the same features"
-    agree = both[same]
-    assert (agree.proposer_vllm == agree.proposer_ours).all()
-    assert np.allclose(agree.router_score_vllm, agree.router_score_ours, atol=1e-4)
-    whole_turns = pd.Series(same, index=both.index).groupby([both.prompt_id, both.turn]).all()
-    assert whole_turns.any()  # at least one turn saw the same features from its first step to its last
+    assert np.allclose(features(both.rename(columns={"features_vllm": "features"})),
+                       features(both.rename(columns={"features_ours": "features"})), atol=1e-5)
+    assert (both.proposer_vllm == both.proposer_ours).all() and (both.accepted_vllm == both.accepted_ours).all()
+    assert np.allclose(both.router_score_vllm, both.router_score_ours, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["whiflash-entropy", "whiflash-neural"])
+def test_whiflash_in_vllm_drafts_with_both_and_follows_its_rule(runs, method):
+    rounds = pd.read_parquet(runs[f"vllm-{method}"] / "rounds.parquet")
+    assert set(rounds.proposer) == {"eagle3", "dflash"}
+    for source in ("eagle3", "dflash"):
+        assert (rounds[rounds.proposer == source].accepted > 0).any(), source
+    info = json.loads((runs[f"vllm-{method}"] / "run.json").read_text())
+    policy = info["settings"]["engine_proposer"]["policy"]
+    eagle = rounds.proposer == "eagle3"
+    if method == "whiflash-neural":
+        assert (eagle == (rounds.router_score > policy["threshold"])).all()
+    else:
+        threshold = rounds.category.map(lambda c: policy["thresholds"].get(c, policy["threshold"]))
+        assert ((rounds.proposer == "eagle3") == (rounds.entropy > threshold)).all()
+
+
+def test_our_whiflash_routes_as_vllm_at_every_step(runs):
+    """The entropy policy reads the target's logits at the newest committed position; vLLM recomputes them from
+    the step's final hidden state. Same entropies (to float32 noise), same choices, same accepted counts."""
+    theirs = pd.read_parquet(runs["vllm-whiflash-entropy"] / "rounds.parquet")
+    ours = pd.read_parquet(runs["ours-whiflash-entropy"] / "rounds.parquet")
+    both = theirs.merge(ours, on=["prompt_id", "turn", "round"], suffixes=("_vllm", "_ours"))
+    assert len(both) == len(theirs) == len(ours)
+    assert np.allclose(both.entropy_vllm, both.entropy_ours, atol=1e-3)
+    assert (both.proposer_vllm == both.proposer_ours).all()
+    assert (both.accepted_vllm == both.accepted_ours).all()

@@ -32,7 +32,7 @@ from specbench_cli.core.method import Proposer
 from specbench_cli.conversations import Conversation, Throughput
 from specbench_cli.core.turn import RoundInfo, TurnResult
 from specbench_cli.datasets import Prompt
-from specbench_cli.engines.vllm_hvd import Decisions
+from specbench_cli.engines.vllm_routed import Decisions
 from specbench_cli.engines.vllm_methods import TESTED_VERSIONS, engine_method
 from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel, checkpoint_location, load_text
@@ -92,13 +92,17 @@ def _local(plan: Plan, name: str) -> str:
 def plan_engine(plan: Plan) -> Plan:
     """The method as vLLM runs it (`vllm_methods.engine_method`), before anything starts."""
     given = {o.partition("=")[0].strip() for o in plan.config.opts}
-    drafters = {name: _local(plan, name) for name in plan.method_cls.drafter_names}
+    names = list(plan.method_cls.drafter_names)
+    reads = getattr(plan.method_cls, "reads_calibration", None)  # WhiFlash's thresholds: a card unless --opt threshold
+    if reads is not None and reads(plan.options) and plan.method_cls.calibration not in names:
+        names.append(plan.method_cls.calibration)
+    drafters = {name: _local(plan, name) for name in names}
     if "sps" in drafters:
         drafters["sps"] = whole_draft_model(Path(drafters["sps"]), Path(checkpoint_location(plan.spec)))
     mapped = engine_method(plan.config.method, plan.options, given, drafters)
     if mapped.proposer and (plan.config.engine_url or plan.config.engine_serve):
         raise UsageError(f"--engine vllm runs {plan.config.method} inside the engine process specbench starts (its "
-                         f"proposer is a vLLM plugin, engines/vllm_hvd.py); drop --engine-url/--engine-serve")
+                         f"proposer is a vLLM plugin, engines/vllm_routed.py); drop --engine-url/--engine-serve")
     plan = dataclasses.replace(plan, options=mapped.options, speculative_config=mapped.speculative_config,
                                notes=[*plan.notes, *mapped.notes], known_differences=mapped.known_differences,
                                engine_proposer=mapped.proposer)
@@ -219,8 +223,8 @@ class Worker:
 # ---------------------------------------------------------------------------------------------- replies
 def turn_result(reply: dict, prompt_len: int, proposer: str, decisions: list[dict] | None = None) -> TurnResult:
     """One finished request as our engine's `TurnResult`: each engine step after the first token a round. With
-    `decisions` (the HVD proposer's, engines/vllm_hvd.py: one per step, made after it, so the k-th decides round
-    k), a round's proposer and extras are its decision's."""
+    `decisions` (a routed proposer's, engines/vllm_routed.py: one per step, made after it, so the k-th decides
+    round k), a round's proposer and extras are its decision's."""
     steps = reply["steps"]
     spec = reply.get("spec") or {}
     verified = _verify_steps([n for _, n in steps[1:]], spec.get("per_step_accepted", []),
@@ -230,10 +234,10 @@ def turn_result(reply: dict, prompt_len: int, proposer: str, decisions: list[dic
         source, extras = proposer, {}
         if decisions is not None:
             if i >= len(decisions):
-                raise RunFailed(f"the HVD proposer logged {len(decisions)} decisions for request {reply['id']}, "
+                raise RunFailed(f"the routed proposer logged {len(decisions)} decisions for request {reply['id']}, "
                                 f"which took {len(steps) - 1} steps after its first token")
-            source, extras = decisions[i]["source"], {"router_score": decisions[i]["score"],
-                                                      "features": tuple(decisions[i]["features"])}
+            source = decisions[i]["source"]
+            extras = {k: tuple(v) if isinstance(v, list) else v for k, v in decisions[i]["extras"].items()}
         rounds.append(RoundInfo(proposer=source, tree_size=drafted, draft_depth=drafted, accepted=accepted,
                                 emitted=n, kv_len=length, target_forwards=1, extras=extras,
                                 phases={"wall": (t - before) * 1e3}))
@@ -294,7 +298,8 @@ class ClosedLoop:
         seed = turn_seed(c.seed, conv.prompt, turn)
         request = f"{tag}{conv.index}.{turn}"
         self.worker.submit({"id": request, "prompt_ids": ids, "max_tokens": c.max_new_tokens,
-                            "temperature": c.temperature, "seed": seed, "stop_ids": sorted(self.text.stop_ids)})
+                            "temperature": c.temperature, "seed": seed, "stop_ids": sorted(self.text.stop_ids),
+                            "extra_args": {"category": conv.prompt.category}})  # WhiFlash's thresholds are per category
         live[request] = conv
 
 
@@ -307,7 +312,7 @@ def record(plan: Plan, folder: RunFolder, console: Console, env: dict[str, str])
     longest_needed(plan, text)
     spec = launch(plan, env)
     decisions = None
-    if plan.engine_proposer:  # HVD inside vLLM: its plugin reads these files (engines/vllm_hvd.py)
+    if plan.engine_proposer:  # a routed method inside vLLM: its plugin reads these files (engines/vllm_routed.py)
         vocab = int(json.loads((Path(checkpoint_location(plan.spec)) / "config.json").read_text())["vocab_size"])
         extra, decisions = Decisions.prepare(folder.path, plan.engine_proposer, text.tokenizer, vocab)
         spec.env.update(extra)
@@ -334,7 +339,7 @@ def record(plan: Plan, folder: RunFolder, console: Console, env: dict[str, str])
         if decisions is not None:
             decisions.read()  # the proposer's first line is written when vLLM builds it
         if decisions is not None and not decisions.started:
-            raise RunFailed(f"vLLM did not build specbench's HVD proposer: its plugin (the vllm.general_plugins entry "
+            raise RunFailed(f"vLLM did not build specbench's {plan.config.method} proposer: its plugin (the vllm.general_plugins entry "
                             f"point) is not installed in {spec.python}; run `bash scripts/setup-vllm.sh`, or `pip "
                             f"install --no-deps -e <specbench>` in that Python")
         loop = ClosedLoop(worker, plan, text, decisions)

@@ -29,7 +29,7 @@ class EngineMethod:
     options: object
     notes: list[str]
     known_differences: list[str] = dataclasses.field(default_factory=list)  # vLLM drafts otherwise than the method
-    proposer: dict | None = None  # settings of specbench's own proposer inside vLLM (engines/vllm_hvd.py)
+    proposer: dict | None = None  # settings of specbench's own proposer inside vLLM (engines/vllm_routed.py)
 
 
 def _keep(options, given: set[str], name: str, value, why: str, notes: list[str], within: str = ""):
@@ -95,9 +95,9 @@ SPECULATORS_DFLASH_CAUSAL = (
     "checkpoint's config.json gives vLLM the bidirectional block")
 
 
-def _dflash(options, given, drafters, notes):
+def _dflash(options, given, drafters, notes, within: str = ""):
     # dflash.py verifies 1 + num_speculative_tokens query positions: the block minus its anchor
-    options = _keep(options, given, "sampling", "argmax", "vLLM's DFlash drafts the argmax", notes)
+    options = _keep(options, given, "sampling", "argmax", "vLLM's DFlash drafts the argmax", notes, within)
     config = json.loads((Path(drafters["dflash"]) / "config.json").read_text())
     if config.get("speculators_model_type") == "dflash" and not config.get("sliding_window_non_causal", False):
         notes.append(f"known difference: {SPECULATORS_DFLASH_CAUSAL}")
@@ -124,8 +124,23 @@ def _hybrid(options, given, drafters, notes):
     return config, options
 
 
+def _whiflash(options, given, drafters, notes):
+    # engines/vllm_whiflash.py: vLLM's EAGLE-3 proposer owning vLLM's DFlash proposer; the engine's speculation cap
+    # is the longer draft, and DFlash's queries reach one slot past its block (the scheduler's lookahead)
+    eagle3 = _eagle3(options.eagle3, given, drafters, notes, "eagle3.")
+    dflash = _dflash(options.dflash, given, drafters, notes, "dflash.")
+    for name, why in (("lazy_catchup", "both vLLM drafters run over every step's verified tokens (their K = 0 path "
+                                       "when not chosen)"),
+                      ("kv_only", "vLLM's EAGLE-3 K = 0 path runs its whole layer over the step's tokens")):
+        options = _keep(options, given, name, False, why, notes)
+    options = dataclasses.replace(options, eagle3=eagle3[1], dflash=dflash[1])
+    k = max(eagle3[0]["num_speculative_tokens"], dflash[0]["num_speculative_tokens"] + 1)
+    return {**eagle3[0], "num_speculative_tokens": k, "disable_padded_drafter_batch": True}, options
+
+
 MAPPINGS: dict[str, Callable] = {"baseline": _baseline, "pld": _pld, "suffix": _suffix, "eagle3": _eagle3,
-                                 "dflash": _dflash, "sps": _sps, "hvd": _hybrid, "hvd-freq": _hybrid}
+                                 "dflash": _dflash, "sps": _sps, "hvd": _hybrid, "hvd-freq": _hybrid,
+                                 "whiflash-entropy": _whiflash, "whiflash-neural": _whiflash}
 
 
 def hybrid_settings(method: str, options, drafters: dict[str, str]) -> dict:
@@ -152,5 +167,27 @@ def engine_method(method: str, options, given: set[str], drafters: dict[str, str
     notes: list[str] = []
     config, options = MAPPINGS[method](options, given, drafters, notes)
     known = [n.removeprefix("known difference: ") for n in notes if n.startswith("known difference: ")]
-    proposer = hybrid_settings(method, options, drafters) if MAPPINGS[method] is _hybrid else None
+    proposer = None
+    if MAPPINGS[method] is _hybrid:
+        proposer = hybrid_settings(method, options, drafters)
+    elif MAPPINGS[method] is _whiflash:
+        proposer = whiflash_settings(method, options, config, drafters)
     return EngineMethod(config, options, notes, known, proposer)
+
+
+def whiflash_settings(method: str, options, config: dict, drafters: dict[str, str]) -> dict:
+    """What the WhiFlash proposer inside vLLM reads (engines/vllm_whiflash.py): the DFlash drafter and block, the
+    EAGLE-3 chain, and the policy with its thresholds as `methods.whiflash` resolves them (--opt threshold, else
+    the calibration card's: per category for the entropy policy)."""
+    card = {}
+    if method in drafters:
+        card = json.loads((Path(drafters[method]) / "config.json").read_text())
+    threshold = options.threshold if not math.isnan(options.threshold) else float(card["threshold"])
+    if method == "whiflash-neural":
+        policy = {"kind": "neural", "router": drafters[method], "layer": card.get("layer"), "threshold": threshold}
+    else:
+        per = {} if not math.isnan(options.threshold) else card.get("thresholds", {})
+        policy = {"kind": "entropy", "thresholds": per, "threshold": threshold}
+    block = options.dflash.block_size or int(json.loads((Path(drafters["dflash"]) / "config.json").read_text())["block_size"])
+    return {"method": method, "eagle_k": _chain(options.eagle3), "dflash": drafters["dflash"], "dflash_k": block - 1,
+            "policy": policy}

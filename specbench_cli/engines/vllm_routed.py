@@ -1,0 +1,134 @@
+"""specbench's routed methods inside vLLM (HVD, WhiFlash): proposers installed through vLLM's plugin mechanism.
+
+vLLM (0.32) builds one proposer per engine (`vllm/v1/worker/gpu_model_runner.py`, `GPUModelRunner.__init__`,
+which the CPU runner inherits), and its model-free `custom_class` proposer gets no target hidden states, which
+EAGLE-3 needs. So a routed method is a subclass of vLLM's own `EagleProposer` — HVD's in `vllm_hvd.py` (it also
+owns the suffix cache), WhiFlash's in `vllm_whiflash.py` (it also owns vLLM's DFlash proposer) — and `register`,
+the `vllm.general_plugins` entry point (pyproject.toml) that vLLM calls in every process it starts (engine core
+and workers), swaps the runner's `EagleProposer` for it when SPECBENCH_ROUTED names a settings file, and does
+nothing otherwise. `scripts/setup-vllm.sh` installs specbench into vLLM's Python (no dependencies) for the
+entry point; the proposers import only vLLM, torch, numpy and `methods.{hvd_features,predictors}`.
+
+Both run with `disable_padded_drafter_batch`, so the proposer is called after the step's tokens are booked into
+the input batch. Each step, per request with new tokens, the proposer decides and writes one JSON line to the
+settings' log (`StepLog`): request id (vLLM's, with its random suffix), source, and the round extras our engine
+records for the method. `Decisions` reads them back on specbench's side (engines/vllm.py) as requests finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ENV = "SPECBENCH_ROUTED"  # the settings file (JSON, `Decisions.prepare`); unset = the plugin does nothing
+READY = "ready"  # the log's first line: the proposer was built inside vLLM
+HVD_METHODS = ("hvd", "hvd-freq")
+
+
+def register() -> None:
+    """vLLM's `vllm.general_plugins` hook: with SPECBENCH_ROUTED set, EAGLE-3 runners build the routed proposer."""
+    path = os.environ.get(ENV)
+    if not path:
+        return
+    import vllm
+    from vllm.v1.worker import gpu_model_runner
+
+    from specbench_cli.engines.vllm_methods import TESTED_VERSIONS
+
+    minor = ".".join(vllm.__version__.split(".")[:2])
+    if minor not in TESTED_VERSIONS:
+        raise RuntimeError(f"specbench's routed proposers support vLLM {', '.join(TESTED_VERSIONS)}; this is "
+                           f"{vllm.__version__} (the runner and proposer internals they use may differ)")
+    if json.loads(Path(path).read_text())["method"] in HVD_METHODS:
+        from specbench_cli.engines.vllm_hvd import proposer_class
+    else:
+        from specbench_cli.engines.vllm_whiflash import patch_runner, proposer_class
+
+        patch_runner(gpu_model_runner.GPUModelRunner)
+    if not getattr(gpu_model_runner.EagleProposer, "specbench", False):  # once per process
+        gpu_model_runner.EagleProposer = proposer_class(gpu_model_runner.EagleProposer)
+
+
+def settings() -> dict:
+    """The run's settings, inside vLLM."""
+    return json.loads(Path(os.environ[ENV]).read_text())
+
+
+class StepLog:
+    """The proposer's side of the log: a ready line, then one line per decision."""
+
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the engine
+        self.file.write(json.dumps({"event": READY, "pid": os.getpid()}) + "\n")
+
+    def decision(self, request: str, source: str, **extras) -> None:
+        self.file.write(json.dumps({"request": request, "source": source, "extras": extras}) + "\n")
+
+
+class NewTokens:
+    """Per request: how many of its tokens the proposer has seen, so each step's new ones are known."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+
+    def step(self, batch, i: int) -> tuple[int, int] | None:
+        """(tokens seen before, tokens now) for row i of vLLM's input batch, None when nothing is new (a partial
+        prefill) or no room is left; a request first seen starts at its prompt."""
+        req_id, n = batch.req_ids[i], int(batch.num_tokens_no_spec[i])
+        before = self.seen.get(req_id, int(batch.num_prompt_tokens[i]))
+        if n <= before:
+            return None
+        self.seen[req_id] = n
+        return before, n
+
+    def forget(self, batch) -> None:
+        """Forget the requests no longer in the batch."""
+        for r in [r for r in self.seen if r not in batch.req_id_to_index]:
+            del self.seen[r]
+
+
+# ---------------------------------------------------------------------------------------------- specbench's side
+class Decisions:
+    """The proposer's log, read back as requests finish: per request (our id), its decisions in step order."""
+
+    def __init__(self, log: Path) -> None:
+        self.log, self.offset = log, 0
+        self.pending: dict[str, list[dict]] = {}
+        self.started = False
+
+    @classmethod
+    def prepare(cls, folder: Path, settings: dict, tokenizer, vocab: int) -> tuple[dict[str, str], Decisions]:
+        """Write the proposer's settings (HVD: with the vocabulary's class table) and an empty log into the run
+        folder; the environment that makes vLLM build the proposer, and the log's reader."""
+        log, path = folder / "routed-steps.jsonl", folder / "routed-proposer.json"
+        settings = {**settings, "log": str(log)}
+        if settings["method"] in HVD_METHODS:
+            import numpy as np
+
+            from methods.hvd_features import token_classes
+
+            np.save(folder / "hvd-classes.npy", token_classes(tokenizer, vocab))
+            settings["classes"] = str(folder / "hvd-classes.npy")
+        log.write_text("")  # one engine start per session: request ids repeat across sessions
+        path.write_text(json.dumps(settings, indent=2))
+        return {ENV: str(path)}, cls(log)
+
+    def take(self, request_id: str) -> list[dict]:
+        """`request_id`'s decisions (vLLM appends a random suffix to the id it was given: `-` and 8 characters)."""
+        self.read()
+        return self.pending.pop(request_id, [])
+
+    def read(self) -> None:
+        """Take in the lines written since the last read."""
+        with self.log.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        complete = data[:data.rfind(b"\n") + 1]  # a line being written is read next time
+        self.offset += len(complete)
+        for line in complete.decode().splitlines():
+            entry = json.loads(line)
+            if entry.get("event") == READY:
+                self.started = True
+            else:
+                self.pending.setdefault(entry["request"].rsplit("-", 1)[0], []).append(entry)

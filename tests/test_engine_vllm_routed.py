@@ -34,7 +34,9 @@ SELECTION = ["--model", "smollm2-135m", "--dataset", "spec-bench", "--category",
 AS_VLLM = ["--opt", "eagle3.top_k=1", "--opt", "suffix.tree=false", "--opt", "lazy_catchup=false"]
 # what vLLM runs of whiflash (_whiflash): an EAGLE-3 chain, both drafters catching up every step, EAGLE-3's whole layer
 WHIFLASH_AS_VLLM = ["--opt", "eagle3.top_k=1", "--opt", "lazy_catchup=false", "--opt", "kv_only=false"]
-VLLM = ("hvd", "hvd-freq", "whiflash-entropy", "whiflash-neural")
+WHIFLASH = ("whiflash-entropy", "whiflash-neural")
+VLLM = ("hvd", "hvd-freq", *WHIFLASH)
+IN_FLIGHT = ("hvd", "whiflash-entropy")
 
 
 def run(*args: str) -> None:
@@ -45,12 +47,17 @@ def run(*args: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, engine_python, embedded) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hvd_runs")
-    out = {name: root / name for name in ("ours", "ours-hvd", "ours-whiflash-entropy", *(f"vllm-{m}" for m in VLLM))}
+    out = {name: root / name for name in ("ours", "ours-hvd", *(f"ours-{m}" for m in WHIFLASH),
+                                          *(f"vllm-{m}" for m in VLLM), *(f"vllm-{m}-c2" for m in IN_FLIGHT))}
     run("--method", "baseline", "--out", str(out["ours"]))
     run("--method", "hvd", *AS_VLLM, "--out", str(out["ours-hvd"]))
-    run("--method", "whiflash-entropy", *WHIFLASH_AS_VLLM, "--out", str(out["ours-whiflash-entropy"]))
+    for method in WHIFLASH:
+        run("--method", method, *WHIFLASH_AS_VLLM, "--out", str(out[f"ours-{method}"]))
     for method in VLLM:
         run("--method", method, *ENGINE, "--engine-python", engine_python, "--out", str(out[f"vllm-{method}"]))
+    for method in IN_FLIGHT:  # two requests in one engine step: each routed on its own
+        run("--method", method, *ENGINE, "--engine-python", engine_python, "--concurrency", "2",
+            "--out", str(out[f"vllm-{method}-c2"]))
     return out
 
 
@@ -58,7 +65,8 @@ def features(rounds: pd.DataFrame) -> np.ndarray:
     return np.array([[float(v) for v in f.split(",")] for f in rounds.features])
 
 
-@pytest.mark.parametrize("method", [*(f"vllm-{m}" for m in VLLM), "ours-hvd", "ours-whiflash-entropy"])
+@pytest.mark.parametrize("method", [*(f"vllm-{m}" for m in VLLM), *(f"vllm-{m}-c2" for m in IN_FLIGHT),
+                                    "ours-hvd", *(f"ours-{m}" for m in WHIFLASH)])
 def test_routed_outputs_equal_our_baseline_turn_by_turn(runs, method):
     ours, theirs = outputs(runs["ours"]), outputs(runs[method])
     assert set(ours) == set(theirs) and any(turn == 1 for _, turn in ours)
@@ -129,13 +137,15 @@ def test_whiflash_in_vllm_drafts_with_both_and_follows_its_rule(runs, method):
         assert ((rounds.proposer == "eagle3") == (rounds.entropy > threshold)).all()
 
 
-def test_our_whiflash_routes_as_vllm_at_every_step(runs):
-    """The entropy policy reads the target's logits at the newest committed position; vLLM recomputes them from
-    the step's final hidden state. Same entropies (to float32 noise), same choices, same accepted counts."""
-    theirs = pd.read_parquet(runs["vllm-whiflash-entropy"] / "rounds.parquet")
-    ours = pd.read_parquet(runs["ours-whiflash-entropy"] / "rounds.parquet")
+@pytest.mark.parametrize("method, signal", [("whiflash-entropy", "entropy"), ("whiflash-neural", "router_score")])
+def test_our_whiflash_routes_as_vllm_at_every_step(runs, method, signal):
+    """The entropy policy reads the target's logits at the newest committed position (vLLM recomputes them from the
+    step's final hidden state), the neural one the last layer's output there (vLLM's auxiliary hidden state). Same
+    signal (to float32 noise), same choices, same accepted counts."""
+    theirs = pd.read_parquet(runs[f"vllm-{method}"] / "rounds.parquet")
+    ours = pd.read_parquet(runs[f"ours-{method}"] / "rounds.parquet")
     both = theirs.merge(ours, on=["prompt_id", "turn", "round"], suffixes=("_vllm", "_ours"))
     assert len(both) == len(theirs) == len(ours)
-    assert np.allclose(both.entropy_vllm, both.entropy_ours, atol=1e-3)
+    assert np.allclose(both[f"{signal}_vllm"], both[f"{signal}_ours"], atol=1e-3)
     assert (both.proposer_vllm == both.proposer_ours).all()
     assert (both.accepted_vllm == both.accepted_ours).all()

@@ -23,6 +23,10 @@ KNOWN_DIFFERENCES = {
     ("vllm", "dflash", "0.32", "cpu"): (
         "vLLM CPU rms_norm kernel normalises every drafter layer's context keys with layer 0's weight "
         "(stacked norm weight; fixed for Intel GPUs in vllm-xpu-kernels#573 / vllm#56431, not in the CPU kernel)"),
+    **{("vllm", "suffix", "0.32", where): (
+        "vLLM's suffix proposer caches every token a step verified, also those past max_tokens or a stop token that "
+        "the output drops (vllm/v1/spec_decode/suffix_decoding.py, add_active_response of the runner's untrimmed "
+        "sampled ids); our cache holds the outputs, so a later request's draft may differ") for where in ("cpu", "cuda")},
 }
 
 

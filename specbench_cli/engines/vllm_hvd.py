@@ -64,6 +64,16 @@ def proposer_class(base: type) -> type:
                 out.append(rows[i] if draft is None else draft[:num_speculative_tokens])
             return out
 
+        def _kept(self, req_id: str, new: list[int], generated: int) -> list[int]:
+            """The new tokens the request's output keeps: a step may verify tokens past its max_tokens or its stop
+            token, which the input batch holds and the output drops. vLLM's suffix proposer caches them too; the
+            cache here holds the outputs, as our engine's does (and as the paper's cache of past responses)."""
+            params = self.batch_of.requests[req_id].sampling_params
+            new = new[:max(0, len(new) - max(0, generated - params.max_tokens))]
+            stops = set(params.stop_token_ids or ())
+            cut = next((j + 1 for j, t in enumerate(new) if t in stops), len(new))
+            return new[:cut]
+
         @torch.inference_mode()
         def _route(self, batch) -> dict[str, list[int] | None]:
             """Per request with new tokens: the cache draft to verify, or None for EAGLE-3's."""
@@ -77,7 +87,7 @@ def proposer_class(base: type) -> type:
                 if seen is None or seen[1] >= self.max_model_len:
                     continue
                 (before, n), request, prompt_len = seen, self.requests[req_id], int(batch.num_prompt_tokens[i])
-                self.cache.add_active_response(req_id, tokens[before:n].tolist())
+                self.cache.add_active_response(req_id, self._kept(req_id, tokens[before:n].tolist(), n - prompt_len))
                 if request.decided:
                     request.history.add(request.cache, n - before - 1)
                 draft = self.cache.speculate(

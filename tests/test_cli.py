@@ -22,7 +22,7 @@ BAD = [
     (["run", "--engine", "vllm", "--concurrency", "0"], "expected distinct positive whole numbers"),
     (["run", "--engine", "vllm", "--concurrency", "many"], "expected distinct positive whole numbers"),
     (["run", "--engine", "vllm", "--concurrency", "1,2,2"], "expected distinct positive whole numbers"),
-    (["run", "--engine", "vllm", "--method", "hvd"], "--engine vllm runs baseline, pld, suffix, eagle3, dflash, sps; not hvd"),
+    (["run", "--engine", "vllm", "--method", "dart"], "--engine vllm runs baseline, pld, suffix, eagle3, dflash, sps, hvd, hvd-freq, whiflash-entropy, whiflash-neural; not dart"),
     (["run", "--engine", "vllm", "--engine-arg", "tensor_parallel_size"], "malformed --engine-arg"),
     (["run", "--engine", "vllm", "--engine-arg", "model=x"], "may not set model"),
     (["run", "--engine", "vllm", "--compile"], "--compile is our engine's"),

@@ -149,3 +149,13 @@ def test_our_whiflash_routes_as_vllm_at_every_step(runs, method, signal):
     assert np.allclose(both[f"{signal}_vllm"], both[f"{signal}_ours"], atol=1e-3)
     assert (both.proposer_vllm == both.proposer_ours).all()
     assert (both.accepted_vllm == both.accepted_ours).all()
+
+
+def test_a_routed_method_in_an_engine_without_the_plugin_is_one_line_before_it_starts(tmp_path):
+    """Our own Python imports no vLLM plugin of ours (it has no vLLM at all): refused before any engine starts."""
+    import sys
+
+    result = CliRunner().invoke(app, ["run", *SELECTION, "--method", "hvd", *ENGINE, "--engine-python", sys.executable,
+                                      "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "lacks" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()

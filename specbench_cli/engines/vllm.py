@@ -103,6 +103,9 @@ def plan_engine(plan: Plan) -> Plan:
     if mapped.proposer and (plan.config.engine_url or plan.config.engine_serve):
         raise UsageError(f"--engine vllm runs {plan.config.method} inside the engine process specbench starts (its "
                          f"proposer is a vLLM plugin, engines/vllm_routed.py); drop --engine-url/--engine-serve")
+    if mapped.proposer and not has_plugin(plan.engine_python):
+        raise UsageError(f"--engine vllm runs {plan.config.method} as a vLLM plugin, which {plan.engine_python} lacks: "
+                         f"run `bash scripts/setup-vllm.sh`, or `pip install --no-deps -e <specbench>` in that Python")
     plan = dataclasses.replace(plan, options=mapped.options, speculative_config=mapped.speculative_config,
                                notes=[*plan.notes, *mapped.notes], known_differences=mapped.known_differences,
                                engine_proposer=mapped.proposer)
@@ -111,6 +114,18 @@ def plan_engine(plan: Plan) -> Plan:
 
         vllm_server.wait_healthy(plan.config.engine_url.rstrip("/"), vllm_server.HEALTH_WAIT_S)
     return plan
+
+
+def has_plugin(python: str) -> bool:
+    """Whether that Python has vLLM and specbench's plugin for it (the `vllm.general_plugins` entry point
+    `specbench_routed`); asked without importing vLLM, from a folder where nothing of ours shadows a package."""
+    import tempfile
+
+    probe = ("import importlib.util; from importlib.metadata import entry_points; print(importlib.util.find_spec("
+             "'vllm') is not None and any(e.name == 'specbench_routed' for e in entry_points(group='vllm.general_plugins')))")
+    with tempfile.TemporaryDirectory() as here:
+        found = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=here, timeout=60)
+    return found.stdout.strip() == "True"
 
 
 def whole_draft_model(folder: Path, target: Path) -> str:
@@ -339,9 +354,8 @@ def record(plan: Plan, folder: RunFolder, console: Console, env: dict[str, str])
         if decisions is not None:
             decisions.read()  # the proposer's first line is written when vLLM builds it
         if decisions is not None and not decisions.started:
-            raise RunFailed(f"vLLM did not build specbench's {plan.config.method} proposer: its plugin (the vllm.general_plugins entry "
-                            f"point) is not installed in {spec.python}; run `bash scripts/setup-vllm.sh`, or `pip "
-                            f"install --no-deps -e <specbench>` in that Python")
+            raise RunFailed(f"vLLM did not build specbench's {plan.config.method} proposer (its plugin failed to load "
+                            f"or refused this vLLM version; see {folder.path / 'engine.log'})")
         loop = ClosedLoop(worker, plan, text, decisions)
         loop.run(list(enumerate(plan.warmup)), 1, lambda conv: None, tag="warmup-")
         if done and plan.method_cls.absorb is not Proposer.absorb:  # the engine's suffix cache lacks what finished

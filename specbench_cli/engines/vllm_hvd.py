@@ -46,8 +46,8 @@ def proposer_class(base: type) -> type:
             self.eagle_k, self.tau, self.suffix = int(s["eagle_k"]), float(s["threshold"]), s["suffix"]
             self.predictor = PayoffPredictor.load(Path(s["predictor"]))[0] if s["predictor"] else None
             self.classes = np.load(s["classes"])
-            self.cache = SuffixDecodingCache(max_tree_depth=self.suffix["max_depth"],
-                                             max_cached_requests=vllm_config.speculative_config.suffix_decoding_max_cached_requests)
+            cached = vllm_config.speculative_config.suffix_decoding_max_cached_requests
+            self.cache = SuffixDecodingCache(max_tree_depth=self.suffix["max_depth"], max_cached_requests=cached)
             self.max_model_len = vllm_config.model_config.max_model_len
             self.new_tokens, self.requests = NewTokens(), {}
             self.log = StepLog(s["log"])

@@ -101,8 +101,12 @@ def _dflash(options, given, drafters, notes, within: str = ""):
     config = json.loads((Path(drafters["dflash"]) / "config.json").read_text())
     if config.get("speculators_model_type") == "dflash" and not config.get("sliding_window_non_causal", False):
         notes.append(f"known difference: {SPECULATORS_DFLASH_CAUSAL}")
-    block = options.block_size or int(config["block_size"])
-    return {"method": "dflash", "model": drafters["dflash"], "num_speculative_tokens": block - 1}, options
+    return {"method": "dflash", "model": drafters["dflash"], "num_speculative_tokens": _block(options, drafters) - 1}, options
+
+
+def _block(dflash, drafters: dict[str, str]) -> int:
+    """DFlash's block: the option, else the checkpoint's."""
+    return dflash.block_size or int(json.loads((Path(drafters["dflash"]) / "config.json").read_text())["block_size"])
 
 
 def _sps(options, given, drafters, notes):
@@ -188,6 +192,6 @@ def whiflash_settings(method: str, options, config: dict, drafters: dict[str, st
     else:
         per = {} if not math.isnan(options.threshold) else card.get("thresholds", {})
         policy = {"kind": "entropy", "thresholds": per, "threshold": threshold}
-    block = options.dflash.block_size or int(json.loads((Path(drafters["dflash"]) / "config.json").read_text())["block_size"])
-    return {"method": method, "eagle_k": _chain(options.eagle3), "dflash": drafters["dflash"], "dflash_k": block - 1,
+    return {"method": method, "eagle_k": _chain(options.eagle3), "dflash": drafters["dflash"],
+            "dflash_k": _block(options.dflash, drafters) - 1,
             "policy": policy}

@@ -83,7 +83,9 @@ def proposer_class(base: type) -> type:
             self.dflash_k = self.dflash.num_speculative_tokens
             self.router = Router.load(Path(self.policy["router"]))[0] if self.policy["kind"] == "neural" else None
             layer = self.policy.get("layer")  # the router reads this decoder layer's output; the card's, else the last
-            self.router_aux = 1 + (int(layer) if layer is not None else vllm_config.model_config.hf_config.num_hidden_layers - 1)
+            if layer is None:
+                layer = vllm_config.model_config.hf_config.num_hidden_layers - 1
+            self.router_aux = int(layer) + 1  # vLLM's number for the input of the next layer
             self.final_hidden, self.token_indices = None, None
             self.new_tokens, self.log = NewTokens(), StepLog(s["log"])
 
@@ -104,12 +106,12 @@ def proposer_class(base: type) -> type:
         def initialize_attn_backend(self, *args, **kwargs) -> None:
             super().initialize_attn_backend(*args, **kwargs)
             self.dflash.initialize_attn_backend(*args, **kwargs)
+            if self.dflash.kv_cache_gid != self.kv_cache_gid:  # the runner hands a step's metadata for EAGLE-3's only
+                raise RuntimeError("WhiFlash in vLLM needs EAGLE-3's and DFlash's layers in one KV cache group")
 
         def validate_same_kv_cache_group(self, kv_cache_config) -> None:
             super().validate_same_kv_cache_group(kv_cache_config)
             self.dflash.validate_same_kv_cache_group(kv_cache_config)
-            if self.dflash.kv_cache_gid != self.kv_cache_gid:
-                raise RuntimeError("WhiFlash in vLLM needs EAGLE-3's and DFlash's layers in one KV cache group")
 
         def initialize_cudagraph_keys(self, *args, **kwargs) -> None:
             super().initialize_cudagraph_keys(*args, **kwargs)

@@ -101,8 +101,9 @@ def proposer_class(base: type) -> type:
                 chosen[req_id] = list(draft.token_ids) if request.cache else None
                 self.log.decision(req_id, "suffix" if request.cache else "eagle3", router_score=score,
                                   features=x.tolist())
-            for req_id in [r for r in self.requests if r not in batch.req_id_to_index]:  # finished: into the
-                self.cache.stop_request(req_id)  # global tree
+            # finished requests: their responses stay in the global tree
+            for req_id in [r for r in self.requests if r not in batch.req_id_to_index]:
+                self.cache.stop_request(req_id)
                 del self.requests[req_id]
             self.new_tokens.forget(batch)
             return chosen

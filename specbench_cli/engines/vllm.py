@@ -124,7 +124,8 @@ def has_plugin(python: str) -> bool:
     probe = ("import importlib.util; from importlib.metadata import entry_points; print(importlib.util.find_spec("
              "'vllm') is not None and any(e.name == 'specbench_routed' for e in entry_points(group='vllm.general_plugins')))")
     with tempfile.TemporaryDirectory() as here:
-        found = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=here, timeout=60)
+        found = subprocess.run([os.path.abspath(python), "-c", probe], capture_output=True, text=True, cwd=here,
+                               timeout=60)  # abspath, not resolve: a venv's python is a link its venv needs
     return found.stdout.strip() == "True"
 
 

@@ -117,7 +117,7 @@ def hybrid(results: Results) -> Table:
         row = {"dataset": g.info["settings"]["dataset"], "engine": g.info["settings"].get("engine", "specbench"),
                "method": g.label, "τ": total.tau, "tokens/s": total.tokens_per_s}
         for name in HYBRID_PARTS:
-            part = next((o for o in results.groups if o.method == name and o.experiment() == g.experiment()), None)
+            part = results.beside(g, name)
             mine = summarise(g.prompts, group_column(g.prompts), part.prompts if part else None).iloc[-1]
             row[f"{name} τ"] = summarise(part.prompts, group_column(part.prompts)).iloc[-1].tau if part else NAN
             row[f"× {name}"] = mine.speedup

@@ -74,10 +74,11 @@ class Results:
 
     def baseline_for(self, group: RunGroup) -> RunGroup | None:
         """The baseline group of the same experiment on the same hardware, if any."""
-        for other in self.groups:
-            if other.method == "baseline" and other.experiment() == group.experiment():
-                return other
-        return None
+        return self.beside(group, "baseline")
+
+    def beside(self, group: RunGroup, method: str) -> RunGroup | None:
+        """The first group of `method` in the same experiment on the same hardware as `group`, if any."""
+        return next((o for o in self.groups if o.method == method and o.experiment() == group.experiment()), None)
 
     def baseline_elsewhere(self, group: RunGroup) -> RunGroup | None:
         """A baseline of the same settings but measured on other hardware (named, never compared)."""

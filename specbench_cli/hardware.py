@@ -80,21 +80,37 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def copy_bandwidth(device: torch.device, mib: int = 256, reps: int = 10) -> float:
-    """Measured bytes/s of a device-to-device copy, counting bytes read and written (median of reps)."""
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache (Linux sysfs), or None where it cannot be read."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except ValueError:
+            continue
+    return max(sizes) if sizes else None
+
+
+def read_bandwidth(device: torch.device, reps: int = 5) -> float:
+    """Measured bytes/s of reading a buffer far larger than any cache (a float32 sum over max(1 GiB, 8 × the
+    CPU's last-level cache)): what a decode does to its weights, so the honest roofline for it. A copy of a
+    buffer that fits in the cache overstates it (bytes written count too, and the cache serves the reads).
+    Median of reps, at the current torch thread count."""
     import statistics
     import time
 
-    x = torch.empty(mib * 2**20, dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
+    size = max(2**30, 8 * (last_level_cache_bytes() or 0)) if device.type == "cpu" else 2**30
+    x = torch.ones(size // 4, dtype=torch.float32, device=device)
     times = []
-    for i in range(reps + 2):
+    for i in range(reps + 1):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        y.copy_(x)
+        x.sum()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        if i >= 2:
+        if i >= 1:
             times.append(time.perf_counter() - t0)
-    return 2 * x.numel() / statistics.median(times)
+    return size / statistics.median(times)

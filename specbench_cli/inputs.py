@@ -87,6 +87,7 @@ class Plan:
     tuned_from: str = ""  # the tune record whose budget --tuned applied (run.json's tuned_from)
     compile_mode: str | None = None  # None = eager; "reduce-overhead" (CUDA graphs) on GPU, "inductor" on CPU
     batch_invariant: bool = False
+    prepacked: bool = False  # the target's CPU weights prepacked for oneDNN (core.kernels)
     engine_args: dict = field(default_factory=dict)  # --engine-arg, parsed
     speculative_config: dict | None = None  # what an engine run asks the engine for (engines/vllm_methods.py)
     engine_python: str = ""  # the Python that runs the engine (engines.engine_python)
@@ -103,7 +104,8 @@ class Plan:
                 "options": options_record(self.options), "target": self.spec.target, "drafters": self.drafters,
                 "warmup": [p.id for p in self.warmup], "batch_invariant": self.batch_invariant,
                 "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)},
-                **({"batch_size": c.batch_size} if c.batch_size > 1 else {}), **self.engine_settings()}
+                **({"batch_size": c.batch_size} if c.batch_size > 1 else {}),
+                **({"prepacked": True} if self.prepacked else {}), **self.engine_settings()}
 
     def engine_settings(self) -> dict:
         """An engine run's own settings (none for our engine, whose runs predate engines)."""

@@ -52,8 +52,8 @@ def phases(run_dir: Path, console: Console) -> list[Path]:
 
 def roofline(run_dir: Path, info: dict) -> str:
     """The baseline's achieved bandwidth as gpt-fast reports it (weight bytes × decode tokens/s) and its share
-    of this machine's measured copy bandwidth (the device the run used)."""
-    from specbench_cli.hardware import copy_bandwidth
+    of this machine's measured DRAM read bandwidth (`hardware.read_bandwidth`, on the device the run used)."""
+    from specbench_cli.hardware import read_bandwidth
 
     prompts = read_table(run_dir, "prompts")
     rate = prompts.decode_tokens.sum() / (prompts.decode_ms.sum() / 1e3)
@@ -63,9 +63,10 @@ def roofline(run_dir: Path, info: dict) -> str:
     device = torch.device(info["environment"].get("device", "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         return f"roofline: {size * rate / 1e9:.1f} GB/s achieved; the run's GPU is not here to measure its peak"
-    peak = copy_bandwidth(device)
+    peak = read_bandwidth(device)
     return (f"roofline: {rate:.1f} tok/s × {size / 1e6:.0f} MB of weights = {size * rate / 1e9:.1f} GB/s, "
-            f"{size * rate / peak:.1%} of the measured copy bandwidth {peak / 1e9:.0f} GB/s ({device})")
+            f"{size * rate / peak:.1%} of the measured read bandwidth {peak / 1e9:.0f} GB/s ({device}, "
+            f"{torch.get_num_threads()} threads)")
 
 
 # ---------------------------------------------------------------------------------------------- microbenchmarks

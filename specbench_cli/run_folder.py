@@ -30,7 +30,7 @@ from specbench_cli.core.errors import UsageError
 from specbench_cli.folders import claim, write_atomically
 
 # What a setting meant in runs written before it existed (a resume compares it as this).
-LEGACY_SETTINGS = {"compile": None, "batch_invariant": False}
+LEGACY_SETTINGS = {"compile": None, "batch_invariant": False, "prepacked": False}
 # Environment facts that change what a timing means: a resume of a timed run must keep them.
 MEASURED = ("device", "cpu", "gpu", "torch_threads")
 

@@ -113,9 +113,14 @@ def measure_costs(target: Target, vocab: int, context: int = 256, reps: int = 7,
     return Costs(times[1], {n: t / times[1] for n, t in times.items()}, where)
 
 
+# Bumped whenever the engine's kernels change what a forward costs, so that curves measured before are not
+# reused (2: prepacked CPU weights and matmul attention, core.kernels / core.target.grouped_attention).
+COSTS_REVISION = 2
+
+
 def cached_costs(key: str, measure) -> tuple[Costs, Path]:
     """The cost curve for `key` (model, dtype, device, threads, invariance) from the user cache, measured once."""
-    path = cache_root() / "tune" / f"costs-{key}.json"
+    path = cache_root() / "tune" / f"costs-{key}-r{COSTS_REVISION}.json"
     if path.exists():
         data = json.loads(path.read_text())
         return Costs(data["t1_ms"], {int(n): v for n, v in data["c"].items()}, data.get("where", "")), path

@@ -1,0 +1,63 @@
+"""The CPU kernels under the target's forward change speed, not numbers: prepacked bf16 weights give F.linear's
+outputs bit for bit at every row count, and the matmul attention computes what SDPA computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specbench_cli.core.kernels import RowKernels, can_pack
+from specbench_cli.core.target import grouped_attention
+
+CPU = torch.device("cpu")
+SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (4096, 576)]  # the embedded model's, a cut head
+
+
+@pytest.mark.skipif(not can_pack(CPU, torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")
+@pytest.mark.parametrize("out_features, in_features", SHAPES)
+def test_packed_bf16_linear_equals_the_module_at_every_row_count(out_features, in_features):
+    torch.manual_seed(0)
+    module = torch.nn.Linear(in_features, out_features, bias=out_features == 192).to(torch.bfloat16)
+    packed = RowKernels(packed=True)(module)
+    with torch.inference_mode():
+        for rows in (1, 2, 3, 7, 8, 9, 16, 33, 64):
+            x = torch.randn(1, rows, in_features, dtype=torch.bfloat16)
+            assert torch.equal(packed(x), module(x)), rows
+
+
+@pytest.mark.skipif(not can_pack(CPU, torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")
+def test_packed_mlp_equals_the_module_and_follows_weight_changes():
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    from transformers import LlamaConfig
+
+    torch.manual_seed(0)
+    mlp = LlamaMLP(LlamaConfig(hidden_size=64, intermediate_size=160, hidden_act="silu")).to(torch.bfloat16)
+    kernels = RowKernels(packed=True)
+    x = torch.randn(1, 5, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(kernels(mlp)(x), mlp(x))
+    with torch.no_grad():
+        mlp.up_proj.weight.mul_(2)  # an in-place change bumps the weight's version: repacked
+    with torch.inference_mode():
+        assert torch.equal(kernels(mlp)(x), mlp(x))
+
+
+def test_unpacked_kernels_are_the_modules():
+    module = torch.nn.Linear(4, 4)
+    assert RowKernels(packed=False)(module) is module
+    assert not can_pack(CPU, torch.float32)  # float32 keeps MKL's sgemm (see core.kernels)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_grouped_attention_computes_sdpa(dtype, tol):
+    torch.manual_seed(0)
+    q = torch.randn(2, 9, 5, 64, dtype=dtype)
+    k, v = torch.randn(2, 3, 40, 64, dtype=dtype), torch.randn(2, 3, 40, 64, dtype=dtype)
+    mask = torch.rand(2, 1, 5, 40) < 0.6
+    mask[..., 0] = True  # every row sees something
+    ours = grouped_attention(q, k, v, mask, 0.125)
+    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=0.125,
+                                               enable_gqa=True)
+    assert ours.dtype == dtype
+    torch.testing.assert_close(ours.float(), reference, atol=tol, rtol=tol)

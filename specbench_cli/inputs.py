@@ -151,8 +151,8 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
     if config.batch_size > len(prompts):  # the batch could never fill: its throughput would not be batch B's
         raise UsageError(f"--batch-size {config.batch_size} is more than the {len(prompts)} prompt(s) selected, so "
                          "the batch could never fill; lower it or select more prompts")
-    if config.batch_size > 1 and config.compile:
-        raise UsageError("--batch-size > 1 runs eager: the compiled path has graphs for one sequence only")
+    if config.compile and config.device == "split":
+        raise UsageError("--compile runs on one device: --device split is for acceptance studies of one sequence")
     if config.batch_size > 1 and config.device == "split":
         raise UsageError("--batch-size > 1 runs on one device: --device split is for acceptance studies of one sequence")
     out = config.out or config.results_root / default_name(config, shard)

@@ -48,14 +48,6 @@ from specbench_cli.analysis.summary import print_summary
 from specbench_cli.core.target import Target
 from specbench_cli.core.timing import PHASES, SUB_PHASES, PhaseClock
 
-# Measured 2026-11-26 (2-core EPYC, torch 2.13, smollm2-135m bf16, context 512): inductor turns each layer's
-# in-place write into the static cache (one buffer for all layers) into a copy of the whole buffer, a fused
-# kernel of 22 ms per layer, so a one-token forward took 0.9 s (capacity 2816) against 31 ms eager, growing with
-# the capacity; per-layer buffers still copied (3 ms per 30 layers against 0.35 ms eager). Refused until the
-# compiled forward stops writing the cache inside the graph.
-CPU_COMPILE_REFUSAL = ("--compile runs on a GPU only: on a CPU, inductor copies the whole static KV cache at every "
-                       "layer's cache write (a one-token forward measured 0.9 s compiled against 31 ms eager); "
-                       "drop --compile, eager is the CPU's fast path")
 TEMPLATE_MARGIN = 64  # chat-template tokens per turn beyond the joined turns' (role headers, end-of-turn)
 
 
@@ -74,8 +66,6 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if config.compile else None
     engine = config.engine == "specbench"
     invariant = engine and resolve_invariant(config.batch_invariant, dtype.dtype, device, compiled=mode is not None)
-    if mode is not None and device.type == "cpu":
-        raise UsageError(CPU_COMPILE_REFUSAL)
     tuned_from = ""
     if config.tuned:  # the tuned budget first, so that an explicit --opt still wins
         machine = machine_key(dtype.dtype, device, torch.get_num_threads(), invariant)
@@ -309,6 +299,13 @@ class RunJob(OneAtATime):
     def warm_up(self, prompt: Prompt) -> None:
         self.runner.decode_prompt(prompt)
 
+    def compile(self, longest: int) -> dict:
+        """Size the cache and compile every bucket before anything is timed (run.json's `compile`)."""
+        return self.runner.compile(longest)
+
+    def late_compiles(self) -> list:
+        return self.runner.target.late_compiles
+
     def absorb(self, output_ids: list[int]) -> None:
         self.runner.method.absorb(output_ids)
 
@@ -340,10 +337,25 @@ class BatchJob(RunJob):
     def __init__(self, runner: Runner, size: int) -> None:
         super().__init__(runner)
         model, plan = runner.model, runner.plan
-        self.batch = BatchTarget(model.model, model.device, size, plan.batch_invariant)
+        self.batch = BatchTarget(model.model, model.device, size, plan.batch_invariant, plan.compile_mode, plan.buckets,
+                                 packed=plan.prepacked)
         self.forks = [runner.method.fork() for _ in range(size)]
         self.throughput = Throughput()
         self.batch_rounds = 0
+
+    def compile(self, longest: int) -> dict:
+        self.batch.plan(longest)
+        if self.batch.shape is None:
+            return {}
+        for fork, target in zip(self.forks, self.batch.slots):  # captured layers are part of the graph
+            fork.attach(target)
+        seconds = self.batch.warm_up()
+        return {"mode": self.runner.plan.compile_mode, "buckets": list(self.runner.plan.buckets),
+                "capacity": self.batch.kv.capacity, "batch": len(self.batch.slots),
+                "seconds": {str(k): round(v, 2) for k, v in seconds.items()}}
+
+    def late_compiles(self) -> list:
+        return [] if self.batch.shape is None else self.batch.shape.late_compiles
 
     def warm_up(self, prompt: Prompt) -> None:
         self._decode([(0, prompt)], lambda conv: None)
@@ -416,18 +428,17 @@ def _record(plan: Plan, folder: RunFolder, console: Console, model: LoadedModel 
     if plan.config.dtype == "auto":
         console.print(f"target in {str(plan.dtype).removeprefix('torch.')} ({plan.dtype_reason}; --dtype to choose)",
                       highlight=False, soft_wrap=True)
-    if plan.compile_mode is not None:
-        info.more["compile"] = runner.compile(longest)  # compile time is reported here and never enters a timed round
-        folder.write_info(info)
-
     job = BatchJob(runner, plan.config.batch_size) if plan.config.batch_size > 1 else RunJob(runner)
-    if plan.config.batch_size > 1:
+    if plan.compile_mode is not None:
+        info.more["compile"] = job.compile(longest)  # compile time is reported here and never enters a timed round
+        folder.write_info(info)
+    elif isinstance(job, BatchJob):
         job.batch.plan(longest)
     warm_up(folder, job, plan, console)
     gpu.start()
     record_prompts(folder, job, plan, done, console, f"{plan.config.method} on {plan.config.dataset}")
-    if runner.target.late_compiles:
-        info.more["compile"]["late"] = runner.target.late_compiles  # sizes past every bucket: compiled inside a round
+    if job.late_compiles():
+        info.more["compile"]["late"] = job.late_compiles()  # sizes past every bucket: compiled inside a round
     if isinstance(job, BatchJob):
         info.more["throughput"] = {**job.throughput.summary(), "batch_rounds": job.batch_rounds}
     folder.complete(info, prompts=len(plan.prompts) - len(done), tokens=job.generated,

@@ -114,7 +114,8 @@ def measure_costs(target: Target, vocab: int, context: int = 256, reps: int = 7,
 
 
 # Bumped whenever the engine's kernels change what a forward costs, so that curves measured before are not
-# reused (2: prepacked CPU weights and matmul attention, core.kernels / core.target.grouped_attention).
+# reused (2: prepacked CPU weights, matmul attention for one-query rows, compiled forwards that leave the
+# cache write to the host; core.kernels, core.target).
 COSTS_REVISION = 2
 
 

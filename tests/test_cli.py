@@ -26,7 +26,7 @@ BAD = [
     (["run", "--engine", "vllm", "--engine-arg", "tensor_parallel_size"], "malformed --engine-arg"),
     (["run", "--engine", "vllm", "--engine-arg", "model=x"], "may not set model"),
     (["run", "--engine", "vllm", "--compile"], "--compile is our engine's"),
-    (["run", "--device", "cpu", "--compile"], "--compile runs on a GPU only"),
+    (["run", "--device", "split", "--compile"], "--compile runs on one device"),
     (["run", "--concurrency", "4"], "--concurrency is for --engine vllm"),
     (["run", "--engine-arg", "seed=1"], "are for --engine vllm"),
     (["run", "--engine-url", "http://localhost:8000"], "are for --engine vllm"),

@@ -56,8 +56,21 @@ def test_grouped_attention_computes_sdpa(dtype, tol):
     k, v = torch.randn(2, 3, 40, 64, dtype=dtype), torch.randn(2, 3, 40, 64, dtype=dtype)
     mask = torch.rand(2, 1, 5, 40) < 0.6
     mask[..., 0] = True  # every row sees something
-    ours = grouped_attention(q, k, v, mask, 0.125)
+    ours = grouped_attention(q, [(k, v, mask)], 0.125)
     reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=0.125,
                                                enable_gqa=True)
     assert ours.dtype == dtype
     torch.testing.assert_close(ours.float(), reference, atol=tol, rtol=tol)
+
+
+def test_grouped_attention_over_two_parts_is_attention_over_their_concatenation():
+    """A compiled forward attends over the cache's prefix and its own rows kept apart (core.target.RowsApart)."""
+    torch.manual_seed(1)
+    q = torch.randn(1, 9, 4, 64)
+    k, v = torch.randn(1, 3, 30, 64), torch.randn(1, 3, 30, 64)
+    mask = torch.rand(1, 1, 4, 30) < 0.5
+    mask[..., 0] = True
+    whole = grouped_attention(q, [(k, v, mask)], 0.125)
+    apart = grouped_attention(q, [(k[:, :, :22], v[:, :, :22], mask[..., :22]),
+                                  (k[:, :, 22:], v[:, :, 22:], mask[..., 22:])], 0.125)
+    torch.testing.assert_close(apart, whole, atol=1e-6, rtol=1e-5)

@@ -27,7 +27,7 @@ import torch
 
 from specbench_cli.core.acceptance import Acceptance, accept
 from specbench_cli.core.method import DecodeState, Method, Proposer, Route
-from specbench_cli.core.target import StaticKV, Target
+from specbench_cli.core.target import DEFAULT_BUCKETS, RowsApart, StaticKV, Target
 from specbench_cli.core.timing import PhaseClock, sync
 from specbench_cli.core.tree import DraftTree
 from specbench_cli.core.engine import commit, open_turn
@@ -35,13 +35,26 @@ from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut
 
 
 class BatchTarget:
-    """`size` single-sequence targets over one static cache with `size` slots, and the batched verify."""
+    """`size` single-sequence targets over one static cache with `size` slots, and the batched verify.
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, size: int, invariant: bool = False) -> None:
+    Compiled (`compile`, GPU): every verify has the shape [size, bucket]: all `size` sequences (idle slots
+    verify a one-token dummy whose rows nobody keeps), each tree padded to the smallest bucket that fits the
+    round's largest, row-wise parts over the padded rows too (the eager verify's packing by `real` would make
+    shapes vary); the graph leaves the cache alone and the host writes each busy
+    sequence's rows (`core.target.RowsApart`). One graph per bucket."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, size: int, invariant: bool = False,
+                 compile: str | None = None, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+                 packed: bool | None = None) -> None:
         self.kv = StaticKV(model, size)
-        self.slots = [Target(model, device, invariant=invariant, kv=self.kv, slot=b) for b in range(size)]
+        self.slots = [Target(model, device, invariant=invariant, kv=self.kv, slot=b, packed=packed)
+                      for b in range(size)]
         self.device = device
         self.invariant = invariant
+        # the compiled forward's own target: its methods, capture set and bucket book-keeping, never a sequence
+        self.shape = None if compile is None else Target(model, device, compile, buckets, kv=self.kv)
+        self._compiled: Callable | None = None
+        self._capacity: int | None = None  # the cache capacity the graphs were compiled for
 
     def plan(self, tokens: int) -> None:
         """Size the cache for sequences of up to `tokens` positions before anything is timed."""
@@ -54,19 +67,15 @@ class BatchTarget:
         A node sees its own sequence's cached prefix, itself and its ancestors, at position prefix + depth (what
         `Target.verify` does for one sequence). The row-wise parts of the forward (projections, MLP, head) run on
         the trees' nodes alone, packed; attention pads each tree to the largest."""
+        if self.shape is not None:
+            return self._verify_compiled(work)
         targets = self.slots[:len(work)]
         sizes = [1 + len(tree) for _, tree in work]
         rows = max(sizes)
         for t in targets:
             t._grow(t.offset + t.length + rows)
-        ids = torch.zeros(len(work), rows, dtype=torch.long)
-        positions = torch.zeros(len(work), rows, dtype=torch.long)
-        block = torch.eye(rows, dtype=torch.bool).repeat(len(work), 1, 1)  # padding rows see only themselves
+        ids, positions, block = _layout(work, len(work), rows)
         base = torch.tensor([t.offset + t.length for t in targets])
-        for b, ((root, tree), m) in enumerate(zip(work, sizes)):
-            ids[b, :m] = torch.tensor([root, *tree.tokens])
-            positions[b, :m] = torch.tensor(tree.depths())
-            block[b, :m, :m] = tree.ancestor_mask()
         first = targets[0]
         kv_len = first._kv_span(int(base.max()) + rows)
         device = self.device
@@ -85,6 +94,61 @@ class BatchTarget:
             t.captured = {i: c[b] for i, c in zip(t._capture, captured)}
             t.side_hidden = None
         return list(logits)
+
+    def _verify_compiled(self, work: list[tuple[int, DraftTree]]) -> list[torch.Tensor]:
+        shape, size = self.shape, len(self.slots)
+        sizes = [1 + len(tree) for _, tree in work]
+        rows = shape.bucket(max(sizes))
+        for t in self.slots[:len(work)]:
+            t._grow(t.offset + t.length + rows)
+        if self._capacity is not None and self.kv.capacity != self._capacity and not shape._warming:
+            shape.late_compiles.append(f"cache grown to {self.kv.capacity}")  # a new graph inside a round
+            self._capacity = self.kv.capacity
+        ids, positions, block = _layout(work, size, rows)  # idle slots: one dummy row each, seeing itself
+        base = torch.tensor([t.offset + t.length for t in self.slots[:len(work)]] + [0] * (size - len(work)))
+        shape._capture = self.slots[0]._capture  # what the methods asked the slots for
+        if self._compiled is None:
+            self._compiled = shape.compiled(self._step)
+        shape.note_bucket(rows)
+        embeds = shape.model.get_input_embeddings()(ids.to(self.device)).to(shape._dtype)
+        logits, captured, written = self._compiled(embeds, positions.to(self.device) + base[:, None].to(self.device),
+                                                   block.to(self.device), base.to(self.device))
+        out = []
+        for b, (t, m) in enumerate(zip(self.slots, sizes)):
+            t._write(written, t.offset + t.length, lane=b)
+            t.forwards += 1
+            t.captured = {i: c[b, :m].clone() for i, c in zip(t._capture, captured)}
+            t.side_hidden = None
+            out.append(logits[b, :m].clone())  # CUDA-graph outputs are overwritten by the next replay
+        return out
+
+    def _step(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor, base: torch.Tensor):
+        """The compiled forward over [size, bucket] rows: logits, captured layers, the rows' keys and values
+        (written by the host)."""
+        shape = self.shape
+        sees_reserved = torch.zeros(block.shape[:2], dtype=torch.bool, device=block.device)
+        mask = shape.visibility(torch.zeros_like(block), sees_reserved, base, self.kv.capacity)  # the prefixes alone
+        slots = base[:, None] + torch.arange(block.shape[1], device=block.device)
+        apart = RowsApart(block, [])
+        hidden, captured = shape.decoder(embeds, positions, mask, slots, sees_reserved, self.kv.layer, apart=apart)
+        return shape._head(hidden), captured, torch.stack(apart.written)
+
+    def warm_up(self) -> dict[int, float]:
+        """Compile every bucket for the whole batch now (on throwaway one-token prompts, inside the planned
+        cache), so no timed round pays for it; seconds per bucket."""
+        if self.shape is None:
+            return {}
+
+        def run(rows: int) -> None:
+            for t in self.slots:
+                t.prefill([0], room=0)
+            self.verify([(0, DraftTree.chain([0] * (rows - 1)))] * len(self.slots))
+
+        seconds = self.shape.warm_buckets(self.shape.buckets, run)
+        for t in self.slots:
+            t.length = 0
+        self._capacity = self.kv.capacity
+        return seconds
 
     @torch.inference_mode()
     def move(self, src: int, dst: int) -> None:
@@ -230,6 +294,20 @@ def _result(seq: _Sequence, device: torch.device) -> TurnResult:
     decode_ms = (time.perf_counter_ns() - seq.started_ns) / 1e6
     seq.method.finish(seq.state)
     return TurnResult(seq.out, "stop_token" if seq.stopped else "max_new_tokens", seq.ttft_ms, decode_ms, seq.rounds)
+
+
+def _layout(work: list[tuple[int, DraftTree]], size: int, rows: int) -> tuple[torch.Tensor, ...]:
+    """Token ids, depths and ancestor masks [size, rows(, rows)] of the (root, tree) pairs of `work` in its first
+    slots; padding rows and slots past `work` see only themselves."""
+    ids = torch.zeros(size, rows, dtype=torch.long)
+    positions = torch.zeros(size, rows, dtype=torch.long)
+    block = torch.eye(rows, dtype=torch.bool).repeat(size, 1, 1)
+    for b, (root, tree) in enumerate(work):
+        m = 1 + len(tree)
+        ids[b, :m] = torch.tensor([root, *tree.tokens])
+        positions[b, :m] = torch.tensor(tree.depths())
+        block[b, :m, :m] = tree.ancestor_mask()
+    return ids, positions, block
 
 
 def _by_proposer(work: list[tuple[Proposer, DecodeState]], call: Callable) -> list:

@@ -54,19 +54,20 @@ class RowKernels:
     def __call__(self, module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         if not self.packed:
             return module
-        if isinstance(module, torch.nn.Linear):
+        if isinstance(module, torch.nn.Linear) and module.weight.dtype in PACKED_DTYPES:
             return lambda x: self.linear(module, x)
-        if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        if (all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+                and module.down_proj.weight.dtype in PACKED_DTYPES):
             return lambda x: self.gated_mlp(module, x)
         return module
 
     def linear(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        key = (module.weight.data_ptr(), module.weight._version)
+        weight = module.weight
+        key = (weight.data_ptr(), 0 if weight.is_inference() else weight._version)  # inference tensors have no version
         held = _PACKED.get(module)
         if held is None or held[0] != key:
-            held = _PACKED[module] = key, torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS)
-        weight = held[1]
-        return torch.ops.mkldnn._linear_pointwise(x, weight, module.bias, "none", [], "")
+            held = _PACKED[module] = key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+        return torch.ops.mkldnn._linear_pointwise(x, held[1], module.bias, "none", [], "")
 
     def gated_mlp(self, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Llama/Qwen's MLP, down(act(gate(x)) * up(x)), as its `forward` computes it."""

@@ -116,16 +116,46 @@ def test_every_sequence_equals_its_batch_one_output(tiny, references, size, name
     assert len(by_round) == stats.rounds
 
 
-@pytest.mark.parametrize("name", ["oracle-tree", "oracle-chain"])
-def test_compiled_batch_equals_batch_one(tiny, references, name):
+@pytest.mark.parametrize("size, name", [(2, "oracle-tree"), (3, "oracle-tree"), (3, "oracle-chain"),
+                                         (8, "oracle-chain"), (3, "suffix")])
+def test_compiled_batch_equals_batch_one(tiny, references, size, name):
     """The compiled batched verify ([B, bucket] graphs, idle slots as dummies, cache rows written by the host)
-    gives every sequence its batch-1 output; aot_eager traces the graph inductor and CUDA graphs get."""
+    gives every sequence its batch-1 output, sequences leaving at different rounds; aot_eager traces the graph
+    inductor and CUDA graphs get."""
     prompts, stop, expected = references
-    method = BatchOracle({tuple(p): out for p, out in zip(prompts, expected)}, 96, chain=name == "oracle-chain")
-    results, stats = run_batch(tiny, method, prompts, 3, 60, frozenset({stop}), compile="aot_eager")
+    method = (make(name) if name == "suffix" else
+              BatchOracle({tuple(p): out for p, out in zip(prompts, expected)}, 96, chain=name == "oracle-chain"))
+    results, stats = run_batch(tiny, method, prompts, size, 60, frozenset({stop}), compile="aot_eager")
     assert [r.output_ids for r in results] == expected
     assert sum(info.accepted for r in results for info in r.rounds) >= 40
     assert not stats.late_compiles
+
+
+def test_compiled_batch_verify_computes_the_eager_one(tiny):
+    """Logits and captured layers of a compiled batched verify (trees of different sizes, an idle slot) are
+    those of the eager batched verify."""
+    import random
+
+    from specbench_cli.tuning import random_tree
+
+    results = []
+    for compile in (None, "aot_eager"):
+        batch = BatchTarget(tiny, torch.device("cpu"), 3, compile=compile, buckets=(1, 4, 16))
+        batch.plan(256)
+        batch.warm_up()
+        for b, target in enumerate(batch.slots):
+            target.capture([0, 1])
+            target.prefill(random_prompt(20 + 7 * b, seed=b))
+        work = [(5, random_tree(9, 96, random.Random(1))), (7, DraftTree.chain([3, 4]))]  # slot 2 idle
+        logits = batch.verify(work)
+        results.append((logits, [dict(t.captured) for t in batch.slots[:2]]))
+    (eager, eager_captured), (compiled, compiled_captured) = results
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    for a, b in zip(eager_captured, compiled_captured):
+        assert a.keys() == b.keys() == {0, 1}
+        for layer in a:
+            torch.testing.assert_close(a[layer], b[layer], atol=1e-4, rtol=1e-4)
 
 
 def test_bfloat16_batch_invariant_is_bitwise_batch_one(tiny, references):

@@ -444,7 +444,8 @@ class Target:
         if apart is not None:
             apart.written.append(torch.stack((k, v)))
             out = grouped_attention(q, [(kv[0], kv[1], mask), (k, v, apart.block[:, None])], attn.scaling)
-            return self._rows(attn.o_proj, out.transpose(1, 2).reshape(batch, rows, -1))
+            out = out.transpose(1, 2).reshape(batch, rows, -1)
+            return self._rows(attn.o_proj, out if real is None else out[real][None])
         if batch == 1:
             kv[0, 0].index_copy_(1, slots[0], k[0])
             kv[1, 0].index_copy_(1, slots[0], v[0])

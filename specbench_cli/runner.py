@@ -146,9 +146,7 @@ class Runner:
         self.target.plan(longest)
         for method in (self.method, *also):  # captured layers and reserved entries are part of the graph
             method.attach(self.target)
-        seconds = self.target.warm_up()
-        return {"mode": self.plan.compile_mode, "buckets": list(self.plan.buckets), "capacity": self.target.kv.capacity,
-                "seconds": {str(k): round(v, 2) for k, v in seconds.items()}}
+        return compile_record(self.plan, self.target.kv.capacity, self.target.warm_up())
 
     def check_lengths(self) -> int:
         return check_lengths(self.plan, self.model, getattr(self.model.model.config, "max_position_embeddings", None))
@@ -344,15 +342,14 @@ class BatchJob(RunJob):
         self.batch_rounds = 0
 
     def compile(self, longest: int) -> dict:
+        """Size the shared cache (compiled or not: a batch never grows it inside a round) and compile."""
         self.batch.plan(longest)
         if self.batch.shape is None:
             return {}
         for fork, target in zip(self.forks, self.batch.slots):  # captured layers are part of the graph
             fork.attach(target)
-        seconds = self.batch.warm_up()
-        return {"mode": self.runner.plan.compile_mode, "buckets": list(self.runner.plan.buckets),
-                "capacity": self.batch.kv.capacity, "batch": len(self.batch.slots),
-                "seconds": {str(k): round(v, 2) for k, v in seconds.items()}}
+        return compile_record(self.runner.plan, self.batch.kv.capacity, self.batch.warm_up(),
+                              batch=len(self.batch.slots))
 
     def late_compiles(self) -> list:
         return [] if self.batch.shape is None else self.batch.shape.late_compiles
@@ -429,11 +426,10 @@ def _record(plan: Plan, folder: RunFolder, console: Console, model: LoadedModel 
         console.print(f"target in {str(plan.dtype).removeprefix('torch.')} ({plan.dtype_reason}; --dtype to choose)",
                       highlight=False, soft_wrap=True)
     job = BatchJob(runner, plan.config.batch_size) if plan.config.batch_size > 1 else RunJob(runner)
+    compiled = job.compile(longest)  # compile time is reported here and never enters a timed round
     if plan.compile_mode is not None:
-        info.more["compile"] = job.compile(longest)  # compile time is reported here and never enters a timed round
+        info.more["compile"] = compiled
         folder.write_info(info)
-    elif isinstance(job, BatchJob):
-        job.batch.plan(longest)
     warm_up(folder, job, plan, console)
     gpu.start()
     record_prompts(folder, job, plan, done, console, f"{plan.config.method} on {plan.config.dataset}")
@@ -443,6 +439,12 @@ def _record(plan: Plan, folder: RunFolder, console: Console, model: LoadedModel 
         info.more["throughput"] = {**job.throughput.summary(), "batch_rounds": job.batch_rounds}
     folder.complete(info, prompts=len(plan.prompts) - len(done), tokens=job.generated,
                     **hardware.peak_memory(plan.device), **gpu.stop(job.generated))  # energy: this session's
+
+
+def compile_record(plan: Plan, capacity: int, seconds: dict[int, float], **more) -> dict:
+    """run.json's `compile`: mode, buckets, the cache capacity the graphs were built for, seconds per bucket."""
+    return {"mode": plan.compile_mode, "buckets": list(plan.buckets), "capacity": capacity, **more,
+            "seconds": {str(k): round(v, 2) for k, v in seconds.items()}}
 
 
 def drafter_weights(plan: Plan) -> dict[str, str]:

@@ -55,7 +55,11 @@ GRIDS: dict[str, list[tuple[str, ...]]] = {
     "suffix": [("max_spec_tokens=4",), ("max_spec_tokens=8",), ("max_spec_tokens=16",), ("max_spec_tokens=32",)],
     "pld": [("num_pred_tokens=2",), ("num_pred_tokens=4",), ("num_pred_tokens=6",)],
 }
-COST_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Verify sizes whose cost is measured; c(n) between them is interpolated linearly. Every multiple of 8 and the size
+# after it: a batch-invariant target's GEMMs take rows 8 at a time (`core.target.ROW_BLOCK`), so its curve steps
+# up there (measured on the embedded model in bf16: c(8) = 1.44, a DART tree of 9 rows 2.3), and a line from 8 to
+# 12 would price 9 rows ~30% low (DART's total=8 was predicted 0.53x and ran 0.41x before these points).
+COST_ROWS = (1, 2, 3, 4, 6, 8, 9, 12, 16, 17, 24, 25, 32, 33, 40, 41, 48, 49, 56, 57, 64)
 
 
 def check_method(method: str) -> None:
@@ -113,10 +117,10 @@ def measure_costs(target: Target, vocab: int, context: int = 256, reps: int = 7,
     return Costs(times[1], {n: t / times[1] for n, t in times.items()}, where)
 
 
-# Bumped whenever the engine's kernels change what a forward costs, so that curves measured before are not
-# reused (2: prepacked CPU weights, matmul attention for one-query rows, compiled forwards that leave the
-# cache write to the host; core.kernels, core.target).
-COSTS_REVISION = 2
+# Bumped whenever the engine's kernels change what a forward costs, or COST_ROWS changes, so that curves measured
+# before are not reused (2: prepacked CPU weights, matmul attention for one-query rows, compiled forwards that
+# leave the cache write to the host; core.kernels, core.target. 3: the sizes past each 8-row block).
+COSTS_REVISION = 3
 
 
 def cached_costs(key: str, measure) -> tuple[Costs, Path]:

@@ -49,7 +49,8 @@ GRIDS: dict[str, list[tuple[str, ...]]] = {
     "eagle3": [("depth=3", "top_k=1", "total_token=3"), ("depth=3", "top_k=4", "total_token=8"),
                ("depth=4", "top_k=4", "total_token=12"), ("depth=5", "top_k=6", "total_token=16"),
                ("depth=6", "top_k=8", "total_token=24"), ("depth=6", "top_k=10", "total_token=32")],
-    "dart": [("total=8",), ("total=12",), ("total=16",), ("total=24",), ("total=32",)],
+    # total counts draft nodes, the root comes on top: total=7 is one 8-row block on a batch-invariant target
+    "dart": [("total=7",), ("total=8",), ("total=12",), ("total=16",), ("total=24",), ("total=32",)],
     "dflash": [("block_size=3",), ("block_size=4",), ("block_size=6",)],
     "sps": [("k=2",), ("k=3",), ("k=4",), ("k=8",)],
     "suffix": [("max_spec_tokens=4",), ("max_spec_tokens=8",), ("max_spec_tokens=16",), ("max_spec_tokens=32",)],

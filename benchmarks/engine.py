@@ -5,7 +5,7 @@
    our compiled Target (buckets = the n measured, so no padding).
 2. Baseline decode tokens/s: ours eager, ours compiled, transformers `generate()` (dynamic cache) and
    `generate()` with a static cache and a compiled forward; host overhead per round of our eager loop.
-3. With --batch 2,4,8,16: the batched verify (core/batch.py), t(B, n) = one forward over B sequences of n new
+3. With --batch 2,4,8,16: the batched verify (`TargetModel.verify`), t(B, n) = one forward over B sequences of n new
    tokens each (chains, each sequence at the same context), as c(B, n) = t(B, n) / t(B, 1) (what a round of n
    tokens per sequence costs beside a batch-B baseline round) and t(B, 1) / t(1, 1) (how a baseline round grows
    with the batch).
@@ -38,9 +38,8 @@ from rich.table import Table
 
 from methods.baseline import Baseline
 from methods.hf_generate import Stamps
-from specbench_cli.core.batch import BatchTarget
 from specbench_cli.core.engine import decode_turn
-from specbench_cli.core.target import Target
+from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.tree import DraftTree
 from specbench_cli.core.turn import DecodeSettings
 from specbench_cli.hardware import read_bandwidth, weight_bytes
@@ -126,13 +125,13 @@ def batch_curve(model, device, context: int, reps: int, sizes: list[int]) -> dic
     rng = random.Random(1)
     out = {}
     for size in [1, *sizes]:
-        batch = BatchTarget(model, device, size)
+        batch = TargetModel(model, device, slots=size)
         batch.plan(context + 2 * max(BATCH_NS))
         seqs = [[rng.randrange(vocab) for _ in range(context + max(BATCH_NS))] for _ in range(size)]
         for target, ids in zip(batch.slots, seqs):
             target.prefill(ids[:context - 1])
-        out[size] = {n: timed(lambda n=n: batch.verify([(ids[context - 1], DraftTree.chain(ids[context:context + n - 1]))
-                                                        for ids in seqs]), device, reps) for n in BATCH_NS}
+        out[size] = {n: timed(lambda n=n: batch.verify([(t, ids[context - 1], DraftTree.chain(ids[context:context + n - 1]), None)
+                                                        for t, ids in zip(batch.slots, seqs)]), device, reps) for n in BATCH_NS}
     return out
 
 

@@ -10,7 +10,6 @@ from specbench_cli.core.tree import DraftTree
 
 class Baseline(Method):
     name = "baseline"
-    batchable = True
 
     def propose(self, state: DecodeState) -> DraftTree:
         return DraftTree()

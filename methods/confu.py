@@ -94,7 +94,6 @@ class ConFuParts(nn.Module):
 
 class ConFu(Eagle3):
     name = "confu"
-    batchable = False  # its future token and soft prompt ride in the target's verify, which batches do not carry yet
     drafter_names = ("confu",)
     extra_tensors = ("confu.",)
 
@@ -130,6 +129,11 @@ class ConFu(Eagle3):
         tree = super().propose(state)
         self.side = self._contemplate(tree)
         return tree
+
+    def propose_batch(self, forks: list[ConFu], states: list[DecodeState]) -> list[DraftTree]:
+        """Each sequence drafts on its own (its future token is a key every draft query of its round sees, which
+        EAGLE-3's batched step has no place for); its contemplate tokens still ride in the round's one verify."""
+        return [f.propose(s) for f, s in zip(forks, states)]
 
     def verify_extras(self, state: DecodeState, tree: DraftTree) -> VerifyExtras:
         """The contemplate tokens ride in the target's verify; their outputs give the next round's future token."""

@@ -140,7 +140,6 @@ class DartDraft(Eagle3Draft):
 
 class Dart(FeatureDrafter):
     name = "dart"
-    batchable = True  # `propose_batch`
     drafter_names = ("dart",)
     inherent_syncs = "two per round: the top-k table for the host-side tree search, and the accepted length"
     optional_drafters = ("dart_ngram",)  # needed unless --opt trie=none

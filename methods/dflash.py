@@ -232,7 +232,6 @@ class DFlashDraft(nn.Module):
 
 class DFlash(FeatureDrafter):
     name = "dflash"
-    batchable = True  # `propose_batch`
     drafter_names = ("dflash",)
     inherent_syncs = "two per round: the block's draft tokens to host, and the accepted length"
 

@@ -59,7 +59,6 @@ class HybridVerified(RoutedMethod):
     """The shared structure; subclasses say how a cache draft is scored and what the threshold is by default."""
 
     PROPOSERS = {"suffix": Suffix, "eagle3": Eagle3}
-    batchable = True  # both proposers are
     drafter_names = ("eagle3",)
     inherent_syncs = "EAGLE-3's own when it drafts; the cache lookup and the decision are host work"
 

@@ -16,7 +16,6 @@ from specbench_cli.core.tree import DraftTree
 
 class PromptLookup(Method):
     name = "pld"
-    batchable = True
 
     @dataclass
     class Options:

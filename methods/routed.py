@@ -19,7 +19,7 @@ from specbench_cli.core.target import Target
 
 class RoutedMethod(Method):
     """At batch > 1 each sequence has its own router and proposers (`fork`); a round routes every sequence, then
-    each proposer drafts at once for the sequences sent to it (core/batch.py)."""
+    each proposer drafts at once for the sequences sent to it (core/engine.py)."""
 
     routed = True
     PROPOSERS: ClassVar[dict[str, type[Method]]] = {}  # name (= its Options field) -> proposer class

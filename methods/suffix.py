@@ -233,7 +233,6 @@ class Suffix(Method):
     and every in-flight one's so far, each its own sequence; the local tree is the request's own."""
 
     name = "suffix"
-    batchable = True
 
     @dataclass
     class Options(SpecParams):

@@ -54,7 +54,6 @@ class FullLayerCatchUp(Eagle3):
 
 class WhiFlash(RoutedMethod):
     PROPOSERS = {"eagle3": Eagle3, "dflash": DFlash}
-    batchable = True  # both proposers are
     drafter_names = ("eagle3", "dflash")
     inherent_syncs = "EAGLE-3's or DFlash's own, plus one per round: the policy's decision to host"
     needs_artifact = False  # True: no --opt threshold can stand in for the artifact (the neural router)

@@ -60,7 +60,7 @@ class RunConfig:
     engine_args: list[str] = field(default_factory=list)  # KEY=VALUE passed to the engine unchanged
     engine_python: str | None = None  # the Python that runs the engine (engines/vllm.py: engine_python)
     concurrency: int = 1  # requests an engine keeps in flight (a closed loop)
-    batch_size: int = 1  # sequences our engine decodes together (core/batch.py)
+    batch_size: int = 1  # sequences our engine decodes together (core/engine.py)
     engine_url: str | None = None  # a running vLLM server to measure (engines/vllm_server.py)
     engine_serve: bool = False  # start `vllm serve` and reach it over HTTP instead of the in-process engine
     threads: int | None = None  # --threads: an engine process's CPU threads too

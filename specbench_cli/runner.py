@@ -31,8 +31,7 @@ from specbench_cli import hardware
 from specbench_cli.telemetry import GpuTelemetry
 from specbench_cli.datasets import Prompt
 from specbench_cli.conversations import Conversation, Throughput
-from specbench_cli.core.batch import BatchTarget, Turn, decode_batch
-from specbench_cli.core.engine import decode_turn
+from specbench_cli.core.engine import Turn, decode, decode_turn
 from specbench_cli.core.kernels import packs
 from specbench_cli.core.turn import DecodeSettings, TurnResult
 from specbench_cli.core.errors import UsageError
@@ -45,7 +44,7 @@ from specbench_cli.registry import METHODS, method_class
 from specbench_cli.records import NAN, RUN_TABLES, PromptRecord, RoundRecord, output_hash, run_parts
 from specbench_cli.run_folder import RunFolder, RunInfo, now
 from specbench_cli.analysis.summary import print_summary
-from specbench_cli.core.target import Target
+from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.timing import PHASES, SUB_PHASES, PhaseClock
 
 TEMPLATE_MARGIN = 64  # chat-template tokens per turn beyond the joined turns' (role headers, end-of-turn)
@@ -76,9 +75,9 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
                                   dtype=dtype.dtype, dtype_reason=dtype.reason, tuned_from=tuned_from,
                                   compile_mode=mode, batch_invariant=invariant, notes=notes,
                                   prepacked=engine and packs(device, dtype.dtype, compiled=mode is not None))
-    if config.batch_size > 1 and not cls.batchable:
-        batched = ", ".join(name for name in METHODS if method_class(name).batchable)
-        raise UsageError(f"{config.method} does not decode batches yet; --batch-size > 1 runs {batched}")
+    if config.batch_size > 1 and cls.owns_loop:
+        raise UsageError(f"{config.method} runs its own loop, one sequence at a time; --batch-size > 1 runs every "
+                         "other method")
     if config.engine == "vllm":
         from specbench_cli.engines.vllm import plan_engine
 
@@ -326,7 +325,7 @@ class RunJob(OneAtATime):
 
 
 class BatchJob(RunJob):
-    """`run --batch-size B`: the selection decoded B sequences at a time by one loop (core/batch.py). A
+    """`run --batch-size B`: the selection decoded B sequences at a time by one loop (core/engine.py). A
     conversation keeps its lane for all its turns; a lane whose conversation ends takes the next prompt in the
     selection's order. A prompt's rows are written when its last turn ends (so not in selection order), and a
     killed run keeps every finished prompt. Throughput is every output token over the wall time of the
@@ -335,8 +334,8 @@ class BatchJob(RunJob):
     def __init__(self, runner: Runner, size: int) -> None:
         super().__init__(runner)
         model, plan = runner.model, runner.plan
-        self.batch = BatchTarget(model.model, model.device, size, plan.batch_invariant, plan.compile_mode, plan.buckets,
-                                 packed=plan.prepacked)
+        self.batch = TargetModel(model.model, model.device, plan.compile_mode, plan.buckets, plan.batch_invariant,
+                                 slots=size, packed=plan.prepacked)
         self.forks = [runner.method.fork() for _ in range(size)]
         self.throughput = Throughput()
         self.batch_rounds = 0
@@ -344,7 +343,7 @@ class BatchJob(RunJob):
     def compile(self, longest: int) -> dict:
         """Size the shared cache (compiled or not: a batch never grows it inside a round) and compile."""
         self.batch.plan(longest)
-        if self.batch.shape is None:
+        if self.batch.compile_mode is None:
             return {}
         for fork, target in zip(self.forks, self.batch.slots):  # captured layers are part of the graph
             fork.attach(target)
@@ -352,7 +351,7 @@ class BatchJob(RunJob):
                               batch=len(self.batch.slots))
 
     def late_compiles(self) -> list:
-        return [] if self.batch.shape is None else self.batch.shape.late_compiles
+        return self.batch.late_compiles
 
     def warm_up(self, prompt: Prompt) -> None:
         self._decode([(0, prompt)], lambda conv: None)
@@ -381,7 +380,7 @@ class BatchJob(RunJob):
             lanes[lane] = conv = conv or waiting.popleft()
             return self.runner.next_turn(conv)
 
-        return decode_batch(self.batch, self.forks, self.runner.settings, feed)
+        return decode(self.batch, self.forks, self.runner.settings, feed)
 
     def stats(self) -> str:
         return f"τ {tau(self.decode_tokens, self.rounds):.2f}  {self.throughput.line()}"

@@ -1,4 +1,4 @@
-"""Batch > 1 in our engine (core/batch.py): every sequence's output is its batch-1 output, whatever its
+"""Batch > 1 in our engine (core/engine.py): every sequence's output is its batch-1 output, whatever its
 neighbours draft, however long they run, and wherever in the batch it sits."""
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import time
 import pytest
 import torch
 
-from specbench_cli.core.batch import BatchTarget, Turn, decode_batch
-from specbench_cli.core.engine import decode_turn
+from specbench_cli.core.engine import Turn, decode, decode_turn
 from specbench_cli.core.method import DecodeState, Method
-from specbench_cli.core.target import Target
+from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.tree import DraftTree
 from specbench_cli.core.turn import DecodeSettings, TurnResult
 from tests.conftest import needs_embedded
@@ -28,7 +27,6 @@ from tests.test_lossless import make
 class BatchOracle(OracleTree):
     """OracleTree for many prompts: each sequence drafts from its own prompt's reference output."""
 
-    batchable = True
 
     def __init__(self, references: dict[tuple[int, ...], list[int]], vocab: int, chain: bool = False) -> None:
         super().__init__([], vocab, seed=5, chain=chain)
@@ -44,7 +42,7 @@ def run_batch(model, method: Method, prompts: list[list[int]], size: int, max_ne
               seed: int = 0, compile: str | None = None) -> tuple[list[TurnResult], object]:
     """Decode single-turn prompts `size` at a time, each with its own generator; results in prompt order and
     the batch's stats (with `compile`: its `late_compiles` too)."""
-    batch = BatchTarget(model, torch.device("cpu"), size, invariant, compile, buckets=(1, 4, 16, 64))
+    batch = TargetModel(model, torch.device("cpu"), compile, (1, 4, 16, 64), invariant, slots=size)
     forks = [method.fork() for _ in range(size)]
     if compile:
         batch.plan(256)
@@ -61,9 +59,9 @@ def run_batch(model, method: Method, prompts: list[list[int]], size: int, max_ne
         current[lane] = i = waiting.popleft()
         return Turn(prompts[i], torch.Generator().manual_seed(seed + i))
 
-    stats = decode_batch(batch, forks, DecodeSettings(max_new, temperature, stops), feed)
+    stats = decode(batch, forks, DecodeSettings(max_new, temperature, stops), feed)
     if compile:
-        stats.late_compiles = batch.shape.late_compiles
+        stats.late_compiles = batch.late_compiles
     return [results[i] for i in range(len(prompts))], stats
 
 
@@ -140,14 +138,14 @@ def test_compiled_batch_verify_computes_the_eager_one(tiny):
 
     results = []
     for compile in (None, "aot_eager"):
-        batch = BatchTarget(tiny, torch.device("cpu"), 3, compile=compile, buckets=(1, 4, 16))
+        batch = TargetModel(tiny, torch.device("cpu"), compile, (1, 4, 16), slots=3)
         batch.plan(256)
         batch.warm_up()
         for b, target in enumerate(batch.slots):
             target.capture([0, 1])
             target.prefill(random_prompt(20 + 7 * b, seed=b))
-        work = [(5, random_tree(9, 96, random.Random(1))), (7, DraftTree.chain([3, 4]))]  # slot 2 idle
-        logits = batch.verify(work)
+        trees = [(5, random_tree(9, 96, random.Random(1))), (7, DraftTree.chain([3, 4]))]  # slot 2 idle
+        logits = batch.verify([(t, root, tree, None) for t, (root, tree) in zip(batch.slots, trees)])
         results.append((logits, [dict(t.captured) for t in batch.slots[:2]]))
     (eager, eager_captured), (compiled, compiled_captured) = results
     for a, b in zip(eager, compiled):
@@ -203,6 +201,39 @@ def test_network_drafters_draft_a_batch_in_one_forward_and_stay_lossless(distill
     assert [[i.accepted for i in r.rounds] for r in results] == [[i.accepted for i in r.rounds] for r in alone]
     assert sum(i.accepted for r in results for i in r.rounds) >= 40
     assert max(calls) == 3, "the draft never ran one forward over the whole batch"
+
+
+@pytest.mark.parametrize("case", ["confu", "sps", "sps-naive", "flashhead"])
+def test_every_hook_batches_and_equals_batch_one(distilled, tmp_path, monkeypatch, case):
+    """The hooks beyond drafting at batch 3: ConFu (its soft prompt reserved in every slot, its contemplate tokens
+    side rows of the one verify forward, each sequence's future token from its own side rows), SpS deferred and
+    naive (`deferred=false`: an extra target forward per sequence, its root then cached in the verify) and
+    FlashHead: every sequence equals its batch-1 output, accepted lengths and target forwards round by round."""
+    from methods.flashhead import FlashHead
+    from methods.sps import SpS
+    from tests.drafter_fixtures import loaded, make_method
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    if case == "confu":
+        target, corpus, folder = distilled("confu", "llama")
+        make_one = lambda: make_method("confu", target, folder, depth=4, top_k=4, total_token=16)  # noqa: E731
+    else:
+        target, corpus = distilled.target("llama")
+        target.save_pretrained(tmp_path / "copy")  # a copy of the target as the draft model accepts every draft
+        cls = FlashHead if case == "flashhead" else SpS
+        opts = dict(cluster_size=8, n_probes=4) if case == "flashhead" else dict(deferred=case == "sps")
+        make_one = lambda: cls(cls.Options(k=4, **opts), loaded(target), {"sps": str(tmp_path / "copy")})  # noqa: E731
+    prompts = [seq[:10 + 9 * i] for i, seq in enumerate(corpus)] + [seq[:30] for seq in corpus[:2]]
+    alone = [run_method(target, make_one(), p, 40) for p in prompts]
+    results, _ = run_batch(target, make_one(), prompts, 3, 40)
+    assert [r.output_ids for r in results] == [r.output_ids for r in alone]
+    for field in ("accepted", "target_forwards"):
+        assert [[getattr(i, field) for i in r.rounds] for r in results] == [[getattr(i, field) for i in r.rounds]
+                                                                             for r in alone]
+    assert sum(i.accepted for r in results for i in r.rounds) >= 40
+    assert max(i.batch for r in results for i in r.rounds) == 3
+    if case == "sps-naive":
+        assert all(i.target_forwards == 2 for r in results for i in r.rounds)
 
 
 @pytest.mark.parametrize("case, opts", [("eagle3-tree", {}), ("dflash", {"sampling": "sample"}), ("dart", {})])

@@ -23,7 +23,6 @@ class Eagle3(FeatureDrafter):
     the cache)."""
 
     name = "eagle3"
-    batchable = True  # `propose_batch`; subclasses that change the draft (hooks below) say so themselves
     drafter_names = ("eagle3",)
     extra_tensors: tuple[str, ...] = ()  # checkpoint tensors a subclass reads itself (ConFu's "confu.*")
     inherent_syncs = "two per round: the candidate scores for tree selection, and the accepted length"

@@ -1,76 +1,193 @@
-"""The one decode loop every method runs in.
+"""The one decode loop every method runs in: lanes of sequences over one target model, a single sequence being one
+lane (`decode_turn`).
 
-    prefill -> first token
-    while not done: route -> catch-up -> [extra target forward] -> draft -> verify -> accept
-                    -> [batch-invariant greedy tree: verify and accept the path again as a chain] -> commit
+    each free slot takes a turn (its conversation's next turn, else the next conversation) and prefills it alone
+    while a slot is busy: route -> catch-up -> [extra target forward] -> draft -> one verify forward over every
+                          sequence's tree -> accept -> [batch-invariant greedy trees: the accepted paths verified
+                          again as chains] -> commit (each sequence its own path) -> finished turns leave, slots refill
 
-Each round emits the accepted draft tokens plus one bonus token, cut at the first stop token and at the
-max-new-tokens budget (never overshooting; tokens past a stop are neither emitted nor counted).
+Each round emits, per sequence, the accepted draft tokens plus one bonus token, cut at the first stop token and at
+the max-new-tokens budget (never overshooting; tokens past a stop are neither emitted nor counted).
+
+Each sequence has its own `Target`, a slot of the target model's one static cache, and its own proposer (lane i's
+method), so a proposer sees what it sees alone and every sequence's output is its batch-1 output: a greedy
+sequence's tokens are the target's argmax whatever its neighbours draft. The trees of one round differ in size (a
+60-node tree, a chain, an empty draft): they share one forward (`TargetModel.run`) whose row-wise parts run on the
+nodes alone, packed, and whose attention pads each tree to the largest, padding rows seeing only themselves and
+landing past the sequence's committed length, where nothing reads them.
+
+Busy sequences always fill slots 0..n-1 (when a slot empties for good, the sequence in the last busy slot moves
+into it), so each forward spans exactly the sequences still decoding; the last rounds of a run, when no turn
+is left to start, run with fewer sequences, and say so (`RoundInfo.batch`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
 from specbench_cli.core.acceptance import Acceptance, accept
-from specbench_cli.core.method import DecodeState, Method, Route
-from specbench_cli.core.target import Target
-from specbench_cli.core.tree import DraftTree
+from specbench_cli.core.method import DecodeState, Method, Proposer, Route
+from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.timing import PhaseClock, sync
+from specbench_cli.core.tree import DraftTree
 from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut, pick
+
+
+@dataclass
+class Turn:
+    """One turn to decode: its prompt ids, its own generator (so a sequence samples what it samples alone) and
+    what the method may know of the prompt (`DecodeState.context`)."""
+
+    prompt_ids: list[int]
+    generator: torch.Generator | None = None
+    context: Mapping[str, str] = field(default_factory=dict)
+
+
+# feed(lane, finished): the caller's scheduler. Called with None when lane `lane` (a sequence stream, which keeps
+# its number while its slot changes) first asks for work, then with each turn it finishes; returns the lane's next
+# turn (a conversation's next turn stays on its lane) or None when there is nothing left for it.
+Feed = Callable[[int, "TurnResult | None"], "Turn | None"]
+
+
+@dataclass
+class BatchStats:
+    """What the lanes decoded: rounds, tokens emitted (first tokens included) and the wall time of it all
+    (prefills of refilled slots included: they stall every other sequence)."""
+
+    rounds: int = 0
+    tokens: int = 0
+    wall_ms: float = 0.0
+
+
+@dataclass
+class _Sequence:
+    lane: int
+    target: Target
+    method: Method
+    state: DecodeState
+    out: list[int]
+    stopped: bool
+    ttft_ms: float
+    started_ns: int
+    rounds: list[RoundInfo] = field(default_factory=list)
 
 
 def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings: DecodeSettings,
                 generator: torch.Generator | None = None, context: Mapping[str, str] | None = None) -> TurnResult:
-    """Decode one turn. `context` (what the caller knows of the prompt) reaches the method as `state.context`."""
+    """Decode one turn alone: one lane of `decode`. `context` (what the caller knows of the prompt) reaches the
+    method as `state.context`."""
     if method.owns_loop:
         return method.generate(prompt_ids, settings, generator)  # type: ignore[attr-defined]
-    device = target.device
-    clock = PhaseClock(device)
-    state, out, stopped, ttft_ms = open_turn(target, method, prompt_ids, settings, generator, context, clock)
-    tokens = state.tokens
-    infos: list[RoundInfo] = []
-    t1 = time.perf_counter_ns()
-    while not stopped and len(out) < settings.max_new_tokens:
+    assert target.slot == 0, "a turn alone decodes in its target model's first slot"
+    todo, done = [Turn(prompt_ids, generator, dict(context or {}))], []
+
+    def feed(lane: int, finished: TurnResult | None) -> Turn | None:
+        if finished is not None:
+            done.append(finished)
+        return todo.pop() if todo else None
+
+    decode(target.shared, [method], settings, feed)
+    return done[0]
+
+
+def decode(target: TargetModel, methods: list[Method], settings: DecodeSettings, feed: Feed) -> BatchStats:
+    """Decode every turn `feed` hands out, `len(methods)` sequences at a time (`methods[i]` drafts for lane i; a
+    proposer's `propose_batch` drafts for all the sequences it serves at once; a routed method routes each
+    sequence, then each proposer drafts for the sequences sent to it)."""
+    clock = PhaseClock(target.device)
+    stats = BatchStats()
+    busy: list[_Sequence] = []
+    unresolved: list[list[RoundInfo]] = []  # rounds whose phase times are not read yet, with their rows
+    lanes = len(methods)
+    t0 = time.perf_counter_ns()
+
+    def done(seq: _Sequence) -> bool:
+        return seq.stopped or len(seq.out) >= settings.max_new_tokens
+
+    def resolve() -> None:
+        for infos, phases in zip(unresolved, clock.resolve()):
+            for info in infos:
+                info.phases = phases
+        unresolved.clear()
+
+    def fill(lane: int, finished: TurnResult | None, slot: int) -> _Sequence | None:
+        """Lane `lane`'s next turn, started in slot `slot` (a turn done at its first token is handed straight
+        back); None when the lane has nothing left."""
+        while (turn := feed(lane, finished)) is not None:
+            seq = _start(target.slots[slot], methods[lane], lane, turn, settings, clock)
+            stats.tokens += len(seq.out)
+            if not done(seq):
+                return seq
+            finished = _result(seq, target.device)
+        return None
+
+    for lane in range(lanes):
+        if (seq := fill(lane, None, len(busy))) is not None:
+            busy.append(seq)
+    while busy:
         clock.start_round()
-        kv_len, forwards = target.length, target.forwards
-        route = Route(method)
-        if method.routed:
-            with clock.phase("route"):
-                route = method.route(state)
-            with clock.phase("catchup"):
-                for p in (route.proposer, *route.also):
-                    p.catch_up(state)
-        proposer = route.proposer
-        if proposer.extra_forwards:
-            with clock.phase("extra_forward"):
-                proposer.extra_forward(state)
-        with clock.phase("draft"):
-            tree = proposer.propose(state)
-            extras = proposer.verify_extras(state, tree)
-        with clock.phase("verify"):
-            logits = target.verify(tokens[-1], tree, extras)
-        with clock.phase("accept"):
-            result = accept(tree, logits, settings.temperature, generator)
-        size, depth = len(tree), max(tree.depths()) if len(tree) else 0
-        if target.invariant and settings.temperature == 0 and not tree.is_chain:
-            tree, logits, result = _exact_path(target, tokens[-1], tree, result.path, clock)
-        new, stopped = cut(result.tokens, settings.stop_ids, settings.max_new_tokens - len(out))
-        with clock.phase("commit"):
-            commit(state, method, out, logits, result.path, new)
+        infos = _round(target, busy, settings, clock, stats.rounds if lanes > 1 else -1)
+        stats.tokens += sum(info.emitted for info in infos)
         clock.end_round()
-        infos.append(RoundInfo(proposer=proposer.name, tree_size=size, draft_depth=depth, accepted=result.accepted,
-                               emitted=len(new), kv_len=kv_len, target_forwards=target.forwards - forwards,
-                               extras=route.extras))
-    sync(device)
-    decode_ms = (time.perf_counter_ns() - t1) / 1e6
-    method.finish(state)
-    for info, phases in zip(infos, clock.resolve()):
-        info.phases = phases
-    return TurnResult(out, "stop_token" if stopped else "max_new_tokens", ttft_ms, decode_ms, infos)
+        unresolved.append(infos)
+        stats.rounds += 1
+        finished = [s for s in busy if done(s)]
+        if finished:
+            resolve()
+            slots: list[_Sequence | None] = list(busy)
+            for seq in finished:  # the lane's next turn takes the slot it leaves
+                slots[seq.target.slot] = fill(seq.lane, _result(seq, target.device), seq.target.slot)
+            busy = _compact(target, slots)
+    resolve()
+    sync(target.device)
+    stats.wall_ms = (time.perf_counter_ns() - t0) / 1e6
+    return stats
+
+
+def _round(target: TargetModel, busy: list[_Sequence], settings: DecodeSettings, clock: PhaseClock,
+           batch_round: int) -> list[RoundInfo]:
+    """One round of every busy sequence; its rows (`RoundInfo`), phases unresolved."""
+    n = len(busy)
+    states = [s.state for s in busy]
+    kv_lens, forwards = [s.target.length for s in busy], [s.target.forwards for s in busy]
+    routes = [Route(s.method) for s in busy]
+    if busy[0].method.routed:  # each sequence its own choice; each proposer then serves its share at once
+        with clock.phase("route"):
+            routes = [s.method.route(s.state) for s in busy]
+        with clock.phase("catchup"):
+            _by_proposer([(p, st) for r, st in zip(routes, states) for p in (r.proposer, *r.also)],
+                         lambda ps, sts: ps[0].catch_up_batch(ps, sts))
+    extra = [(r.proposer, st) for r, st in zip(routes, states) if r.proposer.extra_forwards]
+    if extra:
+        with clock.phase("extra_forward"):
+            for proposer, state in extra:
+                proposer.extra_forward(state)
+    with clock.phase("draft"):
+        trees = _by_proposer([(r.proposer, st) for r, st in zip(routes, states)],
+                             lambda ps, sts: ps[0].propose_batch(ps, sts))
+        extras = [r.proposer.verify_extras(st, t) for r, st, t in zip(routes, states, trees)]
+    sizes = [(len(t), max(t.depths()) if len(t) else 0) for t in trees]
+    with clock.phase("verify"):
+        logits = target.verify([(s.target, s.state.tokens[-1], t, e) for s, t, e in zip(busy, trees, extras)])
+    with clock.phase("accept"):
+        results = [accept(t, lg, settings.temperature, s.generator) for t, lg, s in zip(trees, logits, states)]
+    if target.invariant and settings.temperature == 0 and not all(t.is_chain for t in trees):
+        trees, logits, results = _exact_paths(target, busy, trees, results, clock)
+    infos = []
+    with clock.phase("commit"):
+        for i, (seq, lg, r) in enumerate(zip(busy, logits, results)):
+            new, seq.stopped = cut(r.tokens, settings.stop_ids, settings.max_new_tokens - len(seq.out))
+            commit(seq.state, seq.method, seq.out, lg, r.path, new)
+            infos.append(RoundInfo(proposer=routes[i].proposer.name, tree_size=sizes[i][0], draft_depth=sizes[i][1],
+                                   accepted=r.accepted, emitted=len(new), kv_len=kv_lens[i],
+                                   target_forwards=seq.target.forwards - forwards[i], extras=routes[i].extras,
+                                   slot=i, batch=n, batch_round=batch_round))
+            seq.rounds.append(infos[-1])
+    return infos
 
 
 def open_turn(target: Target, method: Method, prompt_ids: list[int], settings: DecodeSettings,
@@ -99,12 +216,56 @@ def commit(state: DecodeState, method: Method, out: list[int], logits: torch.Ten
     method.observe(state, new)  # a routed method passes it to every proposer
 
 
-def _exact_path(target: Target, root: int, tree: DraftTree, path: list[int],
-                clock: PhaseClock) -> tuple[DraftTree, torch.Tensor, Acceptance]:
-    """A batch-invariant target's greedy tree round: the accepted path verified again as a chain
-    (`Target.verify_path`) and accepted on those logits, which a one-token decode would compute. Its time
-    counts as verify and, on its own, as `reverify`."""
+def _start(target: Target, method: Method, lane: int, turn: Turn, settings: DecodeSettings,
+           clock: PhaseClock) -> _Sequence:
+    """Prefill a turn alone in its slot (the rest of the batch waits, as it would in a serving engine without
+    chunked prefill) and start its proposer."""
+    state, out, stopped, ttft_ms = open_turn(target, method, turn.prompt_ids, settings, turn.generator, turn.context,
+                                             clock)
+    return _Sequence(lane, target, method, state, out, stopped, ttft_ms, time.perf_counter_ns())
+
+
+def _result(seq: _Sequence, device: torch.device) -> TurnResult:
+    sync(device)
+    decode_ms = (time.perf_counter_ns() - seq.started_ns) / 1e6
+    seq.method.finish(seq.state)
+    return TurnResult(seq.out, "stop_token" if seq.stopped else "max_new_tokens", seq.ttft_ms, decode_ms, seq.rounds)
+
+
+def _by_proposer(work: list[tuple[Proposer, DecodeState]], call: Callable) -> list:
+    """`call(proposers, states)` once per kind of proposer in `work` (the sequences a router sent to one proposer in
+    one call, those it sent to another in a second); the answers back in `work`'s order."""
+    groups: dict[tuple[type, str], list[int]] = {}
+    for i, (p, _) in enumerate(work):
+        groups.setdefault((type(p), p.name), []).append(i)
+    out: list = [None] * len(work)
+    for members in groups.values():
+        answers = call([work[i][0] for i in members], [work[i][1] for i in members])
+        for i, answer in zip(members, answers or [None] * len(members)):
+            out[i] = answer
+    return out
+
+
+def _compact(target: TargetModel, slots: list[_Sequence | None]) -> list[_Sequence]:
+    """Fill the empty slots (None) with the sequences of the last busy slots, so busy slots stay 0..n-1."""
+    while slots and slots[-1] is None:
+        slots.pop()
+    while None in slots:
+        hole = slots.index(None)
+        target.move(len(slots) - 1, hole)
+        slots[hole] = slots.pop()
+        while slots and slots[-1] is None:
+            slots.pop()
+    return slots  # type: ignore[return-value]
+
+
+def _exact_paths(target: TargetModel, busy: list[_Sequence], trees: list[DraftTree], results: list[Acceptance],
+                 clock: PhaseClock) -> tuple[list[DraftTree], list[torch.Tensor], list[Acceptance]]:
+    """A batch-invariant target's greedy round with trees: every sequence's accepted path verified again as a
+    chain, in one forward (`TargetModel.verify_paths`), and accepted on those logits, which a one-token decode
+    would compute. Its time counts as verify and, on its own, as `reverify`."""
     with clock.phase("verify"), clock.phase("reverify"):
-        chain, logits = target.verify_path(root, tree, path)
+        checked = target.verify_paths([(s.target, s.state.tokens[-1], t, r.path)
+                                       for s, t, r in zip(busy, trees, results)])
     with clock.phase("accept"):
-        return chain, logits, accept(chain, logits, 0.0)
+        return [c for c, _ in checked], [lg for _, lg in checked], [accept(c, lg, 0.0) for c, lg in checked]

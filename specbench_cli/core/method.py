@@ -130,8 +130,6 @@ class Method(Proposer):
     calibration: ClassVar[str] = ""
     # Host syncs the algorithm needs in a round beyond reading the accepted length (recorded in run.json).
     inherent_syncs: ClassVar[str] = "one per round: accepted length to host"
-    # Decodes at --batch-size > 1 (core/batch.py): its drafts for B sequences come from `propose_batch`.
-    batchable: ClassVar[bool] = False
 
     @classmethod
     def reads_calibration(cls, options: Options) -> bool:

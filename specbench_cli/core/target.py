@@ -1,16 +1,18 @@
-"""Target: the verifying model behind one preallocated KV cache.
+"""The target: the verifying model over one preallocated KV cache of one or more sequences.
 
-prefill(ids) -> logits of the next token; verify(root, tree) -> logits of every tree node in one forward
-with an ancestor mask and depth-based positions; commit(path) -> the accepted path's cache entries moved into
-place; forward(tokens) -> a plain append, for methods that need an extra target forward.
+`TargetModel` holds the model, the cache and the one forward, `run(rows)`, over the rows of any sequences in
+consecutive slots; each sequence is a `Target`: prefill(ids) -> logits of the next token; verify(root, tree) ->
+logits of every tree node in one forward with an ancestor mask and depth-based positions; commit(path) -> the
+accepted path's cache entries moved into place; forward(tokens) -> a plain append, for methods that need an extra
+target forward. `TargetModel.verify` verifies many sequences' trees in one forward (the loop's batch).
 
 The forward is ours, run over the model's own modules (embeddings, norms, projections, rotary, MLPs, head),
-so that the cache can be static, as in gpt-fast: one buffer per device, [layers, 2, kv heads, capacity, head
-dim], allocated once and grown only when a prompt needs more. A forward writes its rows in place at the slots
-after the committed length and attends through a boolean mask:
+so that the cache can be static, as in gpt-fast: one buffer per device, [layers, 2, slots, kv heads, capacity,
+head dim], allocated once and grown only when a prompt needs more. A forward writes its rows in place at the
+slots after each sequence's committed length and attends through a boolean mask:
 
-- eager: to the valid prefix and its own rows only (a slice of the buffer, no padding);
-- compiled (`compile=...`): to the whole buffer, with its rows padded to a bucket size, so that every
+- eager: to the valid prefix and its own rows only (a slice of the buffer; a batch's trees padded to the largest);
+- compiled (`compile=...`): to the whole buffer, every slot, with rows padded to a bucket size, so that every
   forward of a bucket has the same shapes and one compiled graph (a CUDA graph under "reduce-overhead")
   serves it. The graph only reads the cache: its rows' keys and values come out of it and the host writes
   them (`RowsApart`). Padding rows see only themselves and land past the committed length, where nothing
@@ -27,8 +29,8 @@ The extension points, all generic (this module names no method):
 
 Batch-invariant (`invariant=True`, eager): every row of a chain's verify is computed bit for bit as a
 one-token decode computes it (`_rows`: GEMMs of one fixed shape; `_kv_span`; one attention problem per row), so
-that in bf16 a method's
-greedy output equals plain one-token decoding's; a tree's path is verified again as a chain (`verify_path`).
+that in bf16 a method's greedy output equals plain one-token decoding's; a tree's path is verified again as a
+chain (`verify_paths`).
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def check_supported(model: torch.nn.Module) -> None:
 class StaticKV:
     """Preallocated keys and values: one [layers, 2, slots, kv heads, capacity, head dim] buffer per device.
 
-    A slot holds one sequence's cache; a batch of B sequences (core/batch.py) shares one buffer of B slots, each
+    A slot holds one sequence's cache; a `TargetModel` of B sequences shares one buffer of B slots, each
     slot's `Target` reading and writing its own."""
 
     def __init__(self, model: torch.nn.Module, slots: int = 1) -> None:
@@ -154,27 +156,54 @@ class StaticKV:
             buf[:, :, dst, :, :used] = buf[:, :, src, :, :used]
 
 
-class Target:
+@dataclass
+class Rows:
+    """One sequence's rows in a forward (`TargetModel.run`): their inputs, positions and what each row sees."""
+
+    target: Target  # the sequence (its slot, committed length and reserved entries say where the rows go)
+    embeds: torch.Tensor  # [n, H] input embeddings
+    positions: torch.Tensor  # [n] absolute positions, on the device
+    block: torch.Tensor | None  # bool [n, n]: which of these rows each row sees; None: plain causality (a prefill)
+    sees_reserved: torch.Tensor  # bool [n]: the rows that see the reserved entries (side rows)
+    heads: slice  # the rows whose logits are wanted
+
+    def __len__(self) -> int:
+        return self.embeds.shape[0]
+
+
+@dataclass
+class Out:
+    """What a forward gives one sequence: the logits of its `heads` rows and every row's final hidden state."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class TargetModel:
+    """The verifying model over one static cache of `slots` sequences, and its one forward, `run`.
+
+    Each sequence is a `Target` (its slot of the cache, its committed length, its captured features); a single
+    sequence is a one-slot target model (`Target(model, device)` makes one). `run` takes the rows of any
+    sequences in consecutive slots — a prefill, a verify with or without side rows, an append — eager or
+    compiled through the same function: the row-wise parts (projections, MLP, head) over the rows alone,
+    packed, attention over each sequence's cache with its rows padded to the longest.
+
+    Compiled (`compile`): every forward has the shape [slots, bucket]: idle slots run a dummy row nobody
+    keeps, each sequence's rows padded to the smallest bucket that fits the longest; the graph only reads the
+    cache and the host writes the busy sequences' rows after it (`RowsApart`). One graph per bucket."""
+
     def __init__(self, model: torch.nn.Module, device: torch.device, compile: str | None = None,
-                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, invariant: bool = False, kv: StaticKV | None = None,
-                 slot: int = 0, packed: bool | None = None) -> None:
-        """`kv`, `slot`: this target is one sequence of a batch (`core.batch.BatchTarget`), whose cache is slot
-        `slot` of the shared buffer `kv`; alone, it has a buffer of its own. `packed`: projections, MLPs and
-        head on prepacked CPU weights (`core.kernels`; None: wherever `kernels.packs` says they can be)."""
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, invariant: bool = False, slots: int = 1,
+                 packed: bool | None = None) -> None:
+        """`packed`: projections, MLPs and head on prepacked CPU weights (`core.kernels`; None: wherever
+        `kernels.packs` says they can be)."""
         check_supported(model)
         self.model = model
-        self.invariant = invariant  # every row computed as a one-row forward computes it (see `_kv_span`)
         self.device = device
-        self.kv = kv or StaticKV(model)
-        self.slot = slot
-        self.length = 0  # tokens whose KV is committed
-        self.forwards = 0  # forward passes so far (rounds record how many they used)
-        self.captured: dict[int, torch.Tensor] = {}  # layer index -> [T, H] output of the last forward
-        self._capture: tuple[int, ...] = ()
-        self.reserved: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.side_hidden: torch.Tensor | None = None  # final hidden states of the last verify's side rows
-        self.last_path: list[int] = []  # the accepted path of the last commit (node indices, root first)
-        self._root_cached = False  # the verify being committed had its root in the cache already
+        self.invariant = invariant  # every row computed as a one-row forward computes it (see `_kv_span`)
+        self.kv = StaticKV(model, 0)
+        self.slots: list[Target] = []
+        self._capture: tuple[int, ...] = ()  # decoder layers every forward returns (what the sequences asked for)
         self._dtype = model.get_input_embeddings().weight.dtype
         self.kernels = RowKernels(packs(device, self._dtype, compile is not None) if packed is None else packed)
         self._layer_devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
@@ -184,162 +213,224 @@ class Target:
         self.late_compiles: list[int | str] = []  # what compiled outside warm-up (inside a timed round)
         self._warming = False
         self._compiled: Callable | None = None
+        for _ in range(slots):
+            Target(model, device, shared=self)
 
-    # ------------------------------------------------------------------------------------ features
-    def capture(self, layers: list[int]) -> None:
-        """Keep the outputs of these decoder layers (0-based) after every forward (idempotent)."""
-        for i in layers:
-            if not 0 <= i < self.num_layers:
-                raise UsageError(f"a drafter reads target layer {i}, but the target has {self.num_layers} layers "
-                                 f"(0-{self.num_layers - 1})")
-        self._capture = tuple(sorted({*self._capture, *layers}))
+    def join(self, target: Target) -> int:
+        """A sequence takes the next slot (before the cache is first allocated); its slot number."""
+        if self.kv.capacity:
+            raise RuntimeError("sequences join a target model before its cache is allocated")
+        self.slots.append(target)
+        self.kv.slots = len(self.slots)
+        return len(self.slots) - 1
 
     @property
     def num_layers(self) -> int:
         return len(self.model.model.layers)
 
-    def reserve(self, kv: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
-        """Key/value entries ([kv heads, S, d] per layer) kept at the front of the cache from the next prefill
-        on and seen only by side rows; the target's own tokens never see them."""
-        self.reserved = kv
-
-    @property
-    def offset(self) -> int:
-        return self.reserved[0][0].shape[1] if self.reserved else 0
-
     def plan(self, tokens: int) -> None:
-        """Size the cache for prompts and outputs of up to `tokens` tokens (a compiled run does this before
-        warming up, so no timed forward meets a reallocation and its recompile)."""
-        self._grow(self.offset + tokens)
+        """Size the cache for sequences of up to `tokens` positions before anything is timed (a compiled run
+        does this before warming up, so no timed forward meets a reallocation and its recompile)."""
+        self.grow(self.slots[0].offset + tokens, keep=0)
 
-    def _grow(self, tokens: int) -> None:
-        """Room for `tokens` cache entries plus a full verify's rows; a compiled target that has to grow
-        recompiles, which is recorded (`late_compiles`) when it happens outside warm-up."""
-        grew = self.kv.ensure(tokens + max(self.buckets[-1], ROOM) + ROOM, keep=self.offset + self.length)
+    def grow(self, tokens: int, keep: int) -> None:
+        """Room for `tokens` cache entries plus a full verify's rows, keeping the first `keep` (every entry when
+        the cache has several slots); a compiled target that has to grow recompiles, which is recorded
+        (`late_compiles`) when it happens outside warm-up."""
+        grew = self.kv.ensure(tokens + max(self.buckets[-1], ROOM) + ROOM, keep=keep)
         if grew and self.compile_mode is not None and self.compile_seconds and not self._warming:
             self.late_compiles.append(f"cache grown to {self.kv.capacity}")
 
-    # ------------------------------------------------------------------------------------ forwards
+    # ------------------------------------------------------------------------------------ the forward
     @torch.inference_mode()
-    def prefill(self, ids: list[int], room: int = 2048) -> torch.Tensor:
-        """Run the prompt through an emptied cache (sized for `room` more tokens); returns the next token's logits [V]."""
-        self._root_cached = False
-        r, n = self.offset, len(ids)
-        self._grow(r + n + room)
-        for i, (k, v) in enumerate(self.reserved or []):
-            layer = self.kv.layer(i)[:, self.slot]
-            layer[0, :, :r] = k.to(layer)
-            layer[1, :, :r] = v.to(layer)
-        self.length = 0
-        # plain causality over the prompt's own slots (block None): reserved entries before them stay unseen
-        embeds = self.model.get_input_embeddings()(torch.tensor(ids, device=self.device))
-        hidden = self._eager(embeds, torch.arange(n, device=self.device), None, torch.zeros(n, dtype=torch.bool))
-        self.length = n
-        self.forwards += 1
-        return self._head(hidden[-1:])[0]
+    def run(self, work: list[Rows]) -> list[Out]:
+        """The one forward: every sequence's rows of `work` (sequences in consecutive slots), written at the slots
+        after its committed length. A row sees its sequence's committed prefix, the reserved entries if it
+        `sees_reserved`, and the rows its `block` row allows."""
+        if all(len(x) == 0 for x in work):  # nothing to run (a cached root with an empty draft)
+            return [Out(x.embeds.new_empty(0, 0), x.embeds) for x in work]
+        for x in work:
+            t = x.target
+            self.grow(t.offset + t.length + len(x), keep=t.offset + t.length)
+            t.forwards += 1
+        if work[0].block is None:
+            assert len(work) == 1, "a prefill runs alone"
+            return [self._prefill(work[0])]
+        return self._run_compiled(work) if self.compile_mode is not None else self._run_eager(work)
 
     @torch.inference_mode()
-    def verify(self, root: int, tree: DraftTree, extras: VerifyExtras | None = None) -> torch.Tensor:
-        """Logits [N+1, V] for the root (the last committed token) and every draft node.
-
-        Each node sees the cached prefix, itself and its ancestors, at position prefix + depth. The root is
-        fed first unless `extras.root_logits` says it is cached already."""
-        extras = extras or VerifyExtras()
-        if extras.root_logits is not None:
-            return self._verify_cached_root(tree, extras.root_logits)
-        ids = [root, *tree.tokens]
-        n, side = len(ids), extras.side
-        m = 0 if side is None else len(side)
-        block = torch.zeros(n + m, n + m, dtype=torch.bool)
-        block[:n, :n] = tree.ancestor_mask()
-        positions = torch.tensor(tree.depths())
-        sees_reserved = torch.zeros(n + m, dtype=torch.bool)
-        embeds = self.model.get_input_embeddings()(torch.tensor(ids, device=self.device))
-        if side is not None:
-            block[n:, :n] = side.attend
-            block[n:, n:] = torch.eye(m, dtype=torch.bool)
-            positions = torch.cat((positions, side.positions.cpu()))
-            sees_reserved[n:] = True
-            embeds = torch.cat((embeds, side.embeds.to(embeds)))
-        self.forwards += 1
-        logits, hidden = self._forward(embeds, positions.to(self.device) + self.length, block, sees_reserved, n)
-        self.side_hidden = hidden[n:] if side is not None else None
-        return logits
+    def verify(self, work: list[tuple[Target, int, DraftTree, VerifyExtras | None]]) -> list[torch.Tensor]:
+        """(sequence, root, tree, extras) -> logits [1 + nodes, V] per sequence, in one forward (`Target.verify`)."""
+        rows = [t.verify_rows(root, tree, extras) for t, root, tree, extras in work]
+        return [t.verified(x, out, extras) for (t, _, _, extras), x, out in zip(work, rows, self.run(rows))]
 
     @torch.inference_mode()
-    def verify_path(self, root: int, tree: DraftTree, path: list[int]) -> tuple[DraftTree, torch.Tensor]:
-        """The tree's path `path` (node indices, root first) verified again as a chain: the chain and its
-        logits [len(path), V].
+    def verify_paths(self, work: list[tuple[Target, int, DraftTree, list[int]]]) -> list[tuple[DraftTree, torch.Tensor]]:
+        """Each tree's accepted path (node indices, root first) verified again as a chain, in one forward: the
+        chains and their logits [len(path), V].
 
         A batch-invariant target computes a chain's rows exactly as one-token decodes, but not a tree's: the
         CPU attention kernel's result depends on where in the cache a row's visible entries sit (its vector
         lanes follow the slot), and a tree node's ancestors are not at the slots a decode puts them. So greedy
         decoding of a tree verifies the accepted path again, as a chain. Side rows of the tree's verify stay,
         re-indexed to the chain's nodes (drafters read them; they need not be exact)."""
-        side, chain = self.side_hidden, tree.along(path)
-        logits = self.verify(root, chain)
-        self.side_hidden = None if side is None else side[path]
-        return chain, logits
+        sides = [t.side_hidden for t, *_ in work]
+        chains = [tree.along(path) for _, _, tree, path in work]
+        logits = self.verify([(t, root, chain, None) for (t, root, _, _), chain in zip(work, chains)])
+        for (t, _, _, path), side in zip(work, sides):
+            t.side_hidden = None if side is None else side[path]
+        return list(zip(chains, logits))
 
-    @torch.inference_mode()
-    def forward(self, tokens: list[int]) -> torch.Tensor:
-        """Append `tokens` to the cache in one causal forward; returns their logits [n, V]."""
-        n = len(tokens)
-        self.forwards += 1
-        logits, _ = self._forward(self.model.get_input_embeddings()(torch.tensor(tokens, device=self.device)),
-                                  torch.arange(self.length, self.length + n, device=self.device),
-                                  torch.ones(n, n, dtype=torch.bool).tril(), torch.zeros(n, dtype=torch.bool), n)
-        self.length += n
-        return logits
+    def _prefill(self, x: Rows) -> Out:
+        """A prompt's rows see only themselves, causally, after any reserved entries: attention spans their own
+        slots with plain causality (no [n, n] mask or score matrix for a long prompt, and the same computation
+        with or without reserved entries in front)."""
+        t, rows = x.target, len(x)
+        base = t.offset + t.length
+        hidden, captured = self.decoder(x.embeds[None], x.positions[None], None,
+                                        torch.arange(rows, device=self.device)[None], x.sees_reserved[None].to(self.device),
+                                        lambda i: self.kv.layer(i)[:, t.slot:t.slot + 1, :, base:base + rows])
+        return self._outputs([x], [hidden[0]], [[c[0]] for c in captured])[0]
 
-    def _verify_cached_root(self, tree: DraftTree, root_logits: torch.Tensor) -> torch.Tensor:
-        """Verify a chain whose root is already cached: only the drafts go through the model."""
-        if not tree.is_chain:
-            raise ValueError("a root cached by forward() can only be followed by a chain")
-        self._root_cached = True
-        if not len(tree):
-            return root_logits[None]
-        logits = self.forward(tree.tokens)
-        self.length -= len(tree)  # verified, not committed: commit() decides what stays
-        return torch.cat((root_logits[None], logits))
+    def _run_eager(self, work: list[Rows]) -> list[Out]:
+        first, n = work[0].target.slot, len(work)
+        assert [x.target.slot for x in work] == list(range(first, first + n)), "sequences in consecutive slots"
+        offset = _one_offset(work)
+        sizes = [len(x) for x in work]
+        rows = max(sizes)
+        block, sees = _padded(work, n, rows, lambda b: b)
+        base = torch.tensor([x.target.offset + x.target.length for x in work])
+        kv_len = self._kv_span(int(base.max()) + rows)
+        device = self.device
+        base, block, sees = base.to(device), block.to(device), sees.to(device)
+        mask = self.visibility(block, sees, base, kv_len, offset)
+        slots = base[:, None] + torch.arange(rows, device=device)
+        # one sequence: its rows as they are; several: packed (row-wise parts on real rows only)
+        real = None if n == 1 else (torch.arange(rows)[None] < torch.tensor(sizes)[:, None]).to(device)
+        embeds = torch.cat([x.embeds for x in work])[None]
+        positions = torch.cat([x.positions for x in work])[None]
+        hidden, captured = self.decoder(embeds, positions, mask, slots, sees,
+                                        lambda i: self.kv.layer(i)[:, first:first + n, :, :kv_len], real, offset=offset)
+        return self._outputs(work, list(hidden[0].split(sizes)), [c[0].split(sizes) for c in captured])
 
-    @torch.inference_mode()
-    def commit(self, path: list[int]) -> None:
-        """Keep the cache entries of the accepted path (node indices, root first) and drop the rest.
+    def _outputs(self, work: list[Rows], hidden: list[torch.Tensor], captured: list) -> list[Out]:
+        """Logits of each sequence's `heads` rows (one head call for all), its captured layers kept on it."""
+        heads = [h[x.heads] for x, h in zip(work, hidden)]
+        logits = [self._head(heads[0])] if len(work) == 1 else self._head(torch.cat(heads)).split([len(h) for h in heads])
+        for b, x in enumerate(work):
+            x.target.captured = {i: c[b] for i, c in zip(self._capture, captured)}
+        return [Out(lg, h) for lg, h in zip(logits, hidden)]
 
-        A prefix of the node order is already in place; otherwise the accepted entries move down."""
-        start = self.offset + self.length - (1 if self._root_cached else 0)  # cache slot of the root
-        self._root_cached = False
-        if path != list(range(len(path))):
-            self.kv.move(torch.tensor(path, device=self.device) + start,
-                         torch.arange(start, start + len(path), device=self.device), self.slot)
-        self.captured = {i: h[path] for i, h in self.captured.items()}
-        self.last_path = path
-        self.length = start + len(path) - self.offset
+    def visibility(self, block: torch.Tensor, sees_reserved: torch.Tensor, base: torch.Tensor,
+                   kv_len: int, offset: int = 0) -> torch.Tensor:
+        """Boolean [B, 1, rows, kv_len] mask of which cache slots each row of each sequence attends to, for
+        sequences whose rows `block` [B, rows, rows] sit at slots base [B] onwards, after `offset` reserved entries."""
+        batch, rows, r = block.shape[0], block.shape[1], offset
+        cols = torch.arange(kv_len, device=block.device)[None, None]
+        rel = cols - base[:, None, None]
+        prefix = (rel < 0) & ((cols >= r) | sees_reserved[:, :, None])
+        own = ((rel >= 0) & (rel < rows)) & block.gather(2, rel.clamp(0, rows - 1).expand(batch, rows, kv_len))
+        return (prefix | own)[:, None]
 
-    # ------------------------------------------------------------------------------------ the forward
-    def _forward(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor, sees_reserved: torch.Tensor,
-                 n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run rows through the model at slots after the committed length: (logits of the first n rows, hidden)."""
-        rows = embeds.shape[0]
-        self._grow(self.offset + self.length + rows)
-        if self.compile_mode is None:
-            hidden = self._eager(embeds, positions, block, sees_reserved)
-            return self._head(hidden[:n]), hidden
-        return self._run_compiled(embeds, positions, block, sees_reserved, n)
+    def decoder(self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, slots: torch.Tensor,
+                sees_reserved: torch.Tensor, kv: Callable[[int], torch.Tensor],
+                real: torch.Tensor | None = None, apart: RowsApart | None = None,
+                offset: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The decoder over a batch of sequences' rows: embeds [B, R, H] at `positions` [B, R], each written at
+        `slots` [B, R] of its sequence's cache `kv(layer)` [2, B, kv heads, S, d] and attending where `mask`
+        [B, 1, R, S] allows (None: plain causal attention over the rows). Returns the final-norm hidden states
+        [B, R, H] and the captured layers' outputs.
 
-    def _eager(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor | None,
-               sees_reserved: torch.Tensor) -> torch.Tensor:
-        """`block` None: the rows see only themselves, causally (a prefill, after any reserved entries), so
-        attention spans their own slots with plain causality: no [n, n] mask or score matrix for a long prompt,
-        and the same computation with or without reserved entries in front."""
-        base, rows = self.offset + self.length, embeds.shape[0]
-        block = None if block is None else block.to(self.device)
-        start, kv_len = (base, base + rows) if block is None else (0, self._kv_span(base + rows))
-        hidden, captured = self._layers(embeds, positions, block, sees_reserved.to(self.device),
-                                        torch.tensor(base, device=self.device), kv_len, start)
-        self.captured = dict(zip(self._capture, captured))
-        return hidden
+        `real` (bool [B, R]): the rows are packed, embeds [1, T, H] and positions [1, T] holding only the rows
+        `real` marks, in order; every row-wise part (norms, projections, MLP) runs on them alone and only
+        attention sees the padded [B, R] layout. Hidden states come back packed too. `offset`: reserved entries
+        at the front of each sequence's cache."""
+        base_model = self.model.model
+        h = embeds.to(self._dtype)
+        cos, sin = base_model.rotary_emb(h, positions)
+        captured = []
+        for i, block_module in enumerate(base_model.layers):
+            if self._layer_devices[i] != h.device:  # --device split: the layer's inputs follow it
+                dev = self._layer_devices[i]
+                h, cos, sin, slots = (t.to(dev) for t in (h, cos, sin, slots))
+                mask = None if mask is None else mask.to(dev)
+            h = h + self._attention(block_module.self_attn, block_module.input_layernorm(h), cos, sin, mask, slots,
+                                    kv(i), sees_reserved, real, apart, offset)
+            h = h + self._rows(block_module.mlp, block_module.post_attention_layernorm(h))
+            if i in self._capture:
+                captured.append(h)
+        return base_model.norm(h), captured
+
+    def _attention(self, attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   mask: torch.Tensor | None, slots: torch.Tensor, kv: torch.Tensor,
+                   sees_reserved: torch.Tensor, real: torch.Tensor | None = None,
+                   apart: RowsApart | None = None, offset: int = 0) -> torch.Tensor:
+        """One attention block over x [B, R, H] (or packed rows, `decoder`'s `real`), reading and writing the static
+        cache `kv` [2, B, kv heads, S, d] (reading only, with `apart`)."""
+        d = attn.head_dim
+        q = self._rows(attn.q_proj, x).view(*x.shape[:2], -1, d)
+        k = self._rows(attn.k_proj, x).view(*x.shape[:2], -1, d)
+        v = self._rows(attn.v_proj, x).view(*x.shape[:2], -1, d)
+        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rotary
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if real is not None:  # packed rows -> each sequence's padded rows (padding rows: zeros, seen by nobody)
+            q, k, v = (unpack(t, real) for t in (q, k, v))
+        batch, rows = q.shape[0], q.shape[2]
+        if apart is not None:
+            apart.written.append(torch.stack((k, v)))
+            out = grouped_attention(q, [(kv[0], kv[1], mask), (k, v, apart.block[:, None])], attn.scaling)
+            out = out.transpose(1, 2).reshape(batch, rows, -1)
+            return self._rows(attn.o_proj, out if real is None else out[real][None])
+        if batch == 1:
+            kv[0, 0].index_copy_(1, slots[0], k[0])
+            kv[1, 0].index_copy_(1, slots[0], v[0])
+        else:  # each sequence's rows at its own slots
+            lanes = torch.arange(batch, device=slots.device)[:, None]
+            kv[0][lanes, :, slots] = k.transpose(1, 2)
+            kv[1][lanes, :, slots] = v.transpose(1, 2)
+        if self.invariant and mask is not None:
+            out = torch.cat([self._one_query_each(q[b:b + 1], kv[:, b], mask[b, 0], attn.scaling, sees_reserved[b],
+                                                  slots[b], offset)
+                             for b in range(batch)])
+        elif mask is not None and rows == 1 and one_query_by_matmul(q):
+            out = grouped_attention(q, [(kv[0], kv[1], mask)], attn.scaling).transpose(1, 2).reshape(batch, rows, -1)
+        else:
+            out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, is_causal=mask is None,
+                                                 scale=attn.scaling, enable_gqa=True).transpose(1, 2).reshape(batch, rows, -1)
+        return self._rows(attn.o_proj, out if real is None else out[real][None])
+
+    def _one_query_each(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
+                        sees_reserved: torch.Tensor, slots: torch.Tensor, offset: int) -> torch.Tensor:
+        """Batch-invariant attention, [1, rows, heads * d]: each row its own one-query problem over the span a
+        one-token decode at its slot would attend (`_kv_span`), so a row's result does not depend on the rows
+        beside it; rows that do not see reserved entries attend over the cache after them, laid out as if there
+        were none. Where SDPA is slow for one query (`one_query_by_matmul`) each problem is `grouped_attention`
+        on its own (a decode is one such call); elsewhere rows are the batch of one SDPA call over the common
+        span."""
+        rows, r = q.shape[2], offset
+        if one_query_by_matmul(q):
+            spans = [(0 if seen else r, self._kv_span(slot + 1))
+                     for seen, slot in zip(sees_reserved.tolist(), slots.tolist())]
+            # in float32 once for every row (grouped_attention's own conversion is then a no-op)
+            keys, values = (kv[j, None, :, :max(end for _, end in spans)].float() for j in (0, 1))
+            out = q.new_empty(1, q.shape[1], rows, q.shape[3])
+            for i, (first, end) in enumerate(spans):
+                out[:, :, i:i + 1] = grouped_attention(q[:, :, i:i + 1], [(keys[:, :, first:end], values[:, :, first:end],
+                                                                           mask[None, None, i:i + 1, first:end])], scale)
+            return out.transpose(1, 2).reshape(1, rows, -1)
+        groups = [(torch.arange(rows, device=q.device), 0)] if not r else [
+            (torch.nonzero(~sees_reserved).flatten(), r), (torch.nonzero(sees_reserved).flatten(), 0)]
+        out = q.new_empty(rows, q.shape[1], 1, q.shape[3])
+        for idx, first in groups:
+            if not len(idx):
+                continue
+            keys, values = (kv[j, :, first:][None].expand(len(idx), -1, -1, -1) for j in (0, 1))
+            out[idx] = F.scaled_dot_product_attention(q[0, :, idx].transpose(0, 1)[:, :, None], keys, values,
+                                                      attn_mask=mask[idx, first:][:, None, None], scale=scale,
+                                                      enable_gqa=True)
+        return out.reshape(1, rows, -1)
 
     def _kv_span(self, end: int) -> int:
         """Cache slots a masked forward attends over when its rows end at slot `end`.
@@ -369,162 +460,62 @@ class Target:
         head = self.model.get_output_embeddings()
         return self._rows(head, hidden.to(head.weight.device))
 
-    def _layers(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor | None,
-                sees_reserved: torch.Tensor, base: torch.Tensor, kv_len: int,
-                start: int = 0, apart: RowsApart | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The decoder over rows written at slots base.. ; attention spans cache slots [start, kv_len).
-
-        Row i may see slot c if c is a committed prefix slot, or a reserved slot and row i sees reserved
-        entries, or c = base + j with block[i, j]; no block: plain causal attention over the rows. `apart`:
-        the rows are not written (see `RowsApart`); the mask covers the prefix alone."""
-        rows, device = embeds.shape[0], embeds.device
-        seen = block if apart is None or block is None else torch.zeros_like(block)
-        mask = None if block is None else self.visibility(seen[None], sees_reserved[None], base.view(1), kv_len)
-        slots = base - start + torch.arange(rows, device=device)  # in the attended view of the cache
-        hidden, captured = self.decoder(embeds[None], positions[None], mask, slots[None], sees_reserved[None],
-                                        lambda i: self.kv.layer(i)[:, self.slot:self.slot + 1, :, start:kv_len],
-                                        apart=apart)
-        return hidden[0], [h[0] for h in captured]
-
-    def decoder(self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, slots: torch.Tensor,
-                sees_reserved: torch.Tensor, kv: Callable[[int], torch.Tensor],
-                real: torch.Tensor | None = None, apart: RowsApart | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The decoder over a batch of sequences' rows: embeds [B, R, H] at `positions` [B, R], each written at
-        `slots` [B, R] of its sequence's cache `kv(layer)` [2, B, kv heads, S, d] and attending where `mask`
-        [B, 1, R, S] allows (None: plain causal attention over the rows). Returns the final-norm hidden states
-        [B, R, H] and the captured layers' outputs.
-
-        `real` (bool [B, R]): the rows are packed, embeds [1, T, H] and positions [1, T] holding only the rows
-        `real` marks, in order; every row-wise part (norms, projections, MLP) runs on them alone and only
-        attention sees the padded [B, R] layout. Hidden states come back packed too."""
-        base_model = self.model.model
-        h = embeds.to(self._dtype)
-        cos, sin = base_model.rotary_emb(h, positions)
-        captured = []
-        for i, block_module in enumerate(base_model.layers):
-            if self._layer_devices[i] != h.device:  # --device split: the layer's inputs follow it
-                dev = self._layer_devices[i]
-                h, cos, sin, slots = (t.to(dev) for t in (h, cos, sin, slots))
-                mask = None if mask is None else mask.to(dev)
-            h = h + self._attention(block_module.self_attn, block_module.input_layernorm(h), cos, sin, mask, slots,
-                                    kv(i), sees_reserved, real, apart)
-            h = h + self._rows(block_module.mlp, block_module.post_attention_layernorm(h))
-            if i in self._capture:
-                captured.append(h)
-        return base_model.norm(h), captured
-
-    def visibility(self, block: torch.Tensor, sees_reserved: torch.Tensor, base: torch.Tensor,
-                   kv_len: int) -> torch.Tensor:
-        """Boolean [B, 1, rows, kv_len] mask of which cache slots each row of each sequence attends to, for
-        sequences whose rows `block` [B, rows, rows] sit at slots base [B] onwards."""
-        batch, rows, r = block.shape[0], block.shape[1], self.offset
-        cols = torch.arange(kv_len, device=block.device)[None, None]
-        rel = cols - base[:, None, None]
-        prefix = (rel < 0) & ((cols >= r) | sees_reserved[:, :, None])
-        own = ((rel >= 0) & (rel < rows)) & block.gather(2, rel.clamp(0, rows - 1).expand(batch, rows, kv_len))
-        return (prefix | own)[:, None]
-
-    def _attention(self, attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   mask: torch.Tensor | None, slots: torch.Tensor, kv: torch.Tensor,
-                   sees_reserved: torch.Tensor, real: torch.Tensor | None = None,
-                   apart: RowsApart | None = None) -> torch.Tensor:
-        """One attention block over x [B, R, H] (or packed rows, `decoder`'s `real`), reading and writing the static
-        cache `kv` [2, B, kv heads, S, d] (reading only, with `apart`)."""
-        d = attn.head_dim
-        q = self._rows(attn.q_proj, x).view(*x.shape[:2], -1, d)
-        k = self._rows(attn.k_proj, x).view(*x.shape[:2], -1, d)
-        v = self._rows(attn.v_proj, x).view(*x.shape[:2], -1, d)
-        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rotary
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        if real is not None:  # packed rows -> each sequence's padded rows (padding rows: zeros, seen by nobody)
-            q, k, v = (unpack(t, real) for t in (q, k, v))
-        batch, rows = q.shape[0], q.shape[2]
-        if apart is not None:
-            apart.written.append(torch.stack((k, v)))
-            out = grouped_attention(q, [(kv[0], kv[1], mask), (k, v, apart.block[:, None])], attn.scaling)
-            out = out.transpose(1, 2).reshape(batch, rows, -1)
-            return self._rows(attn.o_proj, out if real is None else out[real][None])
-        if batch == 1:
-            kv[0, 0].index_copy_(1, slots[0], k[0])
-            kv[1, 0].index_copy_(1, slots[0], v[0])
-        else:  # each sequence's rows at its own slots
-            lanes = torch.arange(batch, device=slots.device)[:, None]
-            kv[0][lanes, :, slots] = k.transpose(1, 2)
-            kv[1][lanes, :, slots] = v.transpose(1, 2)
-        if self.invariant and mask is not None:
-            out = torch.cat([self._one_query_each(q[b:b + 1], kv[:, b], mask[b, 0], attn.scaling, sees_reserved[b],
-                                                  slots[b])
-                             for b in range(batch)])
-        elif mask is not None and rows == 1 and one_query_by_matmul(q):
-            out = grouped_attention(q, [(kv[0], kv[1], mask)], attn.scaling).transpose(1, 2).reshape(batch, rows, -1)
-        else:
-            out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, is_causal=mask is None,
-                                                 scale=attn.scaling, enable_gqa=True).transpose(1, 2).reshape(batch, rows, -1)
-        return self._rows(attn.o_proj, out if real is None else out[real][None])
-
-    def _one_query_each(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
-                        sees_reserved: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """Batch-invariant attention, [1, rows, heads * d]: each row its own one-query problem over the span a
-        one-token decode at its slot would attend (`_kv_span`), so a row's result does not depend on the rows
-        beside it; rows that do not see reserved entries attend over the cache after them, laid out as if there
-        were none. Where SDPA is slow for one query (`one_query_by_matmul`) each problem is `grouped_attention`
-        on its own (a decode is one such call); elsewhere rows are the batch of one SDPA call over the common
-        span."""
-        rows, r = q.shape[2], self.offset
-        if one_query_by_matmul(q):
-            spans = [(0 if seen else r, self._kv_span(slot + 1))
-                     for seen, slot in zip(sees_reserved.tolist(), slots.tolist())]
-            # in float32 once for every row (grouped_attention's own conversion is then a no-op)
-            keys, values = (kv[j, None, :, :max(end for _, end in spans)].float() for j in (0, 1))
-            out = q.new_empty(1, q.shape[1], rows, q.shape[3])
-            for i, (first, end) in enumerate(spans):
-                out[:, :, i:i + 1] = grouped_attention(q[:, :, i:i + 1], [(keys[:, :, first:end], values[:, :, first:end],
-                                                                           mask[None, None, i:i + 1, first:end])], scale)
-            return out.transpose(1, 2).reshape(1, rows, -1)
-        groups = [(torch.arange(rows, device=q.device), 0)] if not r else [
-            (torch.nonzero(~sees_reserved).flatten(), r), (torch.nonzero(sees_reserved).flatten(), 0)]
-        out = q.new_empty(rows, q.shape[1], 1, q.shape[3])
-        for idx, first in groups:
-            if not len(idx):
-                continue
-            keys, values = (kv[j, :, first:][None].expand(len(idx), -1, -1, -1) for j in (0, 1))
-            out[idx] = F.scaled_dot_product_attention(q[0, :, idx].transpose(0, 1)[:, :, None], keys, values,
-                                                      attn_mask=mask[idx, first:][:, None, None], scale=scale,
-                                                      enable_gqa=True)
-        return out.reshape(1, rows, -1)
-
     # ------------------------------------------------------------------------------------ compiled path
     def bucket(self, rows: int) -> int:
         fits = [b for b in self.buckets if b >= rows]
         return fits[0] if fits else rows  # larger than every bucket: its own size (compiled once, on first use)
 
-    def _run_compiled(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor,
-                      sees_reserved: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = embeds.shape[0]
-        size = self.bucket(rows)
-        pad = size - rows
-        if pad:
-            embeds = torch.cat((embeds, embeds[-1:].expand(pad, -1)))
-            positions = torch.cat((positions, positions[-1:].expand(pad)))
-            grown = torch.eye(size, dtype=torch.bool)  # padding rows see only themselves
-            grown[:rows, :rows] = block
-            block, sees_reserved = grown, torch.cat((sees_reserved, torch.zeros(pad, dtype=torch.bool)))
+    def _run_compiled(self, work: list[Rows]) -> list[Out]:
+        """`run` as one graph over every slot: [slots, bucket] rows (idle slots and padding rows: zero inputs
+        that see only themselves); the host writes each busy sequence's rows into the cache afterwards."""
+        size, rows = len(self.slots), self.bucket(max(len(x) for x in work))
+        block, sees = _padded(work, size, rows, lambda b: work[b].target.slot)
+        embeds = torch.zeros(size, rows, work[0].embeds.shape[-1], dtype=self._dtype, device=self.device)
+        positions = torch.zeros(size, rows, dtype=torch.long, device=self.device)
+        base = torch.zeros(size, dtype=torch.long)
+        for x in work:
+            b, m = x.target.slot, len(x)
+            embeds[b, :m], positions[b, :m] = x.embeds, x.positions
+            base[b] = x.target.offset + x.target.length
         if self._compiled is None:
             self._compiled = self.compiled(self._step)
-        args = (embeds.to(self._dtype), positions, block.to(self.device), sees_reserved.to(self.device),
-                torch.tensor(self.offset + self.length, device=self.device))
-        self.note_bucket(size)
-        logits, hidden, captured, written = self._compiled(*args)
-        self._write(written, self.offset + self.length)
-        # CUDA-graph outputs are overwritten by the next replay: keep copies of what outlives the call
-        self.captured = {i: h[:rows].clone() for i, h in zip(self._capture, captured)}
-        return logits[:n].clone(), hidden[:rows].clone()
+        self.note_bucket(rows)
+        device = self.device
+        logits, hidden, captured, written = self._compiled(embeds, positions, block.to(device), sees.to(device),
+                                                           base.to(device))
+        out = []
+        for x in work:  # CUDA-graph outputs are overwritten by the next replay: keep copies of what outlives it
+            t, m = x.target, len(x)
+            self._write(written, t.slot, int(base[t.slot]))
+            t.captured = {i: c[t.slot, :m].clone() for i, c in zip(self._capture, captured)}
+            out.append(Out(logits[t.slot, x.heads].clone(), hidden[t.slot, :m].clone()))
+        return out
+
+    def _step(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor, sees_reserved: torch.Tensor,
+              base: torch.Tensor):
+        """The compiled forward over [slots, bucket] rows: logits, hidden states, captured layers, the rows' keys
+        and values (written by the host)."""
+        offset = self.slots[0].offset
+        mask = self.visibility(torch.zeros_like(block), sees_reserved, base, self.kv.capacity, offset)  # the prefixes
+        slots = base[:, None] + torch.arange(block.shape[1], device=block.device)
+        apart = RowsApart(block, [])
+        hidden, captured = self.decoder(embeds, positions, mask, slots, sees_reserved, self.kv.layer, apart=apart,
+                                        offset=offset)
+        return self._head(hidden), hidden, captured, torch.stack(apart.written)
+
+    def _write(self, written: torch.Tensor, slot: int, base: int) -> None:
+        """Slot `slot`'s keys and values of a compiled forward ([layers, 2, slots, kv heads, R, d]) into its cache at
+        positions base.. (one copy per device's buffer)."""
+        rows = written.shape[-2]
+        for g, buf in enumerate(self.kv.buffers):
+            layers = [i for i, (group, _) in enumerate(self.kv.where) if group == g]
+            buf[:, :, slot, :, base:base + rows] = written[layers, :, slot].to(buf.device)
 
     def compiled(self, fn: Callable) -> Callable:
         """`fn` under torch.compile with this target's mode and backend, static shapes, one graph per bucket."""
-        limit = 4 * len(self.buckets) + 16  # one graph per bucket (and per capture set): never hit dynamo's limit
+        # One graph per bucket and capture set; every target model of a process shares `_step`'s code object,
+        # whose recompile limit dynamo counts (a test session builds dozens): never hit it.
+        limit = 1024
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
@@ -536,19 +527,6 @@ class Target:
             self.late_compiles.append(size)
             self.compile_seconds[size] = float("nan")
 
-    def _step(self, embeds, positions, block, sees_reserved, base):
-        apart = RowsApart(block[None], [])
-        hidden, captured = self._layers(embeds, positions, block, sees_reserved, base, self.kv.capacity, apart=apart)
-        return self._head(hidden), hidden, captured, torch.stack(apart.written)
-
-    def _write(self, written: torch.Tensor, base: int, lane: int = 0) -> None:
-        """Sequence `lane` of a compiled forward's keys and values ([layers, 2, B, kv heads, R, d]) into this
-        slot's cache at slots base.. (one copy per device's buffer)."""
-        rows = written.shape[-2]
-        for g, buf in enumerate(self.kv.buffers):
-            layers = [i for i, (group, _) in enumerate(self.kv.where) if group == g]
-            buf[:, :, self.slot, :, base:base + rows] = written[layers, :, lane].to(buf.device)
-
     def _mode(self) -> str | None:
         return "reduce-overhead" if self.compile_mode == "reduce-overhead" else None
 
@@ -556,17 +534,19 @@ class Target:
         return "inductor" if self.compile_mode in ("reduce-overhead", "inductor", "default") else self.compile_mode
 
     def warm_up(self, sizes: tuple[int, ...] | None = None) -> dict[int, float]:
-        """Compile every bucket now (on a throwaway prompt, inside the planned cache), so no timed forward pays
-        for it; seconds per bucket."""
+        """Compile every bucket for every slot now (on throwaway one-token prompts, inside the planned cache), so
+        no timed forward pays for it; seconds per bucket."""
         if self.compile_mode is None:
             return {}
 
         def run(size: int) -> None:
-            self.prefill([0], room=0)
-            self.verify(0, DraftTree.chain([0] * (size - 1)))
+            for t in self.slots:
+                t.prefill([0], room=0)
+            self.verify([(t, 0, DraftTree.chain([0] * (size - 1)), None) for t in self.slots])
 
         seconds = self.warm_buckets(sizes or self.buckets, run)
-        self.length = 0
+        for t in self.slots:
+            t.length = 0
         return seconds
 
     def warm_buckets(self, sizes: tuple[int, ...], run: Callable[[int], None]) -> dict[int, float]:
@@ -584,6 +564,180 @@ class Target:
         finally:
             self._warming = False
         return dict(self.compile_seconds)
+
+    @torch.inference_mode()
+    def move(self, src: int, dst: int) -> None:
+        """The sequence in slot `src` moves to the free slot `dst` (its cache entries and its `Target`)."""
+        t = self.slots[src]
+        self.kv.copy_slot(src, dst, t.offset + t.length)
+        self.slots[src], self.slots[dst] = self.slots[dst], t
+        self.slots[src].slot, t.slot = src, dst
+
+
+def _padded(work: list[Rows], size: int, rows: int, where: Callable[[int], int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequences' blocks and reserved-entry flags laid out [size, rows(, rows)], work[b] at index where(b);
+    padding rows and other indices see only themselves."""
+    block = torch.eye(rows, dtype=torch.bool).repeat(size, 1, 1)
+    sees = torch.zeros(size, rows, dtype=torch.bool)
+    for b, x in enumerate(work):
+        m = len(x)
+        block[where(b), :m, :m] = x.block
+        sees[where(b), :m] = x.sees_reserved
+    return block, sees
+
+
+def _one_offset(work: list[Rows]) -> int:
+    offsets = {x.target.offset for x in work}
+    assert len(offsets) == 1, "sequences of one forward have the same reserved entries"
+    return offsets.pop()
+
+
+class Target:
+    """One sequence's view of the target: its slot of the cache, what is committed there, and what its last
+    forward left (captured layers, side rows' hidden states). Methods see it as `DecodeState.target`.
+
+    Alone (`Target(model, device, ...)`) it is the one slot of a target model of its own; `TargetModel(...,
+    slots=B)` makes B of them over one cache (`shared`)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, compile: str | None = None,
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, invariant: bool = False, packed: bool | None = None,
+                 *, shared: TargetModel | None = None) -> None:
+        self.shared = shared or TargetModel(model, device, compile, buckets, invariant, slots=0, packed=packed)
+        self.slot = self.shared.join(self)
+        self.length = 0  # tokens whose KV is committed
+        self.forwards = 0  # forward passes so far (rounds record how many they used)
+        self.captured: dict[int, torch.Tensor] = {}  # layer index -> [T, H] output of the last forward
+        self.reserved: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.side_hidden: torch.Tensor | None = None  # final hidden states of the last verify's side rows
+        self.last_path: list[int] = []  # the accepted path of the last commit (node indices, root first)
+        self._root_cached = False  # the verify being committed had its root in the cache already
+
+    # what every sequence of one target model shares
+    model = property(lambda self: self.shared.model)
+    device = property(lambda self: self.shared.device)
+    invariant = property(lambda self: self.shared.invariant)
+    kv = property(lambda self: self.shared.kv)
+    num_layers = property(lambda self: self.shared.num_layers)
+    buckets = property(lambda self: self.shared.buckets)
+    compile_seconds = property(lambda self: self.shared.compile_seconds)
+    late_compiles = property(lambda self: self.shared.late_compiles)
+
+    def plan(self, tokens: int) -> None:
+        self.shared.plan(tokens)
+
+    def warm_up(self, sizes: tuple[int, ...] | None = None) -> dict[int, float]:
+        return self.shared.warm_up(sizes)
+
+    # ------------------------------------------------------------------------------------ features
+    def capture(self, layers: list[int]) -> None:
+        """Keep the outputs of these decoder layers (0-based) after every forward (idempotent)."""
+        for i in layers:
+            if not 0 <= i < self.num_layers:
+                raise UsageError(f"a drafter reads target layer {i}, but the target has {self.num_layers} layers "
+                                 f"(0-{self.num_layers - 1})")
+        self.shared._capture = tuple(sorted({*self.shared._capture, *layers}))
+
+    def reserve(self, kv: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+        """Key/value entries ([kv heads, S, d] per layer) kept at the front of the cache from the next prefill
+        on and seen only by side rows; the target's own tokens never see them."""
+        self.reserved = kv
+
+    @property
+    def offset(self) -> int:
+        return self.reserved[0][0].shape[1] if self.reserved else 0
+
+    # ------------------------------------------------------------------------------------ forwards
+    @torch.inference_mode()
+    def prefill(self, ids: list[int], room: int = 2048) -> torch.Tensor:
+        """Run the prompt through an emptied cache (sized for `room` more tokens); returns the next token's logits [V]."""
+        self._root_cached = False
+        r, n = self.offset, len(ids)
+        self.shared.grow(r + n + room, keep=r)
+        for i, (k, v) in enumerate(self.reserved or []):
+            layer = self.kv.layer(i)[:, self.slot]
+            layer[0, :, :r] = k.to(layer)
+            layer[1, :, :r] = v.to(layer)
+        self.length = 0
+        rows = Rows(self, self._embed(ids), torch.arange(n, device=self.device), None,
+                    torch.zeros(n, dtype=torch.bool), slice(n - 1, n))
+        logits = self.shared.run([rows])[0].logits[0]
+        self.length = n
+        return logits
+
+    @torch.inference_mode()
+    def verify(self, root: int, tree: DraftTree, extras: VerifyExtras | None = None) -> torch.Tensor:
+        """Logits [N+1, V] for the root (the last committed token) and every draft node.
+
+        Each node sees the cached prefix, itself and its ancestors, at position prefix + depth. The root is
+        fed first unless `extras.root_logits` says it is cached already."""
+        return self.shared.verify([(self, root, tree, extras)])[0]
+
+    def verify_rows(self, root: int, tree: DraftTree, extras: VerifyExtras | None = None) -> Rows:
+        """The rows a verify of `tree` runs: root and nodes (ancestor mask, positions prefix + depth), then any
+        side rows; only the drafts when the root is cached already (`extras.root_logits`)."""
+        extras = extras or VerifyExtras()
+        if extras.root_logits is not None:
+            if not tree.is_chain:
+                raise ValueError("a root cached by forward() can only be followed by a chain")
+            return self._append_rows(tree.tokens)
+        ids = [root, *tree.tokens]
+        n, side = len(ids), extras.side
+        m = 0 if side is None else len(side)
+        block = torch.zeros(n + m, n + m, dtype=torch.bool)
+        block[:n, :n] = tree.ancestor_mask()
+        positions = torch.tensor(tree.depths())
+        sees_reserved = torch.zeros(n + m, dtype=torch.bool)
+        embeds = self._embed(ids)
+        if side is not None:
+            block[n:, :n] = side.attend
+            block[n:, n:] = torch.eye(m, dtype=torch.bool)
+            positions = torch.cat((positions, side.positions.cpu()))
+            sees_reserved[n:] = True
+            embeds = torch.cat((embeds, side.embeds.to(embeds)))
+        return Rows(self, embeds, positions.to(self.device) + self.length, block, sees_reserved, slice(0, n))
+
+    def verified(self, rows: Rows, out: Out, extras: VerifyExtras | None) -> torch.Tensor:
+        """A verify's logits (root first) from its forward's output; side rows' hidden states kept."""
+        if extras is not None and extras.root_logits is not None:
+            self._root_cached = True  # the drafts' rows follow the cached root: commit() counts it
+            self.side_hidden = None
+            return torch.cat((extras.root_logits[None], out.logits)) if len(rows) else extras.root_logits[None]
+        self.side_hidden = out.hidden[rows.heads.stop:] if len(rows) > rows.heads.stop else None
+        return out.logits
+
+    @torch.inference_mode()
+    def verify_path(self, root: int, tree: DraftTree, path: list[int]) -> tuple[DraftTree, torch.Tensor]:
+        """The tree's path `path` (node indices, root first) verified again as a chain (`TargetModel.verify_paths`)."""
+        return self.shared.verify_paths([(self, root, tree, path)])[0]
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int]) -> torch.Tensor:
+        """Append `tokens` to the cache in one causal forward; returns their logits [n, V]."""
+        logits = self.shared.run([self._append_rows(tokens)])[0].logits
+        self.length += len(tokens)
+        return logits
+
+    def _append_rows(self, tokens: list[int]) -> Rows:
+        n = len(tokens)
+        return Rows(self, self._embed(tokens), torch.arange(self.length, self.length + n, device=self.device),
+                    torch.ones(n, n, dtype=torch.bool).tril(), torch.zeros(n, dtype=torch.bool), slice(0, n))
+
+    def _embed(self, ids: list[int]) -> torch.Tensor:
+        return self.model.get_input_embeddings()(torch.tensor(ids, dtype=torch.long, device=self.device))
+
+    @torch.inference_mode()
+    def commit(self, path: list[int]) -> None:
+        """Keep the cache entries of the accepted path (node indices, root first) and drop the rest.
+
+        A prefix of the node order is already in place; otherwise the accepted entries move down."""
+        start = self.offset + self.length - (1 if self._root_cached else 0)  # cache slot of the root
+        self._root_cached = False
+        if path != list(range(len(path))):
+            self.kv.move(torch.tensor(path, device=self.device) + start,
+                         torch.arange(start, start + len(path), device=self.device), self.slot)
+        self.captured = {i: h[path] for i, h in self.captured.items()}
+        self.last_path = path
+        self.length = start + len(path) - self.offset
 
 
 def unpack(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

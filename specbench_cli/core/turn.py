@@ -18,7 +18,7 @@ class RoundInfo:
     kv_len: int  # target cache length before the round's verify
     target_forwards: int  # target forward passes in the round (1 unless a method needs extra ones)
     extras: dict = field(default_factory=dict)  # the method's own per-round signals (`Route.extras`)
-    # Batch > 1 (core/batch.py): the sequence's slot this round, the sequences in the round's forward, and the
+    # Batch > 1 (core/engine.py): the sequence's slot this round, the sequences in the round's forward, and the
     # round's number in the batch (rows of one batch round share its phase times).
     slot: int = 0
     batch: int = 1

@@ -11,5 +11,5 @@ from specbench_cli.core.tree import DraftTree
 class Baseline(Method):
     name = "baseline"
 
-    def propose(self, state: DecodeState) -> DraftTree:
+    def propose_one(self, state: DecodeState) -> DraftTree:
         return DraftTree()

@@ -101,54 +101,49 @@ class ConFu(Eagle3):
     class Options(Eagle3.Options):
         pass
 
+    @dataclass
+    class Lane(Eagle3.Lane):
+        future: torch.Tensor | None = None  # f from the last round's accepted contemplate token
+        side: SideTokens | None = None  # this round's contemplate tokens
+
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
         self.parts = ConFuParts.load(self.checkpoint, model.model, self.draft.config.hidden)
         self.checkpoint.reject_unused(ignore=("t2d",))
-        self.future: torch.Tensor | None = None  # f from the last round's accepted contemplate token
-        self.side: SideTokens | None = None  # this round's contemplate tokens
 
     def attach(self, target: Target) -> None:
         super().attach(target)
         target.reserve(self.parts.soft_prompt())
 
-    def reset(self, state: DecodeState) -> None:
-        super().reset(state)
-        self.future = None
-
     def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
         super().observe(state, new_tokens)
-        self.future = state.target.side_hidden[state.target.last_path[-1]]
+        self.lane(state).future = state.target.side_hidden[state.target.last_path[-1]]
 
     def shared_kv(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The future token [f] (from the last round's accepted contemplate token), seen by every draft query."""
-        return self._future_kv(state) if self.future is not None else None
+        return self._future_kv(state) if self.lane(state).future is not None else None
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState) -> DraftTree:
-        tree = super().propose(state)
-        self.side = self._contemplate(tree)
-        return tree
-
-    def propose_batch(self, forks: list[ConFu], states: list[DecodeState]) -> list[DraftTree]:
-        """Each sequence drafts on its own (its future token is a key every draft query of its round sees, which
-        EAGLE-3's batched step has no place for); its contemplate tokens still ride in the round's one verify."""
-        return [f.propose(s) for f, s in zip(forks, states)]
+    def propose(self, states: list[DecodeState]) -> list[DraftTree]:
+        trees = super().propose(states)
+        for state, tree in zip(states, trees):
+            self.lane(state).side = self._contemplate(state, tree)
+        return trees
 
     def verify_extras(self, state: DecodeState, tree: DraftTree) -> VerifyExtras:
         """The contemplate tokens ride in the target's verify; their outputs give the next round's future token."""
-        return VerifyExtras(side=self.side)
+        return VerifyExtras(side=self.lane(state).side)
 
     def _future_kv(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
-        e_f = self.parts.future(self.future)[None]
+        e_f = self.parts.future(self.lane(state).future)[None]
         position = torch.tensor([state.target.length - 1], device=e_f.device)
         cos, sin = self.draft.rotary(position, e_f.dtype)
         return self.draft.midlayer.token_kv(e_f, e_f, cos, sin)
 
-    def _contemplate(self, tree: DraftTree) -> SideTokens:
+    def _contemplate(self, state: DecodeState, tree: DraftTree) -> SideTokens:
         """One contemplate token per node (root first), all with the MoE embedding of the last accepted token."""
         n = len(tree) + 1
-        embed = self.parts.contemplate(self.last_features)
+        embed = self.parts.contemplate(self.lane(state).last_features)
         return SideTokens(embed.expand(n, -1), torch.tensor(tree.depths()) + 1, tree.ancestor_mask())
 
 

@@ -17,7 +17,7 @@ reference passes them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, locate_file
 from methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from methods.features import FeatureDrafter
-from methods.layers import append_kv, causal_mask, stack_kv
+from methods.layers import append_kv, stack_kv
 from methods.ngram import Trie
 from specbench_cli.core.tree import DraftTree
 
@@ -148,58 +148,35 @@ class Dart(FeatureDrafter):
     class Options(SearchParams):
         trie: str = "small.trie"  # file in the dart_ngram repo ("full.trie" for the paper's), or "none"
 
+    @dataclass
+    class Lane(FeatureDrafter.Lane):
+        kv: tuple[torch.Tensor, torch.Tensor] | None = None  # draft KV of the committed positions
+        preceding: list[int] = field(default_factory=list)  # the tokens the trie's context starts from
+
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
         self.draft = DartDraft.load(Checkpoint.read(self.drafter_ref("dart"), "dart"), model.model)
         self.capture = self.draft.config.capture
         self.trie = None if options.trie == "none" else load_trie(self.drafter_ref("dart_ngram"), options.trie)
         self.eos = frozenset(getattr(model, "stop_ids", ()) or ())
-        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.preceding: list[int] = []
 
-    def reset(self, state: DecodeState) -> None:
-        self.kv = None
-        self.preceding = list(state.tokens)  # prompt + root
+    def start(self, state: DecodeState) -> None:
+        super().start(state)
+        self.lane(state).preceding = list(state.tokens)  # prompt + root
 
     def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
         super().observe(state, new_tokens)
-        self.preceding = list(new_tokens)  # this round's accepted tokens + the new root
+        self.lane(state).preceding = list(new_tokens)  # this round's accepted tokens + the new root
 
     @torch.inference_mode()
-    def level_logits(self, state: DecodeState) -> torch.Tensor:
-        """One draft forward over the unseen features + the mask slots: logits [draft_length + 1, draft vocab]."""
-        start = 0 if self.kv is None else self.kv[0].shape[1]
-        feats = self.take_pending(state, start)
-        n, slots, device = feats.shape[0], self.draft.config.mask_slots, feats.device
-        ids = torch.tensor(state.tokens[start + 1: start + n + 1], device=device)
-        positions = torch.arange(start, start + n + slots, device=device)
-        out, (k, v) = self.draft.step(feats, ids, positions, self.kv, causal_mask(n + slots, start, device))
-        self.kv = append_kv(self.kv, (k[:, :n], v[:, :n]))  # mask slots are not kept
-        with state.timed("draft_head"):
-            return self.draft.logits(self.draft.norm(out))  # the reference's second RMSNorm
-
-    @torch.inference_mode()
-    def propose(self, state: DecodeState) -> DraftTree:
-        return self.search_tree(self.level_logits(state))
-
-    def search_tree(self, logits: torch.Tensor) -> DraftTree:
-        """The tree the n-gram-guided search grows from the levels' logits [draft_length + 1, draft vocab]."""
-        top = logits.topk(min(self.options.top_k, logits.shape[-1]), dim=-1)
-        tokens = self.draft.to_target(top.indices).cpu().numpy()
-        probs = torch.softmax(top.values, dim=-1).cpu().numpy()  # temperature 1 inside the search
-        return to_tree(search(tokens, probs, self.trie, self.preceding, self.eos, self.options))
-
-    # ------------------------------------------------------------------------------------ batch > 1
-    @torch.inference_mode()
-    def propose_batch(self, forks: list[Dart], states: list[DecodeState]) -> list[DraftTree]:
+    def propose(self, states: list[DecodeState]) -> list[DraftTree]:
         """Trees for a batch of sequences: one draft forward over every sequence's unseen positions and mask
         slots (inputs padded at the front, so each sequence's last position and slots end every row; the draft
-        caches stacked and padded, `stack_kv`), then each sequence's tree search on the host, as alone."""
-        if len(forks) == 1:
-            return [forks[0].propose(states[0])]
-        draft, batch, slots = self.draft, len(forks), self.draft.config.mask_slots
-        starts = [0 if f.kv is None else f.kv[0].shape[1] for f in forks]
-        feats = [f.take_pending(s, a) for f, s, a in zip(forks, states, starts)]
+        caches stacked and padded, `stack_kv`), then each sequence's tree search on the host."""
+        draft, batch, slots = self.draft, len(states), self.draft.config.mask_slots
+        lanes = [self.lane(s) for s in states]
+        starts = [0 if lane.kv is None else lane.kv[0].shape[1] for lane in lanes]
+        feats = [self.take_pending(s, a) for s, a in zip(states, starts)]
         device, rows = feats[0].device, max(x.shape[0] for x in feats)
         width = rows + slots
         h = torch.zeros(batch, rows, feats[0].shape[1], device=device, dtype=feats[0].dtype)
@@ -216,14 +193,21 @@ class Dart(FeatureDrafter):
             own[b, :, :rows - n] = False  # nobody sees the padding rows but themselves
             own[b].diagonal().fill_(True)
         empty = torch.zeros(draft.config.kv_heads, 0, draft.config.head_dim, device=device, dtype=h.dtype)
-        past, real = stack_kv([f.kv if f.kv is not None else (empty, empty) for f in forks])
+        past, real = stack_kv([lane.kv if lane.kv is not None else (empty, empty) for lane in lanes])
         mask = torch.cat((real[:, None].expand(-1, width, -1), own), 2)
         out, (k, v) = draft.step(h, ids, positions, past, mask)
-        for b, (f, x) in enumerate(zip(forks, feats)):  # mask slots are not kept
-            f.kv = append_kv(f.kv, (k[b, :, rows - x.shape[0]:rows], v[b, :, rows - x.shape[0]:rows]))
+        for b, (lane, x) in enumerate(zip(lanes, feats)):  # mask slots are not kept
+            lane.kv = append_kv(lane.kv, (k[b, :, rows - x.shape[0]:rows], v[b, :, rows - x.shape[0]:rows]))
         with states[0].timed("draft_head"):
-            logits = draft.logits(draft.norm(out))
-        return [f.search_tree(lg) for f, lg in zip(forks, logits)]
+            logits = draft.logits(draft.norm(out))  # the reference's second RMSNorm
+        return [self.search_tree(lane, lg) for lane, lg in zip(lanes, logits)]
+
+    def search_tree(self, lane: Lane, logits: torch.Tensor) -> DraftTree:
+        """The tree the n-gram-guided search grows from the levels' logits [draft_length + 1, draft vocab]."""
+        top = logits.topk(min(self.options.top_k, logits.shape[-1]), dim=-1)
+        tokens = self.draft.to_target(top.indices).cpu().numpy()
+        probs = torch.softmax(top.values, dim=-1).cpu().numpy()  # temperature 1 inside the search
+        return to_tree(search(tokens, probs, self.trie, lane.preceding, self.eos, self.options))
 
 
 def load_trie(ref: str, filename: str) -> Trie:

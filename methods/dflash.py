@@ -248,6 +248,10 @@ class DFlash(FeatureDrafter):
             if self.sampling not in ("argmax", "sample"):
                 raise UsageError(f"dflash sampling='{self.sampling}': choose argmax (the reference's) or sample")
 
+    @dataclass
+    class Lane(FeatureDrafter.Lane):
+        ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer: context K/V only
+
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
         self.draft = DFlashDraft.load(Checkpoint.read(self.drafter_ref("dflash"), "dflash"), model.model)
@@ -255,53 +259,42 @@ class DFlash(FeatureDrafter):
         if self.block_size < 2:
             raise CheckpointError("dflash needs block_size >= 2")
         self.capture = self.draft.config.capture
-        self.ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer: context K/V only
 
-    def reset(self, state: DecodeState) -> None:
-        self.ctx_kv = None
-
-    @property
-    def absorbed(self) -> int:
-        """Committed positions whose context keys/values are cached."""
-        return 0 if self.ctx_kv is None else self.ctx_kv[0][0].shape[1]
+    def absorbed(self, state: DecodeState) -> int:
+        """Committed positions of the sequence whose context keys/values are cached."""
+        ctx = self.lane(state).ctx_kv
+        return 0 if ctx is None else ctx[0][0].shape[1]
 
     @torch.inference_mode()
-    def catch_up(self, state: DecodeState) -> None:
-        """Add the context keys/values of every committed position the draft has not seen (one batch)."""
-        if self.pending:
-            new_kv = self.draft.context_kv(self.take_pending(state, self.absorbed), self.absorbed)
-            self.ctx_kv = new_kv if self.ctx_kv is None else [append_kv(old, new) for old, new in zip(self.ctx_kv, new_kv)]
+    def catch_up(self, states: list[DecodeState]) -> None:
+        """Add the context keys/values of every committed position the draft has not seen, every sequence's new
+        rows through one `context_kv` call."""
+        todo = [(s, self.take_pending(s, self.absorbed(s))) for s in states if self.lane(s).pending]
+        if not todo:
+            return
+        device = todo[0][1].device
+        positions = torch.cat([torch.arange(self.absorbed(s), self.absorbed(s) + rows.shape[0], device=device)
+                               for s, rows in todo])
+        new_kv = self.draft.context_kv(torch.cat([rows for _, rows in todo]), positions)
+        sizes = [rows.shape[0] for _, rows in todo]
+        for j, (s, _) in enumerate(todo):
+            lane = self.lane(s)
+            mine = [(k.split(sizes, 1)[j], v.split(sizes, 1)[j]) for k, v in new_kv]
+            lane.ctx_kv = mine if lane.ctx_kv is None else [append_kv(old, new) for old, new in zip(lane.ctx_kv, mine)]
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState) -> DraftTree:
-        self.catch_up(state)
-        device = state.target.device
-        block = torch.full((self.block_size,), self.draft.config.mask_token_id, device=device)
-        block[0] = state.tokens[-1]
-        hidden = self.draft.block(block, state.target.length, self.ctx_kv)
-        with state.timed("draft_head"):
-            logits = self.draft.logits(hidden[1:])
-        if state.temperature <= 0 or self.options.sampling == "argmax":
-            return DraftTree.chain(logits.argmax(-1).tolist())  # a point mass each: see the module docstring
-        probs = torch.softmax(logits / state.temperature, dim=-1)
-        tokens = torch.multinomial(probs, 1, generator=state.generator)[:, 0]
-        return DraftTree.chain(tokens.tolist(), draft_probs=probs)
-
-    # ------------------------------------------------------------------------------------ batch > 1
-    @torch.inference_mode()
-    def propose_batch(self, forks: list[DFlash], states: list[DecodeState]) -> list[DraftTree]:
-        """Blocks for a batch of sequences in one forward: the new context rows of all of them (one `context_kv`
-        call), then every sequence's block over its own context, the caches stacked and padded (`stack_kv`)."""
-        if len(forks) == 1:
-            return [forks[0].propose(states[0])]
-        draft, size, batch = self.draft, self.block_size, len(forks)
+    def propose(self, states: list[DecodeState]) -> list[DraftTree]:
+        """Blocks for a batch of sequences in one forward: the new context rows of all of them (`catch_up`), then
+        every sequence's block over its own context, the caches stacked and padded (`stack_kv`)."""
+        draft, size, batch = self.draft, self.block_size, len(states)
         device = states[0].target.device
-        self.catch_up_batch(forks, states)
+        self.catch_up(states)
         blocks = torch.full((batch, size), draft.config.mask_token_id, device=device)
         blocks[:, 0] = torch.tensor([s.tokens[-1] for s in states], device=device)
         lengths = torch.tensor([s.target.length for s in states], device=device)
         positions = lengths[:, None] + torch.arange(size, device=device)
-        caches = [stack_kv([f.ctx_kv[i] for f in forks]) for i in range(len(draft.layers))]
+        contexts = [self.lane(s).ctx_kv for s in states]
+        caches = [stack_kv([ctx[i] for ctx in contexts]) for i in range(len(draft.layers))]
         real = caches[0][1]  # which context entries are real (the same for every layer)
         own = torch.ones(size, size, dtype=torch.bool, device=device)
         if draft.config.causal:
@@ -311,21 +304,7 @@ class DFlash(FeatureDrafter):
         with states[0].timed("draft_head"):
             logits = draft.logits(hidden[:, 1:])
         if states[0].temperature <= 0 or self.options.sampling == "argmax":
-            return [DraftTree.chain(row) for row in logits.argmax(-1).tolist()]
+            return [DraftTree.chain(row) for row in logits.argmax(-1).tolist()]  # a point mass each: see the module docstring
         probs = torch.softmax(logits / states[0].temperature, dim=-1)
         return [DraftTree.chain(torch.multinomial(p, 1, generator=s.generator)[:, 0].tolist(), draft_probs=p)
                 for p, s in zip(probs, states)]
-
-    @torch.inference_mode()
-    def catch_up_batch(self, forks: list[DFlash], states: list[DecodeState]) -> None:
-        """`catch_up` for every sequence: their new context rows through one `context_kv` call."""
-        todo = [(f, f.take_pending(s, f.absorbed)) for f, s in zip(forks, states) if f.pending]
-        if not todo:
-            return
-        device = todo[0][1].device
-        positions = torch.cat([torch.arange(f.absorbed, f.absorbed + rows.shape[0], device=device) for f, rows in todo])
-        new_kv = self.draft.context_kv(torch.cat([rows for _, rows in todo]), positions)
-        sizes = [rows.shape[0] for _, rows in todo]
-        for j, (f, _) in enumerate(todo):
-            mine = [(k.split(sizes, 1)[j], v.split(sizes, 1)[j]) for k, v in new_kv]
-            f.ctx_kv = mine if f.ctx_kv is None else [append_kv(old, new) for old, new in zip(f.ctx_kv, mine)]

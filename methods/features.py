@@ -1,12 +1,14 @@
 """Drafters that read the target's hidden states (EAGLE-3, DART, DFlash, ConFu).
 
 They name the target layers they read (`capture`), ask the target to keep those layers' outputs before
-each prefill, and collect the rows of every committed position (the prefill's prompt, then each round's
-accepted path) until they next draft. Nothing is computed while collecting, which is what lets a routed
+each prefill, and collect, per sequence, the rows of every committed position (the prefill's prompt, then each
+round's accepted path) until they next draft. Nothing is computed while collecting, which is what lets a routed
 method leave a drafter idle and catch it up later in one batch.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,6 +19,10 @@ from specbench_cli.core.target import Target
 class FeatureDrafter(Method):
     capture: list[int]  # target decoder layers whose outputs are concatenated, low -> high
 
+    @dataclass
+    class Lane:
+        pending: list[torch.Tensor] = field(default_factory=list)  # committed rows the drafter has not seen
+
     def attach(self, target: Target) -> None:
         target.capture(self.capture)
 
@@ -24,18 +30,15 @@ class FeatureDrafter(Method):
         return torch.cat([target.captured[i] for i in self.capture], dim=-1)
 
     def start(self, state: DecodeState) -> None:
-        self.pending = [self._features(state.target)]  # the prompt's rows
-        self.reset(state)
-
-    def reset(self, state: DecodeState) -> None:
-        """A new turn: drop the drafter's own cache."""
+        self.lane(state).pending = [self._features(state.target)]  # the prompt's rows
 
     def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
-        self.pending.append(self._features(state.target))  # the accepted path's rows, root first
+        self.lane(state).pending.append(self._features(state.target))  # the accepted path's rows, root first
 
     def take_pending(self, state: DecodeState, seen: int) -> torch.Tensor:
         """Features of the committed positions the drafter has not seen (it has seen `seen` of them)."""
-        feats = torch.cat(self.pending)
-        self.pending = []
+        lane = self.lane(state)
+        feats = torch.cat(lane.pending)
+        lane.pending = []
         assert seen + feats.shape[0] == state.target.length, "drafter and target disagree on the committed length"
         return feats

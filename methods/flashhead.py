@@ -216,11 +216,11 @@ class FlashHead(SpS):
         state = DecodeState(list(prompt_ids), len(prompt_ids), target, 0.0, None)
         self.start(state)
         hidden = self.feed(list(prompt_ids), state)
-        length = self.fed
+        length = len(self.lane(state).cached)
         heads = {"dense": lambda h: SpS.head(self, h, state), "FlashHead": lambda h: self.head(h, state)}
 
         def step(head) -> None:
-            self.truncate(length)  # forget the previous repetition's token
+            self.truncate(state, length)  # forget the previous repetition's token
             head(self.feed([prompt_ids[-1]], state))
 
         return {variant: (functools.partial(head, hidden), functools.partial(step, head))

@@ -10,7 +10,7 @@ import time
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from specbench_cli.core.method import Method
+from specbench_cli.core.method import OwnLoop
 from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut
 from specbench_cli.core.timing import sync
 
@@ -32,9 +32,8 @@ class Stamps(BaseStreamer):
         pass
 
 
-class HFGenerate(Method):
+class HFGenerate(OwnLoop):
     name = "hf-generate"
-    owns_loop = True
     inherent_syncs = "transformers generate(): one per token (stopping criteria)"
 
     def generate(self, prompt_ids: list[int], settings: DecodeSettings, generator: torch.Generator | None) -> TurnResult:

@@ -27,7 +27,7 @@ over greedy traces and labels each with the accepted length of its draft):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -48,11 +48,12 @@ class CacheDraft(Proposer):
 
     name = "suffix"
 
-    def __init__(self) -> None:
-        self.tree = DraftTree([], [])
+    @dataclass
+    class Lane:
+        tree: DraftTree = field(default_factory=DraftTree)  # the sequence's draft the route looked up
 
-    def propose(self, state: DecodeState) -> DraftTree:
-        return self.tree
+    def propose_one(self, state: DecodeState) -> DraftTree:
+        return self.lane(state).tree
 
 
 class HybridVerified(RoutedMethod):
@@ -75,8 +76,11 @@ class HybridVerified(RoutedMethod):
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
         self.classes = token_classes(model.tokenizer, int(model.model.config.vocab_size))
-        self.history = History()
-        self.chose_cache = False
+
+    @dataclass
+    class Lane:
+        history: History = field(default_factory=History)  # the turn's last rounds
+        chose_cache: bool = False  # this round verifies the cache draft
 
     def bind(self) -> None:
         self.suffix, self.eagle3 = self.proposers["suffix"], self.proposers["eagle3"]
@@ -85,26 +89,24 @@ class HybridVerified(RoutedMethod):
     def score(self, draft: SuffixDraft, x: np.ndarray) -> float:
         raise NotImplementedError
 
-    def start(self, state: DecodeState) -> None:
-        super().start(state)
-        self.history = History()
-
     def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
         super().observe(state, new_tokens)
-        self.history.add(self.chose_cache, max(len(new_tokens) - 1, 0))
+        lane = self.lane(state)
+        lane.history.add(lane.chose_cache, max(len(new_tokens) - 1, 0))
 
     # ------------------------------------------------------------------------------------ routing
     def route(self, state: DecodeState) -> Route:
+        lane = self.lane(state)
         draft = self.suffix.lookup(state)
         x = features(draft.score, draft.match_len, draft.tokens, state.prompt_len, len(state.tokens) - state.prompt_len,
-                     self.history, self.classes)
+                     lane.history, self.classes)
         score = self.score(draft, x)
-        self.chose_cache = bool(draft.tokens) and score >= self.tau
+        lane.chose_cache = bool(draft.tokens) and score >= self.tau
         extras = {"backlog": 0, "router_score": score, "features": tuple(float(v) for v in x)}
-        if self.chose_cache:
-            self.cache.tree = draft.tree()
+        if lane.chose_cache:
+            self.cache.lane(state).tree = draft.tree()
             return Route(self.cache, () if self.options.lazy_catchup else (self.eagle3,), extras)
-        return Route(self.eagle3, extras={**extras, "backlog": state.target.length - self.eagle3.absorbed})
+        return Route(self.eagle3, extras={**extras, "backlog": state.target.length - self.eagle3.absorbed(state)})
 
 
 class Hvd(HybridVerified):

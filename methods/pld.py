@@ -29,7 +29,7 @@ class PromptLookup(Method):
             if self.min_ngram > self.max_ngram:
                 raise UsageError(f"pld min_ngram={self.min_ngram} is above max_ngram={self.max_ngram}")
 
-    def propose(self, state: DecodeState) -> DraftTree:
+    def propose_one(self, state: DecodeState) -> DraftTree:
         return DraftTree.chain(lookup(state.tokens, self.options.max_ngram, self.options.min_ngram,
                                       self.options.num_pred_tokens))
 

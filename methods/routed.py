@@ -10,18 +10,17 @@ the router picked; the router adds only `route` and what it keeps itself.
 
 from __future__ import annotations
 
-import copy
 from typing import ClassVar
 
-from specbench_cli.core.method import DecodeState, Method, Proposer
+from specbench_cli.core.method import DecodeState, Method, Proposer, Router
 from specbench_cli.core.target import Target
 
 
-class RoutedMethod(Method):
-    """At batch > 1 each sequence has its own router and proposers (`fork`); a round routes every sequence, then
-    each proposer drafts at once for the sequences sent to it (core/engine.py)."""
+class RoutedMethod(Router):
+    """One router and one of each proposer for every sequence (what each keeps per sequence is in the sequence's
+    state); a round routes every sequence, then each proposer drafts at once for the sequences sent to it
+    (core/engine.py)."""
 
-    routed = True
     PROPOSERS: ClassVar[dict[str, type[Method]]] = {}  # name (= its Options field) -> proposer class
 
     def __init__(self, options, model, drafters: dict[str, str] | None = None) -> None:
@@ -30,13 +29,11 @@ class RoutedMethod(Method):
         self.bind()
 
     def bind(self) -> None:
-        """Point the router's own names at its proposers (after building them, and in each fork)."""
+        """Point the router's own names at its proposers (after building them)."""
 
-    def fork(self) -> RoutedMethod:
-        lane = copy.copy(self)
-        lane.proposers = {name: p.fork() for name, p in self.proposers.items()}
-        lane.bind()
-        return lane
+    def serve(self, lanes: int) -> None:
+        for p in self.proposers.values():
+            p.serve(lanes)
 
     def build(self, name: str, cls: type[Method]) -> Proposer:
         """The proposer `name`, made with its own options (a subclass may build a variant: an ablation)."""

@@ -11,7 +11,7 @@ The draft's body and its output head run separately so the head's share of draft
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -78,22 +78,24 @@ class SpS(Method):
         super().__init__(options, model, drafters)
         self.draft = load_draft_model(self.drafter_ref("sps"), model.model, "sps")
         self.vocab = model.model.config.vocab_size
-        self.cache: DynamicCache | None = None
-        self.cached: list[int] = []  # tokens whose KV is in the draft cache
         self.extra_forwards = not options.deferred
-        self.root_logits: torch.Tensor | None = None  # deferred=false: the root's logits from its own forward
+
+    @dataclass
+    class Lane:
+        cache: DynamicCache | None = None  # the draft model's cache
+        cached: list[int] = field(default_factory=list)  # tokens whose KV is in the draft cache
+        root_logits: torch.Tensor | None = None  # deferred=false: the root's logits from its own forward
 
     def start(self, state: DecodeState) -> None:
-        self.cache = DynamicCache(config=self.draft.config)
-        self.cached = []
+        self.lane(state).cache = DynamicCache(config=self.draft.config)
 
     def feed(self, ids: list[int], state: DecodeState) -> torch.Tensor:
         """Run the draft body over `ids` after the cached tokens; return the last hidden state [H]."""
-        device = state.target.device
-        positions = torch.arange(len(self.cached), len(self.cached) + len(ids), device=device)[None]
+        lane, device = self.lane(state), state.target.device
+        positions = torch.arange(len(lane.cached), len(lane.cached) + len(ids), device=device)[None]
         out = self.draft.base_model(input_ids=torch.tensor([ids], device=device), position_ids=positions,
-                                    past_key_values=self.cache, use_cache=True)
-        self.cached += ids
+                                    past_key_values=lane.cache, use_cache=True)
+        lane.cached += ids
         return out.last_hidden_state[0, -1]
 
     def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[int, torch.Tensor | None]:
@@ -105,9 +107,11 @@ class SpS(Method):
         return int(torch.multinomial(probs, 1, generator=state.generator)), probs
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState) -> DraftTree:
-        self._rewind(state.tokens)
-        hidden = self.feed(state.tokens[len(self.cached):], state)
+    def propose_one(self, state: DecodeState) -> DraftTree:
+        """k draft tokens one after another, each fed back to the draft model: per sequence on the host (a batch's
+        sequences draft one after another)."""
+        self._rewind(state)
+        hidden = self.feed(state.tokens[len(self.lane(state).cached):], state)
         tokens, rows = [], []
         for i in range(self.options.k):
             with state.timed("draft_head"):
@@ -122,28 +126,25 @@ class SpS(Method):
     def extra_forward(self, state: DecodeState) -> None:
         """deferred=false: put the round's root (the last committed token) into the target's cache with a
         one-token forward of its own, as the naive scheme does, instead of feeding it first in the verify."""
-        self.root_logits = state.target.forward(state.tokens[-1:])[-1]
+        self.lane(state).root_logits = state.target.forward(state.tokens[-1:])[-1]
 
     def verify_extras(self, state: DecodeState, tree: DraftTree) -> VerifyExtras | None:
-        root_logits, self.root_logits = self.root_logits, None
+        lane = self.lane(state)
+        root_logits, lane.root_logits = lane.root_logits, None
         return None if root_logits is None else VerifyExtras(root_logits=root_logits)
 
-    def _rewind(self, tokens: list[int]) -> None:
+    def _rewind(self, state: DecodeState) -> None:
         """Drop cached drafts the target rejected: keep the longest prefix shared with the committed tokens."""
-        keep = 0
-        for a, b in zip(self.cached, tokens):
+        keep, tokens = 0, state.tokens
+        for a, b in zip(self.lane(state).cached, tokens):
             if a != b:
                 break
             keep += 1
-        self.truncate(min(keep, len(tokens) - 1))  # the root is always fed again to get the next hidden state
+        self.truncate(state, min(keep, len(tokens) - 1))  # the root is always fed again to get the next hidden state
 
-    @property
-    def fed(self) -> int:
-        """Tokens in the draft cache."""
-        return len(self.cached)
-
-    def truncate(self, keep: int) -> None:
-        """Keep only the first `keep` tokens of the draft cache."""
-        if keep < len(self.cached):
-            self.cache.crop(keep - len(self.cached))  # transformers 5: a negative count removes that many
-            self.cached = self.cached[:keep]
+    def truncate(self, state: DecodeState, keep: int) -> None:
+        """Keep only the first `keep` tokens of the sequence's draft cache."""
+        lane = self.lane(state)
+        if keep < len(lane.cached):
+            lane.cache.crop(keep - len(lane.cached))  # transformers 5: a negative count removes that many
+            lane.cached = lane.cached[:keep]

@@ -20,7 +20,6 @@ which a store of whole sequences does not keep, so a tie there may go otherwise)
 
 from __future__ import annotations
 
-import copy
 import heapq
 from dataclasses import dataclass, field
 
@@ -229,8 +228,9 @@ def _push(draft: SuffixDraft, token: int, parent: int, prob: float) -> None:
 
 
 class Suffix(Method):
-    """At batch > 1 (`fork`), as in ArcticInference's cache, the global tree holds every finished request's output
-    and every in-flight one's so far, each its own sequence; the local tree is the request's own."""
+    """Serving several sequences at once (`serve`), as in ArcticInference's cache, the global tree holds every
+    finished request's output and every in-flight one's so far, each its own sequence; the local tree is the
+    request's own. One sequence at a time, its output goes straight into the global store."""
 
     name = "suffix"
 
@@ -238,60 +238,63 @@ class Suffix(Method):
     class Options(SpecParams):
         pass
 
+    @dataclass
+    class Lane:
+        local_store: TokenStore = field(default_factory=TokenStore)  # this request's prompt + output
+        last_draft: SuffixDraft = field(default_factory=SuffixDraft)
+        response: TokenStore = field(default_factory=TokenStore)  # several in flight: this request's output so far
+
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
         self.global_store = TokenStore()  # outputs of every request so far
-        self.local_store = TokenStore()  # this request's prompt + output
-        self.last_draft = SuffixDraft()
-        self.in_flight: list[TokenStore] | None = None  # batch > 1: the outputs being decoded (shared by forks)
-        self.response = TokenStore()  # batch > 1: this request's output so far
+        self.in_flight: list[TokenStore] | None = None  # several sequences at once: the outputs being decoded
 
-    def fork(self) -> Suffix:
-        if self.in_flight is None:
-            self.in_flight = []
-        return copy.copy(self)
+    def serve(self, lanes: int) -> None:
+        self.in_flight = [] if lanes > 1 else None
 
     def start(self, state: DecodeState) -> None:
-        self.local_store = TokenStore()
-        self.local_store.extend(state.tokens)
+        lane = self.lane(state)
+        lane.local_store.extend(state.tokens)
         if self.in_flight is not None:
-            self.response = TokenStore()
-            self.in_flight.append(self.response)
-        self.outputs.new_sequence()
-        self.outputs.extend(state.tokens[state.prompt_len:])
+            self.in_flight.append(lane.response)
+        outputs = self.outputs(state)
+        outputs.new_sequence()
+        outputs.extend(state.tokens[state.prompt_len:])
 
-    @property
-    def outputs(self) -> TokenStore:
-        """Where this request's output goes as it is decoded: the global store at batch 1, its own at batch > 1."""
-        return self.global_store if self.in_flight is None else self.response
+    def outputs(self, state: DecodeState) -> TokenStore:
+        """Where this request's output goes as it is decoded: the global store one sequence at a time, its own
+        with several in flight."""
+        return self.global_store if self.in_flight is None else self.lane(state).response
 
     def finish(self, state: DecodeState) -> None:
         if self.in_flight is not None:  # the finished output joins the global store
-            self.in_flight.remove(self.response)
-            self.absorb(self.response.data.tolist())
+            response = self.lane(state).response
+            self.in_flight.remove(response)
+            self.absorb(response.data.tolist())
 
     def lookup(self, state: DecodeState) -> SuffixDraft:
         """This round's draft: the better of the local and the global tree's (the global only if strictly)."""
+        lane = self.lane(state)
         pattern = state.tokens[-self.options.max_depth:]
-        draft = speculate(self.local_store, pattern, self.options)
+        draft = speculate(lane.local_store, pattern, self.options)
         every = self.global_store if self.in_flight is None else Joined([self.global_store, *self.in_flight])
         other = speculate(every, pattern, self.options)
         if other.score > draft.score:
             draft = other
-        self.last_draft = draft
+        lane.last_draft = draft
         return draft
 
-    def propose(self, state: DecodeState) -> DraftTree:
+    def propose_one(self, state: DecodeState) -> DraftTree:
         return self.lookup(state).tree()
 
-    def draft_info(self) -> dict:
+    def draft_info(self, state: DecodeState) -> dict:
         """What replay records of each lookup (HVD's payoff predictor trains on it)."""
-        d = self.last_draft
+        d = self.lane(state).last_draft
         return {"score": d.score, "match_len": d.match_len, "draft": list(d.tokens)}
 
     def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
-        self.local_store.extend(new_tokens)
-        self.outputs.extend(new_tokens)
+        self.lane(state).local_store.extend(new_tokens)
+        self.outputs(state).extend(new_tokens)
 
     def absorb(self, output_ids: list[int]) -> None:
         self.global_store.new_sequence()

@@ -43,12 +43,16 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
 
 class FullLayerCatchUp(Eagle3):
     """EAGLE-3 that runs its whole layer over the backlog (outputs discarded): WhiFlash's `kv_only=false`
-    ablation of the KV-only catch-up."""
+    ablation of the KV-only catch-up; each sequence's backlog over its own cache."""
 
-    def backlog_kv(self, feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor):
-        start = self.absorbed
-        mask, extra = self._visible(causal_mask(feats.shape[0], start, feats.device), start, [])
-        _, kv = self.draft.step(feats, ids, positions, self.kv, mask, extra)
+    def catch_up(self, states: list[DecodeState]) -> None:
+        for state in states:
+            super().catch_up([state])
+
+    def backlog_kv(self, states: list[DecodeState], feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor):
+        (state,) = states
+        mask = causal_mask(feats.shape[0], self.absorbed(state), feats.device)
+        _, kv = self.draft.step(feats, ids, positions, self.lane(state).kv, mask)
         return kv
 
 
@@ -112,7 +116,7 @@ class WhiFlash(RoutedMethod):
     def route(self, state: DecodeState) -> Route:
         use_eagle3, h, score = self.decide(state)
         chosen, idle = (self.eagle3, self.dflash) if use_eagle3 else (self.dflash, self.eagle3)
-        backlog = state.target.length - chosen.absorbed
+        backlog = state.target.length - chosen.absorbed(state)
         return Route(chosen, () if self.options.lazy_catchup else (idle,),
                      extras={"backlog": backlog, "entropy": h, "router_score": score})
 

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 METHODS = ("eagle3", "dflash", "dart")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed copy's
 
 
 def record(method: str, dtype: str) -> list[list[list[int]]]:

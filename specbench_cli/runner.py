@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from methods.checkpoints import weights_id
-from specbench_cli.core.method import Method, drafter_ref
+from specbench_cli.core.method import Method, OwnLoop, drafter_ref
 from specbench_cli.core.options import parse_options
 from specbench_cli import hardware
 from specbench_cli.telemetry import GpuTelemetry
@@ -75,7 +75,7 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
                                   dtype=dtype.dtype, dtype_reason=dtype.reason, tuned_from=tuned_from,
                                   compile_mode=mode, batch_invariant=invariant, notes=notes,
                                   prepacked=engine and packs(device, dtype.dtype, compiled=mode is not None))
-    if config.batch_size > 1 and cls.owns_loop:
+    if config.batch_size > 1 and issubclass(cls, OwnLoop):
         raise UsageError(f"{config.method} runs its own loop, one sequence at a time; --batch-size > 1 runs every "
                          "other method")
     if config.engine == "vllm":
@@ -166,7 +166,7 @@ class Runner:
         return Turn(conv.next_ids(self.model), generator, context(conv.prompt))
 
     def records(self, index: int, prompt: Prompt, turns: list[tuple[list[int], TurnResult]]):
-        clock = PhaseClock(self.model.device).name if not self.method.owns_loop else "perf_counter_ns (streamer)"
+        clock = PhaseClock(self.model.device).name if not isinstance(self.method, OwnLoop) else "perf_counter_ns (streamer)"
         return turn_records(self.plan, self.run_name, clock, self.model.decode, index, prompt, turns)
 
 
@@ -336,7 +336,6 @@ class BatchJob(RunJob):
         model, plan = runner.model, runner.plan
         self.batch = TargetModel(model.model, model.device, plan.compile_mode, plan.buckets, plan.batch_invariant,
                                  slots=size, packed=plan.prepacked)
-        self.forks = [runner.method.fork() for _ in range(size)]
         self.throughput = Throughput()
         self.batch_rounds = 0
 
@@ -345,8 +344,8 @@ class BatchJob(RunJob):
         self.batch.plan(longest)
         if self.batch.compile_mode is None:
             return {}
-        for fork, target in zip(self.forks, self.batch.slots):  # captured layers are part of the graph
-            fork.attach(target)
+        for target in self.batch.slots:  # captured layers and reserved entries are part of the graph
+            self.runner.method.attach(target)
         return compile_record(self.runner.plan, self.batch.kv.capacity, self.batch.warm_up(),
                               batch=len(self.batch.slots))
 
@@ -380,7 +379,7 @@ class BatchJob(RunJob):
             lanes[lane] = conv = conv or waiting.popleft()
             return self.runner.next_turn(conv)
 
-        return decode(self.batch, self.forks, self.runner.settings, feed)
+        return decode(self.batch, self.runner.method, len(self.batch.slots), self.runner.settings, feed)
 
     def stats(self) -> str:
         return f"τ {tau(self.decode_tokens, self.rounds):.2f}  {self.throughput.line()}"

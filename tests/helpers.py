@@ -25,7 +25,7 @@ class OracleTree(Method):
         self.reference, self.vocab, self.chain = reference, vocab, chain
         self.rng = random.Random(seed)
 
-    def propose(self, state: DecodeState) -> DraftTree:
+    def propose_one(self, state: DecodeState) -> DraftTree:
         done = len(state.tokens) - state.prompt_len  # output tokens so far
         truth = self.reference[done:done + self.rng.randint(0, 6)]
         if self.chain:  # the right prefix, then a wrong tail

@@ -32,9 +32,9 @@ class BatchOracle(OracleTree):
         super().__init__([], vocab, seed=5, chain=chain)
         self.references = references
 
-    def propose(self, state: DecodeState) -> DraftTree:
+    def propose_one(self, state: DecodeState) -> DraftTree:
         self.reference = self.references[tuple(state.tokens[:state.prompt_len])]
-        return super().propose(state)
+        return super().propose_one(state)
 
 
 def run_batch(model, method: Method, prompts: list[list[int]], size: int, max_new: int,
@@ -43,7 +43,6 @@ def run_batch(model, method: Method, prompts: list[list[int]], size: int, max_ne
     """Decode single-turn prompts `size` at a time, each with its own generator; results in prompt order and
     the batch's stats (with `compile`: its `late_compiles` too)."""
     batch = TargetModel(model, torch.device("cpu"), compile, (1, 4, 16, 64), invariant, slots=size)
-    forks = [method.fork() for _ in range(size)]
     if compile:
         batch.plan(256)
         batch.warm_up()
@@ -59,7 +58,7 @@ def run_batch(model, method: Method, prompts: list[list[int]], size: int, max_ne
         current[lane] = i = waiting.popleft()
         return Turn(prompts[i], torch.Generator().manual_seed(seed + i))
 
-    stats = decode(batch, forks, DecodeSettings(max_new, temperature, stops), feed)
+    stats = decode(batch, method, size, DecodeSettings(max_new, temperature, stops), feed)
     if compile:
         stats.late_compiles = batch.late_compiles
     return [results[i] for i in range(len(prompts))], stats
@@ -182,7 +181,7 @@ NETWORK_DRAFTERS = {"eagle3-tree": ("eagle3", dict(depth=4, top_k=4, total_token
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("case", NETWORK_DRAFTERS)
 def test_network_drafters_draft_a_batch_in_one_forward_and_stay_lossless(distilled, arch, case):
-    """Batched drafting (`propose_batch`: one draft forward per step for all sequences) with distilled drafters:
+    """Batched drafting (`propose`: one draft forward per step for all sequences) with distilled drafters:
     every sequence equals its batch-1 output, and drafts what it drafts at batch 1 (the same accepted lengths
     round by round)."""
     from tests.drafter_fixtures import make_method

@@ -50,17 +50,17 @@ def test_the_future_token_reaches_the_draft(distilled, tmp_path):
 
     target, corpus, _ = distilled("confu", "qwen3")
     method = make_method("confu", target, write_confu(tmp_path / "c", target, scale=1.0))
-    with_f, original = [], method.advance
-    method.advance = lambda state: (with_f.append(method.extra_kv is not None), original(state))[1]
+    with_f, original = [], method.shared_kv
+    method.shared_kv = lambda state: (kv := original(state), with_f.append(kv is not None))[0]
     run_method(target, method, corpus[0][:24], max_new=4)
     assert with_f[:2] == [False, True]
 
-    method.future = torch.randn(target.config.hidden_size)
-    method.extra_kv = method._future_kv(SimpleNamespace(target=SimpleNamespace(length=10)))
+    state = SimpleNamespace(target=SimpleNamespace(length=10), lanes={})
+    method.lane(state).future = torch.randn(target.config.hidden_size)
+    extra = method._future_kv(state)  # [f]: a key every query sees, after the (empty) cache
     feats, ids, positions = torch.randn(10, 3 * target.config.hidden_size), torch.arange(10), torch.arange(10)
     plain = causal_mask(10, 0, feats.device)
-    mask, extra = method._visible(plain, 0, [])
-    assert mask.shape == (10, 11) and mask[:, 0].all()
+    mask = torch.cat((torch.ones(10, 1, dtype=torch.bool), plain), 1)
     with torch.no_grad():
         without, _ = method.draft.step(feats, ids, positions, mask=plain)
         withf, _ = method.draft.step(feats, ids, positions, mask=mask, extra=extra)

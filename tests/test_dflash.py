@@ -67,9 +67,9 @@ def test_block_draft_is_the_argmax_at_each_mask_position(distilled):
     method.attach(t)
     root = int(t.prefill(prompt).argmax())
     state = SimpleNamespace(tokens=prompt + [root], prompt_len=30, target=t, temperature=0.0, generator=None,
-                            timed=lambda part: __import__("contextlib").nullcontext())
+                            timed=lambda part: __import__("contextlib").nullcontext(), lanes={})
     method.start(state)
-    tree = method.propose(state)
+    (tree,) = method.propose([state])
     feats, _ = target_pass(target, prompt, method.capture)
     block = torch.tensor([root] + [VOCAB - 1] * 7)
     with torch.no_grad():

@@ -145,9 +145,9 @@ def test_chain_is_the_draft_models_greedy_continuation(setup):
     method = make(SpS, target, root / "noisy", k=5)
     tokens = random_prompt(20, seed=11)
     state = SimpleNamespace(tokens=tokens, target=SimpleNamespace(device=torch.device("cpu")), temperature=0.0,
-                            generator=None, timed=lambda part: __import__("contextlib").nullcontext())
+                            generator=None, timed=lambda part: __import__("contextlib").nullcontext(), lanes={})
     method.start(state)
-    tree = method.propose(state)
+    (tree,) = method.propose([state])
     draft = AutoModelForCausalLM.from_pretrained(root / "noisy")
     expected = draft.generate(torch.tensor([tokens]), max_new_tokens=5, do_sample=False, min_new_tokens=5)[0, 20:]
     assert tree.tokens == expected.tolist()

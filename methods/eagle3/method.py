@@ -38,55 +38,50 @@ class Eagle3(FeatureDrafter):
         # --opt ranges, checked before any model loads: (low, high), None = unbounded.
         RANGES = {"depth": (0, 64), "top_k": (1, 256), "total_token": (2, 1024)}
 
+    @dataclass
+    class Lane(FeatureDrafter.Lane):
+        kv: tuple[torch.Tensor, torch.Tensor] | None = None  # draft KV of positions fed by target features
+        extra_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # this round's `shared_kv`; not cached
+        last_features: torch.Tensor | None = None  # the newest committed position's features
+
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
         self.checkpoint = Checkpoint.read(self.drafter_ref(self.name), self.name)
         self.draft = Eagle3Draft.load(self.checkpoint, model.model, extra_tensors=self.extra_tensors)
         self.capture = self.draft.config.capture
-        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # draft KV of positions fed by target features
-        self.extra_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # this round's `shared_kv`; not cached
 
     def shared_kv(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Keys/values every draft query of this round sees besides the cache and its own ancestors (ConFu's
-        future token); EAGLE-3 has none."""
+        """Keys/values [kv heads, 1, d] every draft query of this round sees besides the cache and its own
+        ancestors (ConFu's future token); EAGLE-3 has none."""
         return None
 
-    def backlog_kv(self, feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor):
-        """The draft cache entries of committed positions nothing reads outputs of: keys/values only (fc,
-        norms, k/v projections), never attention, MLP or head (WhiFlash §3.3's KV-only prefill)."""
+    def backlog_kv(self, states: list[DecodeState], feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor):
+        """The draft cache entries of the committed positions nothing reads outputs of, for the sequences
+        `states` (their rows one after another): keys/values only (fc, norms, k/v projections), never attention,
+        MLP or head (WhiFlash §3.3's KV-only prefill), so every sequence's backlog goes through one call."""
         return self.draft.keys_values(feats, ids, positions)
 
-    def _visible(self, mask: torch.Tensor, past: int, extra: list) -> tuple[torch.Tensor, tuple | None]:
-        """Put `extra_kv` first among the extra keys (after `extra`, whose columns `mask` already has) and
-        give it an all-visible column block right after the `past` cached columns."""
-        parts = ([self.extra_kv] if self.extra_kv is not None else []) + extra
-        if not parts:
-            return mask, None
-        kv = (torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1))
-        if self.extra_kv is None:
-            return mask, kv
-        ones = torch.ones(mask.shape[0], self.extra_kv[0].shape[1], dtype=torch.bool, device=mask.device)
-        return torch.cat((mask[:, :past], ones, mask[:, past:]), 1), kv
-
-    def reset(self, state: DecodeState) -> None:
-        self.kv = None
-
     @torch.inference_mode()
-    def catch_up(self, state: DecodeState) -> None:
-        """Cache every committed position but the newest through `backlog_kv`. A routed method calls this for
-        the backlog after an idle stretch; `advance` calls it every round, so a plain EAGLE-3 run and a
-        routed one build the same cache the same way."""
-        rows = self._backlog(state)
-        if rows is not None:
-            self.kv = append_kv(self.kv, self.backlog_kv(*rows))
+    def catch_up(self, states: list[DecodeState]) -> None:
+        """Cache every committed position but the newest through `backlog_kv`, for each sequence (one call for
+        all). A routed method calls this for the backlog after an idle stretch; `propose` calls it every round,
+        so a plain EAGLE-3 run and a routed one build the same cache the same way."""
+        backlogs = [(s, rows) for s in states if (rows := self._backlog(s)) is not None]
+        if not backlogs:
+            return
+        k, v = self.backlog_kv([s for s, _ in backlogs], *(torch.cat([rows[j] for _, rows in backlogs]) for j in range(3)))
+        sizes = [rows[1].shape[0] for _, rows in backlogs]
+        for (s, _), keys, values in zip(backlogs, k.split(sizes, 1), v.split(sizes, 1)):
+            lane = self.lane(s)
+            lane.kv = append_kv(lane.kv, (keys, values))
 
     def _backlog(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The committed positions not in the draft cache but the newest, as (features, tokens, positions), or
-        None; the newest stays pending (`advance` runs the whole layer on it)."""
-        start = self.absorbed
+        None; the newest stays pending (`propose` runs the whole layer on it)."""
+        start = self.absorbed(state)
         feats = self.take_pending(state, start)
         n, device = feats.shape[0], feats.device
-        self.pending = [feats[-1:]]
+        self.lane(state).pending = [feats[-1:]]
         if n <= 1:
             return None
         ids = torch.tensor(state.tokens[start + 1: start + n], device=device)
@@ -111,8 +106,9 @@ class Eagle3(FeatureDrafter):
         state = DecodeState(ids + [int(tok[L])], L, target, 0.0, None)
 
         def draft_round() -> DraftTree:
-            self.kv, self.pending = before, [feats[L - 1:L]]  # a fixed state; advance() adds the newest row itself
-            return self.propose(state)
+            lane = self.lane(state)  # a fixed state; propose() adds the newest row itself
+            lane.kv, lane.pending = before, [feats[L - 1:L]]
+            return self.propose([state])[0]
 
         tree = draft_round()
 
@@ -143,83 +139,39 @@ class Eagle3(FeatureDrafter):
         pos = torch.arange(rows, device=device)
         return torch.inference_mode()(lambda: draft.keys_values(feats, ids, pos))
 
-    @property
-    def absorbed(self) -> int:
-        """Committed positions already in the draft cache."""
-        return 0 if self.kv is None else self.kv[0].shape[1]
+    def absorbed(self, state: DecodeState) -> int:
+        """Committed positions of the sequence already in its draft cache."""
+        kv = self.lane(state).kv
+        return 0 if kv is None else kv[0].shape[1]
 
+    # ------------------------------------------------------------------------------------ drafting
     @torch.inference_mode()
-    def advance(self, state: DecodeState) -> torch.Tensor:
-        """Bring the draft up to the committed length and return its output at the newest position (feature
-        t with token t+1), from which the tree grows."""
-        self.catch_up(state)
-        start = self.absorbed
-        feats = self.take_pending(state, start)
-        device = feats.device
-        ids = torch.tensor(state.tokens[start + 1: start + 2], device=device)
-        self.last_features = feats[-1]
-        mask, extra = self._visible(causal_mask(1, start, device), start, [])
-        out, (k, v) = self.draft.step(feats, ids, torch.arange(start, start + 1, device=device), self.kv, mask, extra)
-        self.kv = append_kv(self.kv, (k, v))
-        return out[-1]
-
-    @torch.inference_mode()
-    def propose(self, state: DecodeState) -> DraftTree:
-        self.extra_kv = self.shared_kv(state)
-        last = self.advance(state)
-        o = self.options
-        with state.timed("draft_head"):
-            first = self.draft.log_probs(last)
-        hidden = last.expand(o.top_k, -1)
-        tree_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-        eye = torch.eye(o.top_k, dtype=torch.bool, device=last.device)
-        ancestry = eye
-        length = state.target.length
-
-        def expand(tokens, rows, level):
-            nonlocal hidden, ancestry
-            if level > 0:
-                hidden = hidden[rows]
-                ancestry = torch.cat((ancestry[rows], eye), dim=1)
-            ids = self.draft.to_target(tokens)
-            positions = torch.full((o.top_k,), length + level, device=last.device)
-            stable = self.kv[0].shape[1]
-            mask = torch.cat((torch.ones(o.top_k, stable, dtype=torch.bool, device=last.device), ancestry), dim=1)
-            mask, extra = self._visible(mask, stable, tree_kv)
-            out, kv = self.draft.step(hidden, ids, positions, self.kv, mask, extra, features=False)
-            tree_kv.append(kv)
-            hidden = out
-            with state.timed("draft_head"):
-                return self.draft.log_probs(out)
-
-        cands = beam_search(first, expand, o.top_k, o.depth)
-        kept, parents = top_nodes(cands, o.total_token - 1)
-        tokens = self.draft.to_target(cands.tokens[kept]).tolist()
-        return DraftTree(tokens, parents)
-
-    # ------------------------------------------------------------------------------------ batch > 1
-    @torch.inference_mode()
-    def propose_batch(self, forks: list[Eagle3], states: list[DecodeState]) -> list[DraftTree]:
+    def propose(self, states: list[DecodeState]) -> list[DraftTree]:
         """Trees for a batch of sequences, every draft step one forward for all of them: the backlogs' keys and
-        values, the newest positions (each over its own cache; the caches stacked and padded, `stack_kv`), then
-        each tree level. Each sequence's tree is the one `propose` grows for it alone (the same search; the
-        arithmetic of a batched forward may round differently)."""
-        if len(forks) == 1:
-            return [forks[0].propose(states[0])]
-        o, draft, batch = self.options, self.draft, len(forks)
-        self.catch_up_batch(forks, states)
-        feats = torch.cat([f.take_pending(s, f.absorbed) for f, s in zip(forks, states)])  # [B, 3Ht], the newest
+        values (`catch_up`), the newest positions (each over its own cache; the caches stacked and padded,
+        `stack_kv`), then each tree level (EAGLE's beam, `beam_search`), each sequence's tree its own top nodes."""
+        o, draft, batch = self.options, self.draft, len(states)
+        lanes = [self.lane(s) for s in states]
+        for s, lane in zip(states, lanes):
+            lane.extra_kv = self.shared_kv(s)
+        self.catch_up(states)
+        starts = [self.absorbed(s) for s in states]
+        feats = torch.cat([self.take_pending(s, a) for s, a in zip(states, starts)])  # [B, 3Ht], the newest
         device = feats.device
-        starts = [f.absorbed for f in forks]
         empty = torch.zeros(draft.config.kv_heads, 0, draft.config.head_dim, device=device, dtype=feats.dtype)
-        past, real = stack_kv([f.kv if f.kv is not None else (empty, empty) for f in forks])
-        seen = torch.cat((real, torch.ones(batch, 1, dtype=torch.bool, device=device)), 1)  # + the newest
+        past, real = stack_kv([lane.kv if lane.kv is not None else (empty, empty) for lane in lanes])
+        # `shared_kv`: seen by every query of the round, right after the cache (which sequences have one: `has`)
+        shared, has = _stacked([lane.extra_kv for lane in lanes])
+        one = torch.ones(batch, 1, dtype=torch.bool, device=device)
+        sees_shared = [] if has is None else [has.to(device)[:, None]]
         ids = torch.tensor([[s.tokens[a + 1]] for s, a in zip(states, starts)], device=device)
-        out, (k, v) = draft.step(feats[:, None], ids, torch.tensor(starts, device=device)[:, None], past, seen[:, None])
-        for b, f in enumerate(forks):
-            f.kv = append_kv(f.kv, (k[b], v[b]))
-            f.last_features = feats[b]
+        out, (k, v) = draft.step(feats[:, None], ids, torch.tensor(starts, device=device)[:, None], past,
+                                 torch.cat((real, *sees_shared, one), 1)[:, None], shared)
+        for b, lane in enumerate(lanes):
+            lane.kv = append_kv(lane.kv, (k[b], v[b]))
+            lane.last_features = feats[b]
         cache = (torch.cat((past[0], k), 2), torch.cat((past[1], v), 2))
+        seen = torch.cat((real, one, *sees_shared), 1)  # the padded cache, the newest position, any shared key
         last = out[:, -1]
         with states[0].timed("draft_head"):
             first = draft.log_probs(last)
@@ -227,7 +179,7 @@ class Eagle3(FeatureDrafter):
         eye = torch.eye(o.top_k, dtype=torch.bool, device=device).expand(batch, -1, -1)
         hidden, ancestry = last[:, None].expand(-1, o.top_k, -1), eye
         seen = seen[:, None].expand(-1, o.top_k, -1)
-        tree_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        tree_kv: list[tuple[torch.Tensor, torch.Tensor]] = [] if shared is None else [shared]
 
         def expand(tokens, rows, level):
             nonlocal hidden, ancestry
@@ -250,13 +202,15 @@ class Eagle3(FeatureDrafter):
             trees.append(DraftTree(tokens[b][kept].tolist(), tree_parents))
         return trees
 
-    @torch.inference_mode()
-    def catch_up_batch(self, forks: list[Eagle3], states: list[DecodeState]) -> None:
-        """`catch_up` for every sequence, their backlogs' keys and values in one call."""
-        backlogs = [(f, rows) for f, s in zip(forks, states) if (rows := f._backlog(s)) is not None]
-        if not backlogs:
-            return
-        k, v = self.backlog_kv(*(torch.cat([rows[j] for _, rows in backlogs]) for j in range(3)))
-        sizes = [rows[1].shape[0] for _, rows in backlogs]
-        for (f, _), keys, values in zip(backlogs, k.split(sizes, 1), v.split(sizes, 1)):
-            f.kv = append_kv(f.kv, (keys, values))
+
+def _stacked(kvs: list[tuple[torch.Tensor, torch.Tensor] | None]) -> tuple[tuple[torch.Tensor, torch.Tensor] | None,
+                                                                          torch.Tensor | None]:
+    """Per-sequence keys/values [kv heads, T, d] (or None) as [B, kv heads, T, d], zeros where a sequence has none,
+    and which sequences have them (bool [B]); (None, None) when none has any."""
+    present = [kv for kv in kvs if kv is not None]
+    if not present:
+        return None, None
+    zero = tuple(torch.zeros_like(t) for t in present[0])
+    full = [kv if kv is not None else zero for kv in kvs]
+    return (torch.stack([kv[0] for kv in full]), torch.stack([kv[1] for kv in full])), \
+        torch.tensor([kv is not None for kv in kvs])

@@ -9,9 +9,9 @@ lane (`decode_turn`).
 Each round emits, per sequence, the accepted draft tokens plus one bonus token, cut at the first stop token and at
 the max-new-tokens budget (never overshooting; tokens past a stop are neither emitted nor counted).
 
-Each sequence has its own `Target`, a slot of the target model's one static cache, and its own proposer (lane i's
-method), so a proposer sees what it sees alone and every sequence's output is its batch-1 output: a greedy
-sequence's tokens are the target's argmax whatever its neighbours draft. The trees of one round differ in size (a
+Each sequence has its own `Target`, a slot of the target model's one static cache, and its own state in every
+proposer (`Proposer.lane`); one method drafts for all of them, each sequence as it would alone, so every sequence's
+output is its batch-1 output: a greedy sequence's tokens are the target's argmax whatever its neighbours draft. The trees of one round differ in size (a
 60-node tree, a chain, an empty draft): they share one forward (`TargetModel.run`) whose row-wise parts run on the
 nodes alone, packed, and whose attention pads each tree to the largest, padding rows seeing only themselves and
 landing past the sequence's committed length, where nothing reads them.
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specbench_cli.core.acceptance import Acceptance, accept
-from specbench_cli.core.method import DecodeState, Method, Proposer, Route
+from specbench_cli.core.method import DecodeState, Method, OwnLoop, Proposer, Route, Router
 from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.timing import PhaseClock, sync
 from specbench_cli.core.tree import DraftTree
@@ -80,8 +80,8 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
                 generator: torch.Generator | None = None, context: Mapping[str, str] | None = None) -> TurnResult:
     """Decode one turn alone: one lane of `decode`. `context` (what the caller knows of the prompt) reaches the
     method as `state.context`."""
-    if method.owns_loop:
-        return method.generate(prompt_ids, settings, generator)  # type: ignore[attr-defined]
+    if isinstance(method, OwnLoop):
+        return method.generate(prompt_ids, settings, generator)
     assert target.slot == 0, "a turn alone decodes in its target model's first slot"
     todo, done = [Turn(prompt_ids, generator, dict(context or {}))], []
 
@@ -90,19 +90,19 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
             done.append(finished)
         return todo.pop() if todo else None
 
-    decode(target.shared, [method], settings, feed)
+    decode(target.shared, method, 1, settings, feed)
     return done[0]
 
 
-def decode(target: TargetModel, methods: list[Method], settings: DecodeSettings, feed: Feed) -> BatchStats:
-    """Decode every turn `feed` hands out, `len(methods)` sequences at a time (`methods[i]` drafts for lane i; a
-    proposer's `propose_batch` drafts for all the sequences it serves at once; a routed method routes each
-    sequence, then each proposer drafts for the sequences sent to it)."""
+def decode(target: TargetModel, method: Method, lanes: int, settings: DecodeSettings, feed: Feed) -> BatchStats:
+    """Decode every turn `feed` hands out, `lanes` sequences at a time in slots of `target` (`method` drafts for
+    all of them at once; a routed method routes each sequence, then each proposer drafts for the sequences sent
+    to it)."""
+    method.serve(lanes)
     clock = PhaseClock(target.device)
     stats = BatchStats()
     busy: list[_Sequence] = []
     unresolved: list[list[RoundInfo]] = []  # rounds whose phase times are not read yet, with their rows
-    lanes = len(methods)
     t0 = time.perf_counter_ns()
 
     def done(seq: _Sequence) -> bool:
@@ -118,7 +118,7 @@ def decode(target: TargetModel, methods: list[Method], settings: DecodeSettings,
         """Lane `lane`'s next turn, started in slot `slot` (a turn done at its first token is handed straight
         back); None when the lane has nothing left."""
         while (turn := feed(lane, finished)) is not None:
-            seq = _start(target.slots[slot], methods[lane], lane, turn, settings, clock)
+            seq = _start(target.slots[slot], method, lane, turn, settings, clock)
             stats.tokens += len(seq.out)
             if not done(seq):
                 return seq
@@ -155,12 +155,12 @@ def _round(target: TargetModel, busy: list[_Sequence], settings: DecodeSettings,
     states = [s.state for s in busy]
     kv_lens, forwards = [s.target.length for s in busy], [s.target.forwards for s in busy]
     routes = [Route(s.method) for s in busy]
-    if busy[0].method.routed:  # each sequence its own choice; each proposer then serves its share at once
+    if isinstance(busy[0].method, Router):  # each sequence its own choice; each proposer then serves its share at once
         with clock.phase("route"):
             routes = [s.method.route(s.state) for s in busy]
         with clock.phase("catchup"):
             _by_proposer([(p, st) for r, st in zip(routes, states) for p in (r.proposer, *r.also)],
-                         lambda ps, sts: ps[0].catch_up_batch(ps, sts))
+                         lambda p, sts: p.catch_up(sts))
     extra = [(r.proposer, st) for r, st in zip(routes, states) if r.proposer.extra_forwards]
     if extra:
         with clock.phase("extra_forward"):
@@ -168,7 +168,7 @@ def _round(target: TargetModel, busy: list[_Sequence], settings: DecodeSettings,
                 proposer.extra_forward(state)
     with clock.phase("draft"):
         trees = _by_proposer([(r.proposer, st) for r, st in zip(routes, states)],
-                             lambda ps, sts: ps[0].propose_batch(ps, sts))
+                             lambda p, sts: p.propose(sts))
         extras = [r.proposer.verify_extras(st, t) for r, st, t in zip(routes, states, trees)]
     sizes = [(len(t), max(t.depths()) if len(t) else 0) for t in trees]
     with clock.phase("verify"):
@@ -233,14 +233,14 @@ def _result(seq: _Sequence, device: torch.device) -> TurnResult:
 
 
 def _by_proposer(work: list[tuple[Proposer, DecodeState]], call: Callable) -> list:
-    """`call(proposers, states)` once per kind of proposer in `work` (the sequences a router sent to one proposer in
-    one call, those it sent to another in a second); the answers back in `work`'s order."""
-    groups: dict[tuple[type, str], list[int]] = {}
+    """`call(proposer, states)` once per proposer in `work` (the sequences a router sent to one proposer in one
+    call, those it sent to another in a second); the answers back in `work`'s order."""
+    groups: dict[int, list[int]] = {}
     for i, (p, _) in enumerate(work):
-        groups.setdefault((type(p), p.name), []).append(i)
+        groups.setdefault(id(p), []).append(i)
     out: list = [None] * len(work)
     for members in groups.values():
-        answers = call([work[i][0] for i in members], [work[i][1] for i in members])
+        answers = call(work[members[0]][0], [work[i][1] for i in members])
         for i, answer in zip(members, answers or [None] * len(members)):
             out[i] = answer
     return out

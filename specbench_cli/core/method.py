@@ -7,7 +7,6 @@ method class; `--opt key=value` fills it, typed by the dataclass fields (`core/o
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from specbench_cli.core.tree import DraftTree
 if TYPE_CHECKING:
     from specbench_cli.core.target import Target, VerifyExtras
     from specbench_cli.core.timing import PhaseClock
+    from specbench_cli.core.turn import DecodeSettings, TurnResult
 
 
 class LoadedModel(Protocol):
@@ -52,6 +52,9 @@ class DecodeState:
     # Target logits [V] at the newest committed position (the distribution the bonus token came from);
     # routers read it. Set after prefill and after every round, on the device, never synced by the loop.
     next_logits: torch.Tensor | None = None
+    # Each proposer's own state for this sequence and turn (`Proposer.lane`): kept here, so that a proposer serves
+    # any number of sequences without owning any of them.
+    lanes: dict[Proposer, object] = field(default_factory=dict)
 
     def timed(self, part: str):
         """Time a part of the draft phase (e.g. "draft_head") when the loop is timing rounds."""
@@ -59,9 +62,29 @@ class DecodeState:
 
 
 class Proposer:
-    """A draft source. Model-free proposers only read `state.tokens`."""
+    """A draft source for any number of sequences at once.
+
+    A proposer holds what every sequence shares (weights, cross-request caches) and keeps what it needs per
+    sequence in that sequence's `DecodeState`: `lane(state)`, an instance of its `Lane` dataclass made afresh each
+    turn — the shape of vLLM's v1 proposers, whose runner owns per-request state. Drafting is batch-only:
+    `propose(states)` drafts for every sequence given (a turn alone is a list of one); a drafter whose drafting
+    is per sequence on the host says how in `propose_one`. Model-free proposers only read `state.tokens`."""
 
     name: ClassVar[str] = "?"
+
+    @dataclass
+    class Lane:
+        """What the proposer keeps per sequence and turn (a subclass extends it)."""
+
+    def lane(self, state: DecodeState) -> Lane:
+        """This proposer's state for the sequence `state` (made on first use in a turn)."""
+        lane = state.lanes.get(self)
+        if lane is None:
+            lane = state.lanes[self] = self.Lane()
+        return lane
+
+    def serve(self, lanes: int) -> None:
+        """The loop is about to decode up to `lanes` sequences at once with this proposer."""
 
     def attach(self, target: Target) -> None:
         """Called before each prefill: model-based proposers ask the target for the features they read."""
@@ -69,14 +92,9 @@ class Proposer:
     def start(self, state: DecodeState) -> None:
         """A new turn begins (its prompt is `state.tokens`, whose last token is the prefill's token)."""
 
-    def catch_up(self, state: DecodeState) -> None:
-        """Absorb tokens accepted while this proposer was idle (routed methods' lazy catch-up)."""
-
-    def catch_up_batch(self, forks: list[Proposer], states: list[DecodeState]) -> None:
-        """`catch_up` for several sequences (batch > 1), `forks[i]` (this proposer's forks) for `states[i]`; a
-        network drafter does them in one forward."""
-        for p, s in zip(forks, states):
-            p.catch_up(s)
+    def catch_up(self, states: list[DecodeState]) -> None:
+        """Absorb tokens accepted while this proposer was idle, for each sequence of `states` (routed methods'
+        lazy catch-up); a network drafter does them in one forward."""
 
     # A proposer that runs target forwards of its own before drafting sets this; the loop then calls
     # `extra_forward` each round and times it as its own phase (a draft model's non-deferred ablation).
@@ -85,15 +103,14 @@ class Proposer:
     def extra_forward(self, state: DecodeState) -> None:
         """Target forwards this proposer needs outside verify, before it drafts."""
 
-    def propose(self, state: DecodeState) -> DraftTree:
-        raise NotImplementedError
+    def propose(self, states: list[DecodeState]) -> list[DraftTree]:
+        """A draft for each sequence of `states`. A drafter that runs a network drafts them all in one forward
+        per step (a loop of B forwards would make batch throughput meaningless); host-side drafting is per
+        sequence (`propose_one`)."""
+        return [self.propose_one(s) for s in states]
 
-    def propose_batch(self, forks: list[Proposer], states: list[DecodeState]) -> list[DraftTree]:
-        """Drafts for several sequences in one go, `forks[i]` (this proposer's forks) drafting for `states[i]`.
-        Model-free drafting is per sequence on the host, so the default asks each fork; a method whose drafter
-        runs a network overrides this with one forward for all (a loop of B forwards would make batch throughput
-        meaningless)."""
-        return [p.propose(s) for p, s in zip(forks, states)]
+    def propose_one(self, state: DecodeState) -> DraftTree:
+        raise NotImplementedError
 
     def verify_extras(self, state: DecodeState, tree: DraftTree) -> VerifyExtras | None:
         """What to add to the target's verify of `tree` (side rows, an already cached root); None: nothing."""
@@ -108,22 +125,21 @@ class Proposer:
     def absorb(self, output_ids: list[int]) -> None:
         """Take in the output of a turn decoded earlier (resume and warm-up replay cross-prompt state)."""
 
-    def draft_info(self) -> dict | None:
-        """What trace replay records about the last draft besides its accepted length (None: nothing)."""
+    def draft_info(self, state: DecodeState) -> dict | None:
+        """What trace replay records about the sequence's last draft besides its accepted length (None: nothing)."""
         return None
 
 
 class Method(Proposer):
-    """A registered method. Single-proposer methods are their own proposer; routed ones override `route`."""
+    """A registered method. Single-proposer methods are their own proposer; a `Router` picks one of several per
+    round, and an `OwnLoop` runs a loop of its own."""
 
     @dataclass
     class Options:
         pass
 
-    routed: ClassVar[bool] = False
     drafter_names: ClassVar[tuple[str, ...]] = ()  # checkpoints it loads; `--drafter NAME=PATH` overrides
     optional_drafters: ClassVar[tuple[str, ...]] = ()  # further `--drafter` names it accepts but can do without
-    owns_loop: ClassVar[bool] = False  # an outside reference that runs its own loop (`generate` per turn)
     how_to_make: ClassVar[dict[str, str]] = {}  # drafter name -> how a user makes a missing one ({model})
     # The drafter name of the artifact `specbench calibrate` makes for this method, whose config.json holds
     # the calibrated decision values (thresholds); "" for methods with no calibration.
@@ -145,14 +161,22 @@ class Method(Proposer):
         """The checkpoint of drafter `name`: `--drafter` first, then the model registry."""
         return drafter_ref(type(self), self.model.spec, self.drafters, name)
 
-    def fork(self) -> Method:
-        """The proposer of one more sequence decoded beside this one (batch > 1): the same weights and
-        cross-request state, per-turn state of its own (every hook sets per-turn state afresh in `start`)."""
-        return copy.copy(self)
+
+
+class Router(Method):
+    """A method that picks, per sequence and round, which of its proposers drafts (`route`); the loop then asks
+    each proposer to catch up and draft for the sequences sent to it."""
 
     def route(self, state: DecodeState) -> Route:
-        """Routed methods: pick this round's proposer (the loop calls this only when `routed`)."""
-        return Route(self)
+        raise NotImplementedError
+
+
+class OwnLoop(Method):
+    """An outside reference that runs its own decoding loop, one turn per call (`generate`): it neither drafts
+    nor batches, and its rounds are what it reports."""
+
+    def generate(self, prompt_ids: list[int], settings: DecodeSettings, generator: torch.Generator | None) -> TurnResult:
+        raise NotImplementedError
 
 
 # A per-round signal a method records: a number, a text, or a vector of numbers (written comma-separated).

@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 from rich.console import Console
 
-from specbench_cli.core.method import Method, drafter_ref
+from specbench_cli.core.method import Method, OwnLoop, Router, drafter_ref
 from specbench_cli.core.options import options_record, parse_options
 from specbench_cli.core.errors import UsageError
 from specbench_cli.datasets import dataset_slug
@@ -62,7 +62,7 @@ def check(config: OracleConfig) -> tuple[Plan, dict[str, object]]:
     options, classes = {}, []
     for name, opts in drafter_options(config.drafters, config.opts).items():
         cls = method_class(name)
-        if name in NOT_REPLAYABLE or cls.owns_loop or cls.routed:
+        if name in NOT_REPLAYABLE or issubclass(cls, (OwnLoop, Router)):
             raise UsageError(f"{name} cannot be replayed: {NOT_REPLAYABLE.get(name, 'it is not a single drafter')}")
         options[name] = parse_options(cls, opts)
         classes.append(cls)

@@ -54,7 +54,7 @@ class Walk:
     drafted: list[int] = field(default_factory=list)
     branched: list[bool] = field(default_factory=list)  # a tree, not a chain: a batch-invariant target re-verifies
     draft_ms: list[float] = field(default_factory=list)
-    infos: list[dict] = field(default_factory=list)  # `draft_info()` at every position (drafters that give one)
+    infos: list[dict] = field(default_factory=list)  # `draft_info` at every position (drafters that give one)
 
 
 @dataclass
@@ -101,13 +101,13 @@ def _walk(drafter: Method, rows: dict[int, torch.Tensor], seq: list[int], P: int
     walk = Walk()
     for t in range(T):
         t0 = time.perf_counter()
-        tree = drafter.propose(state)
+        (tree,) = drafter.propose([state])
         sync(device)
         spent = time.perf_counter() - t0
         walk.accepted.append(tree.matched(seq[P + t + 1:]))
         walk.drafted.append(len(tree))
         walk.branched.append(not tree.is_chain)
-        info = drafter.draft_info()
+        info = drafter.draft_info(state)
         if info is not None:
             walk.infos.append(info)
         view.captured = {i: r[P + t: P + t + 1] for i, r in rows.items()}  # the committed root's rows

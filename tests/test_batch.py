@@ -311,7 +311,7 @@ def test_batched_runs_equal_batch_one_turn_by_turn_and_resume(tmp_path):
     (["--batch-size", "two"], "expected distinct positive whole numbers"),
     (["--batch-size", "2,2"], "expected distinct positive whole numbers"),
     (["--batch-size", "9", "--limit", "4"], "more than the 4 prompt(s) selected"),
-    (["--batch-size", "2", "--method", "confu"], "confu does not decode batches yet; --batch-size > 1 runs baseline"),
+    (["--batch-size", "2", "--method", "hf-generate"], "hf-generate runs its own loop, one sequence at a time"),
     (["--batch-size", "2", "--engine", "vllm"], "use --concurrency"),
     (["--batch-size", "2", "--device", "split"], "runs on one device"),
     (["--batch-size", "1,2", "--engine", "vllm", "--concurrency", "1,2"], "not both at once"),

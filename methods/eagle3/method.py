@@ -41,7 +41,6 @@ class Eagle3(FeatureDrafter):
     @dataclass
     class Lane(FeatureDrafter.Lane):
         kv: tuple[torch.Tensor, torch.Tensor] | None = None  # draft KV of positions fed by target features
-        extra_kv: tuple[torch.Tensor, torch.Tensor] | None = None  # this round's `shared_kv`; not cached
         last_features: torch.Tensor | None = None  # the newest committed position's features
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
@@ -152,8 +151,7 @@ class Eagle3(FeatureDrafter):
         `stack_kv`), then each tree level (EAGLE's beam, `beam_search`), each sequence's tree its own top nodes."""
         o, draft, batch = self.options, self.draft, len(states)
         lanes = [self.lane(s) for s in states]
-        for s, lane in zip(states, lanes):
-            lane.extra_kv = self.shared_kv(s)
+        shared_kv = [self.shared_kv(s) for s in states]
         self.catch_up(states)
         starts = [self.absorbed(s) for s in states]
         feats = torch.cat([self.take_pending(s, a) for s, a in zip(states, starts)])  # [B, 3Ht], the newest
@@ -161,7 +159,7 @@ class Eagle3(FeatureDrafter):
         empty = torch.zeros(draft.config.kv_heads, 0, draft.config.head_dim, device=device, dtype=feats.dtype)
         past, real = stack_kv([lane.kv if lane.kv is not None else (empty, empty) for lane in lanes])
         # `shared_kv`: seen by every query of the round, right after the cache (which sequences have one: `has`)
-        shared, has = _stacked([lane.extra_kv for lane in lanes])
+        shared, has = _stacked(shared_kv)
         one = torch.ones(batch, 1, dtype=torch.bool, device=device)
         sees_shared = [] if has is None else [has.to(device)[:, None]]
         ids = torch.tensor([[s.tokens[a + 1]] for s, a in zip(states, starts)], device=device)

@@ -298,7 +298,7 @@ class TargetModel:
         offset = _one_offset(work)
         sizes = [len(x) for x in work]
         rows = max(sizes)
-        block, sees = _padded(work, n, rows, lambda b: b)
+        block, sees = _padded(work, n, rows, first)
         base = torch.tensor([x.target.offset + x.target.length for x in work])
         kv_len = self._kv_span(int(base.max()) + rows)
         device = self.device
@@ -469,7 +469,7 @@ class TargetModel:
         """`run` as one graph over every slot: [slots, bucket] rows (idle slots and padding rows: zero inputs
         that see only themselves); the host writes each busy sequence's rows into the cache afterwards."""
         size, rows = len(self.slots), self.bucket(max(len(x) for x in work))
-        block, sees = _padded(work, size, rows, lambda b: work[b].target.slot)
+        block, sees = _padded(work, size, rows, 0)
         embeds = torch.zeros(size, rows, work[0].embeds.shape[-1], dtype=self._dtype, device=self.device)
         positions = torch.zeros(size, rows, dtype=torch.long, device=self.device)
         base = torch.zeros(size, dtype=torch.long)
@@ -574,15 +574,15 @@ class TargetModel:
         self.slots[src].slot, t.slot = src, dst
 
 
-def _padded(work: list[Rows], size: int, rows: int, where: Callable[[int], int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sequences' blocks and reserved-entry flags laid out [size, rows(, rows)], work[b] at index where(b);
+def _padded(work: list[Rows], size: int, rows: int, first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequences' blocks and reserved-entry flags laid out [size, rows(, rows)], each at its slot - `first`;
     padding rows and other indices see only themselves."""
     block = torch.eye(rows, dtype=torch.bool).repeat(size, 1, 1)
     sees = torch.zeros(size, rows, dtype=torch.bool)
-    for b, x in enumerate(work):
-        m = len(x)
-        block[where(b), :m, :m] = x.block
-        sees[where(b), :m] = x.sees_reserved
+    for x in work:
+        b, m = x.target.slot - first, len(x)
+        block[b, :m, :m] = x.block
+        sees[b, :m] = x.sees_reserved
     return block, sees
 
 

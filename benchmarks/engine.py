@@ -75,12 +75,12 @@ def timed(fn: Callable[[], object], device: torch.device, reps: int, warmup: int
 
 @torch.inference_mode()
 def verify_curve(model, device, context: int, reps: int, compile_mode: str | None,
-                 invariant: bool = False) -> dict[str, dict[int, float]]:
+                 invariant: bool = False, sizes: tuple[int, ...] = NS) -> dict[str, dict[int, float]]:
     from transformers import DynamicCache
 
     vocab = model.config.vocab_size
     rng = random.Random(0)
-    ids = [rng.randrange(vocab) for _ in range(context + max(NS))]
+    ids = [rng.randrange(vocab) for _ in range(context + max(sizes))]
     curves: dict[str, dict[int, float]] = {}
 
     cache = DynamicCache(config=model.config)
@@ -90,28 +90,28 @@ def verify_curve(model, device, context: int, reps: int, compile_mode: str | Non
                                    position_ids=torch.arange(context, context + n, device=device)[None],
                                    past_key_values=cache, use_cache=True),
                  device, reps, after=lambda: cache.crop(context - cache.get_seq_length()))  # negative: drop that many
-        for n in NS}
+        for n in sizes}
 
     eager = Target(model, device)
     eager.prefill(ids[:context - 1])
     curves["ours eager chain"] = {n: timed(lambda n=n: eager.verify(ids[context - 1], DraftTree.chain(ids[context:context + n - 1])),
-                                           device, reps) for n in NS}
-    trees = {n: random_tree(n - 1, vocab, rng) for n in NS}
-    curves["ours eager tree"] = {n: timed(lambda n=n: eager.verify(ids[context - 1], trees[n]), device, reps) for n in NS}
+                                           device, reps) for n in sizes}
+    trees = {n: random_tree(n - 1, vocab, rng) for n in sizes}
+    curves["ours eager tree"] = {n: timed(lambda n=n: eager.verify(ids[context - 1], trees[n]), device, reps) for n in sizes}
     if invariant:  # rows computed as one-token decodes (a tree's path is verified again in the loop: not here)
         exact = Target(model, device, invariant=True)
         exact.prefill(ids[:context - 1])
         curves["ours invariant chain"] = {n: timed(lambda n=n: exact.verify(ids[context - 1], DraftTree.chain(ids[context:context + n - 1])),
-                                                   device, reps) for n in NS}
+                                                   device, reps) for n in sizes}
         curves["ours invariant tree"] = {n: timed(lambda n=n: exact.verify(ids[context - 1], trees[n]), device, reps)
-                                         for n in NS}
+                                         for n in sizes}
     if compile_mode:
-        compiled = Target(model, device, compile=compile_mode, buckets=NS)
-        compiled.plan(context + 2 * max(NS))
+        compiled = Target(model, device, compile=compile_mode, buckets=sizes)
+        compiled.plan(context + 2 * max(sizes))
         compiled.warm_up()
-        compiled.prefill(ids[:context - 1], room=2 * max(NS))  # inside the planned cache: no recompile
+        compiled.prefill(ids[:context - 1], room=2 * max(sizes))  # inside the planned cache: no recompile
         curves["ours compiled tree"] = {n: timed(lambda n=n: compiled.verify(ids[context - 1], trees[n]), device, reps)
-                                        for n in NS}
+                                        for n in sizes}
     return curves
 
 
@@ -198,6 +198,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--compile", action="store_true", help="also the compiled Target and generate() with a static cache")
     ap.add_argument("--invariant", action="store_true", help="also the batch-invariant Target (core.target)")
+    ap.add_argument("--sizes", default=",".join(map(str, NS)),
+                    help="verify sizes n of the c(n) table (each one a compiled bucket with --compile: ~40 s each on an H100)")
     ap.add_argument("--batch", default="", help="batch sizes for the batched verify table, e.g. 2,4,8,16")
     ap.add_argument("--batch-only", action="store_true", help="with --batch: that table alone")
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here too")
@@ -212,17 +214,18 @@ def main() -> None:
     clock = "CUDA events" if device.type == "cuda" else "perf_counter"
     where = f"{args.model} {str(dtype).removeprefix('torch.')} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}"
 
-    curves = {} if args.batch_only else verify_curve(loaded.model, device, args.context, args.reps, mode, args.invariant)
+    sizes = tuple(sorted({1, *(int(n) for n in args.sizes.split(","))}))  # t(1) is every ratio's denominator
+    curves = {} if args.batch_only else verify_curve(loaded.model, device, args.context, args.reps, mode, args.invariant, sizes)
     table = Table(title=f"verify cost c(n) = t(n) / t(1), context {args.context}; t(1) ms in the last column ({where}, {clock})")
     table.add_column("forward")
-    for n in NS:
+    for n in sizes:
         table.add_column(f"n={n}", justify="right")
     table.add_column("t(1) ms", justify="right")
     for name, curve in curves.items():
-        table.add_row(name, *(f"{curve[n] / curve[1]:.2f}" for n in NS), f"{curve[1]:.3f}")
+        table.add_row(name, *(f"{curve[n] / curve[1]:.2f}" for n in sizes), f"{curve[1]:.3f}")
     if curves:
         hf = curves["hf forward"]
-        table.add_row("eager chain / hf", *(f"{curves['ours eager chain'][n] / hf[n]:.2f}" for n in NS), "")
+        table.add_row("eager chain / hf", *(f"{curves['ours eager chain'][n] / hf[n]:.2f}" for n in sizes), "")
         console.print(table)
 
     batched = {}
@@ -259,8 +262,9 @@ def main() -> None:
         table.add_row(name, f"{row['tok/s']:.1f}", f"{row['tok/s'] / base:.2f}", f"{size * row['tok/s'] / 1e9:.1f}",
                       f"{size * row['tok/s'] / peak:.1%}", "—" if overhead != overhead else f"{overhead:.1%}")
     console.print(table)
-    if "same tokens as eager" in rates.get("ours compiled", {}):
-        console.print(f"compiled output identical to eager: {rates['ours compiled']['same tokens as eager']}")
+    for name in ("ours compiled", "ours eager invariant"):
+        if "same tokens as eager" in rates.get(name, {}):
+            console.print(f"{name.removeprefix('ours ')} output identical to eager: {rates[name]['same tokens as eager']}")
     if args.json:
         args.json.write_text(json.dumps({"where": where, "clock": clock, "curves": curves, "rates": rates,
                                          "batched": batched,

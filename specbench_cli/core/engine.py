@@ -175,7 +175,7 @@ def _round(target: TargetModel, busy: list[_Sequence], settings: DecodeSettings,
         logits = target.verify([(s.target, s.state.tokens[-1], t, e) for s, t, e in zip(busy, trees, extras)])
     with clock.phase("accept"):
         results = [accept(t, lg, settings.temperature, s.generator) for t, lg, s in zip(trees, logits, states)]
-    if target.invariant and settings.temperature == 0 and not all(t.is_chain for t in trees):
+    if target.invariant and not target.exact_trees and settings.temperature == 0 and not all(t.is_chain for t in trees):
         trees, logits, results = _exact_paths(target, busy, trees, results, clock)
     infos = []
     with clock.phase("commit"):

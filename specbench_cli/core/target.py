@@ -27,10 +27,11 @@ The extension points, all generic (this module names no method):
 - `reserve(n)`: entries at the front of the cache that only side rows see (a learned soft prompt).
 - `forward(tokens)`: a plain append outside verify, for a method that needs target forwards of its own.
 
-Batch-invariant (`invariant=True`, eager): every row of a chain's verify is computed bit for bit as a
-one-token decode computes it (`_rows`: GEMMs of one fixed shape; `_kv_span`; one attention problem per row), so
-that in bf16 a method's greedy output equals plain one-token decoding's; a tree's path is verified again as a
-chain (`verify_paths`).
+Batch-invariant (`invariant=True`, eager): every row of a verify is computed bit for bit as a
+one-token decode computes it (`_rows`: GEMMs of one fixed shape; `_kv_span`; one attention problem per row,
+over its keys laid out as that decode lays them out: `decode_layouts`), so that in bf16 a method's greedy output
+equals plain one-token decoding's. Where attention runs through SDPA instead (float32, CUDA) a tree's rows are
+not laid out so, and its accepted path is verified again as a chain (`verify_paths`, `exact_trees` False).
 """
 
 from __future__ import annotations
@@ -205,6 +206,8 @@ class TargetModel:
         self.slots: list[Target] = []
         self._capture: tuple[int, ...] = ()  # decoder layers every forward returns (what the sequences asked for)
         self._dtype = model.get_input_embeddings().weight.dtype
+        # where a tree's rows are exact too (`decode_layouts`); elsewhere its accepted path is verified again
+        self.exact_trees = invariant and device.type == "cpu" and self._dtype in (torch.bfloat16, torch.float16)
         self.kernels = RowKernels(packs(device, self._dtype, compile is not None) if packed is None else packed)
         self._layer_devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
         self.compile_mode = compile
@@ -309,8 +312,10 @@ class TargetModel:
         real = None if n == 1 else (torch.arange(rows)[None] < torch.tensor(sizes)[:, None]).to(device)
         embeds = torch.cat([x.embeds for x in work])[None]
         positions = torch.cat([x.positions for x in work])[None]
+        layouts = decode_layouts(mask, sees, slots, offset, self._kv_span) if self.exact_trees else None
         hidden, captured = self.decoder(embeds, positions, mask, slots, sees,
-                                        lambda i: self.kv.layer(i)[:, first:first + n, :, :kv_len], real, offset=offset)
+                                        lambda i: self.kv.layer(i)[:, first:first + n, :, :kv_len], real, offset=offset,
+                                        layouts=layouts)
         return self._outputs(work, list(hidden[0].split(sizes)), [c[0].split(sizes) for c in captured])
 
     def _outputs(self, work: list[Rows], hidden: list[torch.Tensor], captured: list) -> list[Out]:
@@ -335,7 +340,7 @@ class TargetModel:
     def decoder(self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, slots: torch.Tensor,
                 sees_reserved: torch.Tensor, kv: Callable[[int], torch.Tensor],
                 real: torch.Tensor | None = None, apart: RowsApart | None = None,
-                offset: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                offset: int = 0, layouts: list[list[RowLayout]] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The decoder over a batch of sequences' rows: embeds [B, R, H] at `positions` [B, R], each written at
         `slots` [B, R] of its sequence's cache `kv(layer)` [2, B, kv heads, S, d] and attending where `mask`
         [B, 1, R, S] allows (None: plain causal attention over the rows). Returns the final-norm hidden states
@@ -344,7 +349,8 @@ class TargetModel:
         `real` (bool [B, R]): the rows are packed, embeds [1, T, H] and positions [1, T] holding only the rows
         `real` marks, in order; every row-wise part (norms, projections, MLP) runs on them alone and only
         attention sees the padded [B, R] layout. Hidden states come back packed too. `offset`: reserved entries
-        at the front of each sequence's cache."""
+        at the front of each sequence's cache. `layouts`: each row's keys laid out as a one-token decode sees
+        them (`decode_layouts`; batch-invariant targets)."""
         base_model = self.model.model
         h = embeds.to(self._dtype)
         cos, sin = base_model.rotary_emb(h, positions)
@@ -355,7 +361,7 @@ class TargetModel:
                 h, cos, sin, slots = (t.to(dev) for t in (h, cos, sin, slots))
                 mask = None if mask is None else mask.to(dev)
             h = h + self._attention(block_module.self_attn, block_module.input_layernorm(h), cos, sin, mask, slots,
-                                    kv(i), sees_reserved, real, apart, offset)
+                                    kv(i), sees_reserved, real, apart, offset, layouts)
             h = h + self._rows(block_module.mlp, block_module.post_attention_layernorm(h))
             if i in self._capture:
                 captured.append(h)
@@ -364,7 +370,8 @@ class TargetModel:
     def _attention(self, attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    mask: torch.Tensor | None, slots: torch.Tensor, kv: torch.Tensor,
                    sees_reserved: torch.Tensor, real: torch.Tensor | None = None,
-                   apart: RowsApart | None = None, offset: int = 0) -> torch.Tensor:
+                   apart: RowsApart | None = None, offset: int = 0,
+                   layouts: list[list[RowLayout]] | None = None) -> torch.Tensor:
         """One attention block over x [B, R, H] (or packed rows, `decoder`'s `real`), reading and writing the static
         cache `kv` [2, B, kv heads, S, d] (reading only, with `apart`)."""
         d = attn.head_dim
@@ -392,7 +399,7 @@ class TargetModel:
             kv[1][lanes, :, slots] = v.transpose(1, 2)
         if self.invariant and mask is not None:
             out = torch.cat([self._one_query_each(q[b:b + 1], kv[:, b], mask[b, 0], attn.scaling, sees_reserved[b],
-                                                  slots[b], offset)
+                                                  slots[b], offset, layouts[b] if layouts else None)
                              for b in range(batch)])
         elif mask is not None and rows == 1 and one_query_by_matmul(q):
             out = grouped_attention(q, [(kv[0], kv[1], mask)], attn.scaling).transpose(1, 2).reshape(batch, rows, -1)
@@ -402,23 +409,28 @@ class TargetModel:
         return self._rows(attn.o_proj, out if real is None else out[real][None])
 
     def _one_query_each(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
-                        sees_reserved: torch.Tensor, slots: torch.Tensor, offset: int) -> torch.Tensor:
+                        sees_reserved: torch.Tensor, slots: torch.Tensor, offset: int,
+                        layout: list[RowLayout] | None = None) -> torch.Tensor:
         """Batch-invariant attention, [1, rows, heads * d]: each row its own one-query problem over the span a
-        one-token decode at its slot would attend (`_kv_span`), so a row's result does not depend on the rows
+        one-token decode at its position would attend (`_kv_span`), so a row's result does not depend on the rows
         beside it; rows that do not see reserved entries attend over the cache after them, laid out as if there
         were none. Where SDPA is slow for one query (`one_query_by_matmul`) each problem is `grouped_attention`
-        on its own (a decode is one such call); elsewhere rows are the batch of one SDPA call over the common
-        span."""
+        on its own (a decode is one such call), over its visible entries laid out as that decode sees them
+        (`decode_layouts`: a tree node's ancestors moved next to the prefix), so a tree's rows are exact too;
+        elsewhere rows are the batch of one SDPA call over the common span, exact for a chain only."""
         rows, r = q.shape[2], offset
         if one_query_by_matmul(q):
-            spans = [(0 if seen else r, self._kv_span(slot + 1))
-                     for seen, slot in zip(sees_reserved.tolist(), slots.tolist())]
-            # in float32 once for every row (grouped_attention's own conversion is then a no-op)
-            keys, values = (kv[j, None, :, :max(end for _, end in spans)].float() for j in (0, 1))
+            layout = layout or decode_layouts(mask[None, None], sees_reserved[None], slots[None], offset, self._kv_span)[0]
+            # in float32 once for every row (grouped_attention's own conversion is then a no-op); a row's ancestors
+            # are copied in from the cache (bf16 -> float32 is exact) where the layout asks
+            keys, values = (kv[j, None, :, :max(row.end for row in layout)].float() for j in (0, 1))
             out = q.new_empty(1, q.shape[1], rows, q.shape[3])
-            for i, (first, end) in enumerate(spans):
-                out[:, :, i:i + 1] = grouped_attention(q[:, :, i:i + 1], [(keys[:, :, first:end], values[:, :, first:end],
-                                                                           mask[None, None, i:i + 1, first:end])], scale)
+            for i, row in enumerate(layout):
+                if len(row.src):
+                    keys[0, :, row.dst:row.dst + len(row.src)] = kv[0, :, row.src]
+                    values[0, :, row.dst:row.dst + len(row.src)] = kv[1, :, row.src]
+                out[:, :, i:i + 1] = grouped_attention(q[:, :, i:i + 1], [(keys[:, :, row.first:row.end],
+                                                                           values[:, :, row.first:row.end], row.mask)], scale)
             return out.transpose(1, 2).reshape(1, rows, -1)
         groups = [(torch.arange(rows, device=q.device), 0)] if not r else [
             (torch.nonzero(~sees_reserved).flatten(), r), (torch.nonzero(sees_reserved).flatten(), 0)]
@@ -745,6 +757,52 @@ def unpack(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     full = x.new_zeros(*real.shape, x.shape[1], x.shape[3])
     full[real] = x[0].transpose(0, 1)
     return full.transpose(1, 2)
+
+
+@dataclass
+class RowLayout:
+    """Where a batch-invariant verify row's keys sit when it is attended as a one-token decode at its position
+    attends: cache positions [first, first + seen) hold its visible entries in order (the prefix, its
+    ancestors, itself), and it attends [first, end) (`Target._kv_span`). Before the row, positions
+    dst, dst + 1, ... of the float32 copy are overwritten with the cache entries at slots `src` (empty: none)."""
+
+    first: int
+    seen: int
+    end: int
+    dst: int
+    src: torch.Tensor
+    mask: torch.Tensor  # bool [1, 1, 1, end - first]: the first `seen` positions
+
+
+def decode_layouts(mask: torch.Tensor, sees_reserved: torch.Tensor, slots: torch.Tensor, offset: int,
+                   span: Callable[[int], int]) -> list[list[RowLayout]]:
+    """Each row's `RowLayout`, per sequence, from the verify's mask [B, 1, R, S] and the rows' slots [B, R]
+    (computed once per forward, used by every layer).
+
+    Why: the CPU kernels' rounding follows the position where a key sits (their vector lanes and blocks), so a
+    tree node attended over its ancestors at their tree slots is not what the one-token decode at its position
+    computes. Laid out as that decode lays them out (ancestors right after the prefix, itself last, the same
+    span) the node's row is that decode's, bit for bit, and a tree needs no second verify of its accepted path.
+    Rows are laid out one after another over one float32 copy: a row rewrites positions only from the first one
+    that differs from what the rows before left there (a sibling: one position), and positions past its own
+    are masked, whatever they hold."""
+    layouts = []
+    for b in range(mask.shape[0]):
+        base = int(slots[b, 0])
+        placed: list[int] = []  # the slots whose entries sit at positions base, base + 1, ... now
+        rows = []
+        for seen_reserved, visible in zip(sees_reserved[b].tolist(), mask[b, 0, :, base:]):
+            first = 0 if seen_reserved else offset
+            tail = (torch.nonzero(visible).flatten() + base).tolist()  # its ancestors and itself, in slot order
+            now = placed + list(range(base + len(placed), base + len(tail)))
+            j = next((k for k, (have, want) in enumerate(zip(now, tail)) if have != want), len(tail))
+            placed = now[:j] + tail[j:] + now[len(tail):]
+            seen = base - first + len(tail)
+            end = span(first + seen)
+            rows.append(RowLayout(first, seen, end, base + j, torch.tensor(tail[j:], dtype=torch.long, device=mask.device),
+                                  (torch.arange(end - first, device=mask.device) < seen)[None, None, None]))
+        layouts.append(rows)
+    return layouts
 
 
 def one_query_by_matmul(q: torch.Tensor) -> bool:

@@ -210,6 +210,7 @@ class TargetModel:
         self.exact_trees = invariant and device.type == "cpu" and self._dtype in (torch.bfloat16, torch.float16)
         self.kernels = RowKernels(packs(device, self._dtype, compile is not None) if packed is None else packed)
         self._layer_devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
+        self.one_call = invariant and self._one_call_keeps_rows()  # see `_rows`
         self.compile_mode = compile
         self.buckets = tuple(sorted(buckets))
         self.compile_seconds: dict[int, float] = {}  # bucket -> seconds its warm-up (compile, record) took
@@ -462,11 +463,33 @@ class TargetModel:
             return fn(x)
         lead, x = x.shape[:-1], x.reshape(1, -1, x.shape[-1])  # a batch's rows [B, R, H] as one run of B*R rows
         rows = x.shape[-2]
+        if self.one_call:  # every row count but one keeps each row's result (`_one_call_keeps_rows`)
+            out = fn(x if rows > 1 else torch.cat((x, x.new_zeros(x.shape)), dim=-2))[..., :rows, :]
+            return out.reshape(*lead, -1)
         pad = -rows % ROW_BLOCK
         if pad:
             x = torch.cat((x, x.new_zeros(*x.shape[:-2], pad, x.shape[-1])), dim=-2)
         out = torch.cat([fn(piece) for piece in x.split(ROW_BLOCK, dim=-2)], dim=-2)[..., :rows, :]
         return out.reshape(*lead, -1)
+
+    def _one_call_keeps_rows(self) -> bool:
+        """Whether one call over any number of rows from 2 up gives each row what ROW_BLOCK-row pieces give it,
+        for the first layer's projections and MLP and the head, on random rows (so `_rows` pads a decode to 2 rows
+        and runs a verify's rows in one call). Measured with oneDNN's packed bf16 linears on a 2-core EPYC
+        (2026-11-26): row counts 2..130 keep every row, random and wide-range inputs alike; one row does not
+        (down_proj's one-row kernel rounds some outputs otherwise). Probed here because the kernels a build and
+        a CPU pick may differ; where any count differs, `_rows` keeps the ROW_BLOCK pieces."""
+        layer = self.model.model.layers[0]
+        generator = torch.Generator().manual_seed(0)
+        for module in (layer.self_attn.q_proj, layer.mlp, self.model.get_output_embeddings()):
+            fn = self.kernels(module)
+            width = self.model.config.hidden_size
+            x = torch.randn(1, 72, width, generator=generator).to(self._dtype).to(self._layer_devices[0])
+            with torch.inference_mode():
+                pieces = torch.cat([fn(p) for p in x.split(ROW_BLOCK, dim=-2)], dim=-2)
+                if not all(torch.equal(fn(x[:, :rows]), pieces[:, :rows]) for rows in (2, 3, 9, 17, 33, 72)):
+                    return False
+        return True
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.model.get_output_embeddings()

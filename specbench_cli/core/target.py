@@ -455,9 +455,10 @@ class TargetModel:
         return -(-end // 16) * 16 + 16 if self.invariant else end
 
     def _rows(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """fn (a row-wise module: projection, MLP, head) over x [1, rows, H]; batch-invariant: in pieces of
-        exactly ROW_BLOCK rows, the last one padded with zero rows, so that every GEMM of every forward, a
-        one-token decode's included, has the same shape, and so the same kernel and reduction order per row."""
+        """fn (a row-wise module: projection, MLP, head) over x [1, rows, H]. Batch-invariant: in one call, a
+        single row padded to two, where every row count from 2 keeps each row's result (`one_call`, probed);
+        elsewhere in pieces of exactly ROW_BLOCK rows, the last one padded with zero rows, so that every GEMM of
+        every forward, a one-token decode's included, has the same shape, kernel and reduction order per row."""
         fn = self.kernels(fn)
         if not self.invariant:
             return fn(x)

@@ -37,6 +37,7 @@ not laid out so, and its accepted path is verified again as a chain (`verify_pat
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 ROOM = 256  # cache slots kept free past prompt + max-new-tokens for the largest verify (grown if a tree needs more)
 DEFAULT_BUCKETS = (1, 4, 16, 64)  # compiled verify sizes (a 60-node tree + root fits 64, a 16-token block 16)
 ROW_BLOCK = 8  # every batch-invariant GEMM takes exactly this many rows (see `Target._rows`)
+_ONE_CALL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(dtype, packed, device): probed}
 
 
 @dataclass
@@ -210,7 +212,13 @@ class TargetModel:
         self.exact_trees = invariant and device.type == "cpu" and self._dtype in (torch.bfloat16, torch.float16)
         self.kernels = RowKernels(packs(device, self._dtype, compile is not None) if packed is None else packed)
         self._layer_devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
-        self.one_call = invariant and self._one_call_keeps_rows()  # see `_rows`
+        self.one_call = False  # see `_rows`; probed once per model, dtype and kernels
+        if invariant:
+            probed = _ONE_CALL.setdefault(model, {})
+            key = (self._dtype, self.kernels.packed, str(self._layer_devices[0]))
+            if key not in probed:
+                probed[key] = self._one_call_keeps_rows()
+            self.one_call = probed[key]
         self.compile_mode = compile
         self.buckets = tuple(sorted(buckets))
         self.compile_seconds: dict[int, float] = {}  # bucket -> seconds its warm-up (compile, record) took

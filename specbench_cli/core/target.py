@@ -209,7 +209,7 @@ class TargetModel:
         self._capture: tuple[int, ...] = ()  # decoder layers every forward returns (what the sequences asked for)
         self._dtype = model.get_input_embeddings().weight.dtype
         # where a tree's rows are exact too (`decode_layouts`); elsewhere its accepted path is verified again
-        self.exact_trees = invariant and device.type == "cpu" and self._dtype in (torch.bfloat16, torch.float16)
+        self.exact_trees = invariant and attends_by_matmul(device, self._dtype)
         self.kernels = RowKernels(packs(device, self._dtype, compile is not None) if packed is None else packed)
         self._layer_devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
         self.one_call = False  # see `_rows`; probed once per model, dtype and kernels
@@ -490,9 +490,9 @@ class TargetModel:
         a CPU pick may differ; where any count differs, `_rows` keeps the ROW_BLOCK pieces."""
         layer = self.model.model.layers[0]
         generator = torch.Generator().manual_seed(0)
+        width = self.model.config.hidden_size
         for module in (layer.self_attn.q_proj, layer.mlp, self.model.get_output_embeddings()):
             fn = self.kernels(module)
-            width = self.model.config.hidden_size
             x = torch.randn(1, 72, width, generator=generator).to(self._dtype).to(self._layer_devices[0])
             with torch.inference_mode():
                 pieces = torch.cat([fn(p) for p in x.split(ROW_BLOCK, dim=-2)], dim=-2)
@@ -838,11 +838,15 @@ def decode_layouts(mask: torch.Tensor, sees_reserved: torch.Tensor, slots: torch
 
 
 def one_query_by_matmul(q: torch.Tensor) -> bool:
-    """Whether a one-query attention problem runs as `grouped_attention` instead of SDPA: half precision on a
-    CPU, where SDPA's flash kernel for one query row costs 293 us at 512 keys and 1.7 ms at 3072 (bf16, 9
-    heads, 2-core EPYC, medians) against 171 us and 0.7 ms. Not in float32 (SDPA: 49 us vs 85 us) and not for
-    several rows (bf16, 8 rows: SDPA 142 us vs 271 us)."""
-    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+    """Whether a one-query attention problem runs as `grouped_attention` instead of SDPA (`attends_by_matmul`)."""
+    return attends_by_matmul(q.device, q.dtype)
+
+
+def attends_by_matmul(device: torch.device, dtype: torch.dtype) -> bool:
+    """Half precision on a CPU, where SDPA's flash kernel for one query row costs 293 us at 512 keys and 1.7 ms
+    at 3072 (bf16, 9 heads, 2-core EPYC, medians) against `grouped_attention`'s 171 us and 0.7 ms. Not in
+    float32 (SDPA: 49 us vs 85 us) and not for several rows (bf16, 8 rows: SDPA 142 us vs 271 us)."""
+    return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 
 
 def grouped_attention(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from specbench_cli.core.kernels import RowKernels, can_pack
-from specbench_cli.core.target import grouped_attention
+from specbench_cli.core.attention import grouped_attention
 
 CPU = torch.device("cpu")
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (4096, 576)]  # the embedded model's, a cut head

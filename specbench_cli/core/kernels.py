@@ -50,6 +50,9 @@ class RowKernels:
 
     def __init__(self, packed: bool) -> None:
         self.packed = packed
+        # weight shapes whose one-row call is padded to two rows (a batch-invariant target's probe, `Target._rows`);
+        # None: none is, and the target pads a one-row call of every module itself where it must
+        self.pad_one_row: frozenset[tuple[int, int]] | None = None
 
     def __call__(self, module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         if not self.packed:
@@ -67,6 +70,9 @@ class RowKernels:
         held = _PACKED.get(module)
         if held is None or held[0] != key:
             held = _PACKED[module] = key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+        if self.pad_one_row and x.shape[-2] == 1 and tuple(weight.shape) in self.pad_one_row:
+            two = torch.cat((x, x.new_zeros(x.shape)), dim=-2)
+            return torch.ops.mkldnn._linear_pointwise(two, held[1], module.bias, "none", [], "")[..., :1, :]
         return torch.ops.mkldnn._linear_pointwise(x, held[1], module.bias, "none", [], "")
 
     def gated_mlp(self, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

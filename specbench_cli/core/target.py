@@ -29,7 +29,7 @@ The extension points, all generic (this module names no method):
 
 Batch-invariant (`invariant=True`, eager): every row of a verify is computed bit for bit as a
 one-token decode computes it (`_rows`: GEMMs of one fixed shape; `_kv_span`; one attention problem per row,
-over its keys laid out as that decode lays them out: `decode_layouts`), so that in bf16 a method's greedy output
+over its keys in the order that decode reads them: `attention.exact_attention`), so that in bf16 a method's greedy output
 equals plain one-token decoding's. Where attention runs through SDPA instead (float32, CUDA) a tree's rows are
 not laid out so, and its accepted path is verified again as a chain (`verify_paths`, `exact_trees` False).
 """
@@ -44,6 +44,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specbench_cli.core.attention import (DecodeOrder, attends_by_matmul, decode_orders, exact_attention,
+                                          grouped_attention, one_query_by_matmul, rows_agree)
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.kernels import RowKernels, packs
 from specbench_cli.core.tree import DraftTree
@@ -54,6 +56,7 @@ SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 ROOM = 256  # cache slots kept free past prompt + max-new-tokens for the largest verify (grown if a tree needs more)
 DEFAULT_BUCKETS = (1, 4, 16, 64)  # compiled verify sizes (a 60-node tree + root fits 64, a 16-token block 16)
 ROW_BLOCK = 8  # every batch-invariant GEMM takes exactly this many rows (see `Target._rows`)
+_AGREE: list[bool] = []  # `attention.rows_agree` on this machine, probed once per process
 _ONE_CALL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(dtype, packed, device): probed}
 
 
@@ -208,8 +211,9 @@ class TargetModel:
         self.slots: list[Target] = []
         self._capture: tuple[int, ...] = ()  # decoder layers every forward returns (what the sequences asked for)
         self._dtype = model.get_input_embeddings().weight.dtype
-        # where a tree's rows are exact too (`decode_layouts`); elsewhere its accepted path is verified again
+        # where a tree's rows are exact too (`attention.exact_attention`); elsewhere its accepted path is verified again
         self.exact_trees = invariant and attends_by_matmul(device, self._dtype)
+        self.rows_agree = self.exact_trees and _rows_agree()  # all rows of a verify in one call (else one each)
         self.kernels = RowKernels(packs(device, self._dtype, compile is not None) if packed is None else packed)
         self._layer_devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
         self.one_call = False  # see `_rows`; probed once per model, dtype and kernels
@@ -217,8 +221,10 @@ class TargetModel:
             probed = _ONE_CALL.setdefault(model, {})
             key = (self._dtype, self.kernels.packed, str(self._layer_devices[0]))
             if key not in probed:
-                probed[key] = self._one_call_keeps_rows()
-            self.one_call = probed[key]
+                keeps = self._one_call_keeps_rows()
+                probed[key] = keeps, self._one_row_differs() if keeps and self.kernels.packed else None
+            self.one_call, pads = probed[key]
+            self.kernels.pad_one_row = pads
         self.compile_mode = compile
         self.buckets = tuple(sorted(buckets))
         self.compile_seconds: dict[int, float] = {}  # bucket -> seconds its warm-up (compile, record) took
@@ -321,10 +327,12 @@ class TargetModel:
         real = None if n == 1 else (torch.arange(rows)[None] < torch.tensor(sizes)[:, None]).to(device)
         embeds = torch.cat([x.embeds for x in work])[None]
         positions = torch.cat([x.positions for x in work])[None]
-        layouts = decode_layouts(mask, sees, slots, offset, self._kv_span) if self.exact_trees else None
+        orders = decode_orders(mask, sees, slots, offset) if self.exact_trees else None
+        if orders:  # each row reads its whole last block (masked past what it sees)
+            kv_len = max(kv_len, *(order.end for order in orders))
         hidden, captured = self.decoder(embeds, positions, mask, slots, sees,
                                         lambda i: self.kv.layer(i)[:, first:first + n, :, :kv_len], real, offset=offset,
-                                        layouts=layouts)
+                                        orders=orders)
         return self._outputs(work, list(hidden[0].split(sizes)), [c[0].split(sizes) for c in captured])
 
     def _outputs(self, work: list[Rows], hidden: list[torch.Tensor], captured: list) -> list[Out]:
@@ -349,7 +357,7 @@ class TargetModel:
     def decoder(self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, slots: torch.Tensor,
                 sees_reserved: torch.Tensor, kv: Callable[[int], torch.Tensor],
                 real: torch.Tensor | None = None, apart: RowsApart | None = None,
-                offset: int = 0, layouts: list[list[RowLayout]] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                offset: int = 0, orders: list[DecodeOrder] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The decoder over a batch of sequences' rows: embeds [B, R, H] at `positions` [B, R], each written at
         `slots` [B, R] of its sequence's cache `kv(layer)` [2, B, kv heads, S, d] and attending where `mask`
         [B, 1, R, S] allows (None: plain causal attention over the rows). Returns the final-norm hidden states
@@ -358,8 +366,8 @@ class TargetModel:
         `real` (bool [B, R]): the rows are packed, embeds [1, T, H] and positions [1, T] holding only the rows
         `real` marks, in order; every row-wise part (norms, projections, MLP) runs on them alone and only
         attention sees the padded [B, R] layout. Hidden states come back packed too. `offset`: reserved entries
-        at the front of each sequence's cache. `layouts`: each row's keys laid out as a one-token decode sees
-        them (`decode_layouts`; batch-invariant targets)."""
+        at the front of each sequence's cache. `orders`: each row's keys in the order a one-token decode reads
+        them (`attention.decode_orders`; batch-invariant targets)."""
         base_model = self.model.model
         h = embeds.to(self._dtype)
         cos, sin = base_model.rotary_emb(h, positions)
@@ -370,7 +378,7 @@ class TargetModel:
                 h, cos, sin, slots = (t.to(dev) for t in (h, cos, sin, slots))
                 mask = None if mask is None else mask.to(dev)
             h = h + self._attention(block_module.self_attn, block_module.input_layernorm(h), cos, sin, mask, slots,
-                                    kv(i), sees_reserved, real, apart, offset, layouts)
+                                    kv(i), sees_reserved, real, apart, offset, orders)
             h = h + self._rows(block_module.mlp, block_module.post_attention_layernorm(h))
             if i in self._capture:
                 captured.append(h)
@@ -380,7 +388,7 @@ class TargetModel:
                    mask: torch.Tensor | None, slots: torch.Tensor, kv: torch.Tensor,
                    sees_reserved: torch.Tensor, real: torch.Tensor | None = None,
                    apart: RowsApart | None = None, offset: int = 0,
-                   layouts: list[list[RowLayout]] | None = None) -> torch.Tensor:
+                   orders: list[DecodeOrder] | None = None) -> torch.Tensor:
         """One attention block over x [B, R, H] (or packed rows, `decoder`'s `real`), reading and writing the static
         cache `kv` [2, B, kv heads, S, d] (reading only, with `apart`)."""
         d = attn.head_dim
@@ -408,7 +416,7 @@ class TargetModel:
             kv[1][lanes, :, slots] = v.transpose(1, 2)
         if self.invariant and mask is not None:
             out = torch.cat([self._one_query_each(q[b:b + 1], kv[:, b], mask[b, 0], attn.scaling, sees_reserved[b],
-                                                  slots[b], offset, layouts[b] if layouts else None)
+                                                  slots[b], offset, orders[b] if orders else None)
                              for b in range(batch)])
         elif mask is not None and rows == 1 and one_query_by_matmul(q):
             out = grouped_attention(q, [(kv[0], kv[1], mask)], attn.scaling).transpose(1, 2).reshape(batch, rows, -1)
@@ -419,28 +427,17 @@ class TargetModel:
 
     def _one_query_each(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
                         sees_reserved: torch.Tensor, slots: torch.Tensor, offset: int,
-                        layout: list[RowLayout] | None = None) -> torch.Tensor:
-        """Batch-invariant attention, [1, rows, heads * d]: each row its own one-query problem over the span a
-        one-token decode at its position would attend (`_kv_span`), so a row's result does not depend on the rows
-        beside it; rows that do not see reserved entries attend over the cache after them, laid out as if there
-        were none. Where SDPA is slow for one query (`one_query_by_matmul`) each problem is `grouped_attention`
-        on its own (a decode is one such call), over its visible entries laid out as that decode sees them
-        (`decode_layouts`: a tree node's ancestors moved next to the prefix), so a tree's rows are exact too;
-        elsewhere rows are the batch of one SDPA call over the common span, exact for a chain only."""
+                        order: DecodeOrder | None = None) -> torch.Tensor:
+        """Batch-invariant attention, [1, rows, heads * d]: each row computed as the one-token decode at its
+        position computes it, so a row's result does not depend on the rows beside it; rows that do not see
+        reserved entries attend over the cache after them, as if there were none. Where SDPA is slow for one
+        query (`one_query_by_matmul`): `attention.exact_attention`, every row over its keys in the order that
+        decode reads them (a tree node's ancestors included), so a tree's rows are exact too. Elsewhere rows are
+        the batch of one SDPA call over the common span (`_kv_span`), exact for a chain only."""
         rows, r = q.shape[2], offset
         if one_query_by_matmul(q):
-            layout = layout or decode_layouts(mask[None, None], sees_reserved[None], slots[None], offset, self._kv_span)[0]
-            # in float32 once for every row (grouped_attention's own conversion is then a no-op); a row's ancestors
-            # are copied in from the cache (bf16 -> float32 is exact) where the layout asks
-            keys, values = (kv[j, None, :, :max(row.end for row in layout)].float() for j in (0, 1))
-            out = q.new_empty(1, q.shape[1], rows, q.shape[3])
-            for i, row in enumerate(layout):
-                if len(row.src):
-                    keys[0, :, row.dst:row.dst + len(row.src)] = kv[0, :, row.src]
-                    values[0, :, row.dst:row.dst + len(row.src)] = kv[1, :, row.src]
-                out[:, :, i:i + 1] = grouped_attention(q[:, :, i:i + 1], [(keys[:, :, row.first:row.end],
-                                                                           values[:, :, row.first:row.end], row.mask)], scale)
-            return out.transpose(1, 2).reshape(1, rows, -1)
+            order = order or decode_orders(mask[None, None], sees_reserved[None], slots[None], offset)[0]
+            return exact_attention(q, kv, order, scale, self.rows_agree).transpose(1, 2).reshape(1, rows, -1)
         groups = [(torch.arange(rows, device=q.device), 0)] if not r else [
             (torch.nonzero(~sees_reserved).flatten(), r), (torch.nonzero(sees_reserved).flatten(), 0)]
         out = q.new_empty(rows, q.shape[1], 1, q.shape[3])
@@ -463,17 +460,20 @@ class TargetModel:
         return -(-end // 16) * 16 + 16 if self.invariant else end
 
     def _rows(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """fn (a row-wise module: projection, MLP, head) over x [1, rows, H]. Batch-invariant: in one call, a
-        single row padded to two, where every row count from 2 keeps each row's result (`one_call`, probed);
-        elsewhere in pieces of exactly ROW_BLOCK rows, the last one padded with zero rows, so that every GEMM of
-        every forward, a one-token decode's included, has the same shape, kernel and reduction order per row."""
+        """fn (a row-wise module: projection, MLP, head) over x [1, rows, H]. Batch-invariant: in one call where
+        every row count from 2 keeps each row's result (`one_call`, probed), a single row padded to two in the
+        projections whose one-row kernel rounds otherwise (packed kernels: `RowKernels.pad_one_row`, probed per
+        weight shape; else every module); elsewhere in pieces of exactly ROW_BLOCK rows, the last one padded
+        with zero rows, so that every GEMM of every forward, a one-token decode's included, has the same shape,
+        kernel and reduction order per row."""
         fn = self.kernels(fn)
         if not self.invariant:
             return fn(x)
         lead, x = x.shape[:-1], x.reshape(1, -1, x.shape[-1])  # a batch's rows [B, R, H] as one run of B*R rows
         rows = x.shape[-2]
         if self.one_call:  # every row count but one keeps each row's result (`_one_call_keeps_rows`)
-            out = fn(x if rows > 1 else torch.cat((x, x.new_zeros(x.shape)), dim=-2))[..., :rows, :]
+            padded = rows == 1 and self.kernels.pad_one_row is None
+            out = fn(torch.cat((x, x.new_zeros(x.shape)), dim=-2) if padded else x)[..., :rows, :]
             return out.reshape(*lead, -1)
         pad = -rows % ROW_BLOCK
         if pad:
@@ -499,6 +499,25 @@ class TargetModel:
                 if not all(torch.equal(fn(x[:, :rows]), pieces[:, :rows]) for rows in (2, 3, 9, 17, 33, 72)):
                     return False
         return True
+
+    def _one_row_differs(self) -> frozenset[tuple[int, int]]:
+        """The weight shapes (out, in) of the first layer's projections and the head whose packed one-row kernel
+        gives some row other than a call over many rows gives it (64 random rows, 16 for the head, over a range
+        of scales). On a 2-core EPYC's oneDNN (2026-11-26): only down_proj's, 576 x 1536 (about 1 row in 12)."""
+        layer = self.model.model.layers[0]
+        generator = torch.Generator().manual_seed(1)
+        linears = [m for m in layer.modules() if isinstance(m, torch.nn.Linear)] + [self.model.get_output_embeddings()]
+        differs = set()
+        for module in linears:
+            count = 16 if module is linears[-1] else 64
+            scales = torch.logspace(-1, 1.5, count)[:, None]
+            x = (torch.randn(1, count, module.in_features, generator=generator) * scales).to(self._dtype)
+            x = x.to(module.weight.device)
+            with torch.inference_mode():
+                many = self.kernels.linear(module, x)
+                if not all(torch.equal(self.kernels.linear(module, x[:, r:r + 1]), many[:, r:r + 1]) for r in range(count)):
+                    differs.add(tuple(module.weight.shape))
+        return frozenset(differs)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.model.get_output_embeddings()
@@ -616,6 +635,12 @@ class TargetModel:
         self.kv.copy_slot(src, dst, t.offset + t.length)
         self.slots[src], self.slots[dst] = self.slots[dst], t
         self.slots[src].slot, t.slot = src, dst
+
+
+def _rows_agree() -> bool:
+    if not _AGREE:
+        _AGREE.append(rows_agree())
+    return _AGREE[0]
 
 
 def _padded(work: list[Rows], size: int, rows: int, first: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -789,88 +814,6 @@ def unpack(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     full = x.new_zeros(*real.shape, x.shape[1], x.shape[3])
     full[real] = x[0].transpose(0, 1)
     return full.transpose(1, 2)
-
-
-@dataclass
-class RowLayout:
-    """Where a batch-invariant verify row's keys sit when it is attended as a one-token decode at its position
-    attends: cache positions [first, first + seen) hold its visible entries in order (the prefix, its
-    ancestors, itself), and it attends [first, end) (`Target._kv_span`). Before the row, positions
-    dst, dst + 1, ... of the float32 copy are overwritten with the cache entries at slots `src` (empty: none)."""
-
-    first: int
-    seen: int
-    end: int
-    dst: int
-    src: torch.Tensor
-    mask: torch.Tensor  # bool [1, 1, 1, end - first]: the first `seen` positions
-
-
-def decode_layouts(mask: torch.Tensor, sees_reserved: torch.Tensor, slots: torch.Tensor, offset: int,
-                   span: Callable[[int], int]) -> list[list[RowLayout]]:
-    """Each row's `RowLayout`, per sequence, from the verify's mask [B, 1, R, S] and the rows' slots [B, R]
-    (computed once per forward, used by every layer).
-
-    Why: the CPU kernels' rounding follows the position where a key sits (their vector lanes and blocks), so a
-    tree node attended over its ancestors at their tree slots is not what the one-token decode at its position
-    computes. Laid out as that decode lays them out (ancestors right after the prefix, itself last, the same
-    span) the node's row is that decode's, bit for bit, and a tree needs no second verify of its accepted path.
-    Rows are laid out one after another over one float32 copy: a row rewrites positions only from the first one
-    that differs from what the rows before left there (a sibling: one position), and positions past its own
-    are masked, whatever they hold."""
-    layouts = []
-    for b in range(mask.shape[0]):
-        base = int(slots[b, 0])
-        placed: list[int] = []  # the slots whose entries sit at positions base, base + 1, ... now
-        rows = []
-        for seen_reserved, visible in zip(sees_reserved[b].tolist(), mask[b, 0, :, base:]):
-            first = 0 if seen_reserved else offset
-            tail = (torch.nonzero(visible).flatten() + base).tolist()  # its ancestors and itself, in slot order
-            now = placed + list(range(base + len(placed), base + len(tail)))
-            j = next((k for k, (have, want) in enumerate(zip(now, tail)) if have != want), len(tail))
-            placed = now[:j] + tail[j:] + now[len(tail):]
-            seen = base - first + len(tail)
-            end = span(first + seen)
-            rows.append(RowLayout(first, seen, end, base + j, torch.tensor(tail[j:], dtype=torch.long, device=mask.device),
-                                  (torch.arange(end - first, device=mask.device) < seen)[None, None, None]))
-        layouts.append(rows)
-    return layouts
-
-
-def one_query_by_matmul(q: torch.Tensor) -> bool:
-    """Whether a one-query attention problem runs as `grouped_attention` instead of SDPA (`attends_by_matmul`)."""
-    return attends_by_matmul(q.device, q.dtype)
-
-
-def attends_by_matmul(device: torch.device, dtype: torch.dtype) -> bool:
-    """Half precision on a CPU, where SDPA's flash kernel for one query row costs 293 us at 512 keys and 1.7 ms
-    at 3072 (bf16, 9 heads, 2-core EPYC, medians) against `grouped_attention`'s 171 us and 0.7 ms. Not in
-    float32 (SDPA: 49 us vs 85 us) and not for several rows (bf16, 8 rows: SDPA 142 us vs 271 us)."""
-    return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
-
-
-def grouped_attention(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                      scale: float) -> torch.Tensor:
-    """Masked attention as batched matmuls with float32 scores, softmax and sums (what SDPA computes; grouped
-    query attention: query head h reads kv head h // group). q [B, H, R, d]; `parts`: (k, v [B, KVH, L, d],
-    mask bool [B, 1, R, L], True: attend), attended jointly as if their keys were one sequence (a compiled
-    forward's cache prefix and its own rows, `RowsApart`); returns [B, H, R, d] in q's dtype.
-
-    For one query row in half precision on a CPU (`one_query_by_matmul`): a decode of the embedded model at 512
-    cached keys spends 30 × 0.12 ms less in attention than with SDPA, a third of what is left after the weights."""
-    b, h, r, d = q.shape
-    kvh = parts[0][0].shape[1]
-    queries = q.float().reshape(b, kvh, h // kvh * r, d)
-    scores = []
-    for k, _, mask in parts:
-        part = torch.matmul(queries, k.float().transpose(-1, -2)).mul_(scale).view(b, kvh, h // kvh, r, -1)
-        scores.append(part.masked_fill_(~mask[:, :, None], float("-inf")))
-    probs = (scores[0] if len(parts) == 1 else torch.cat(scores, -1)).softmax(-1).view(b, kvh, h // kvh * r, -1)
-    out, first = None, 0
-    for k, v, _ in parts:
-        term = torch.matmul(probs[..., first:first + k.shape[2]], v.float())
-        out, first = term if out is None else out + term, first + k.shape[2]
-    return out.view(b, h, r, d).to(q.dtype)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

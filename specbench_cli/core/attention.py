@@ -87,6 +87,7 @@ class DecodeOrder:
     (`decode_orders`), read by every layer."""
 
     start: int  # first cache slot any row sees
+    filled: int  # one past the last row's slot: slots from here to `end` are read but masked for every row
     end: int  # one past the last slot a row reads (its last block's end, masked past what it sees)
     rows: int
     groups: list[RowGroup]
@@ -118,7 +119,7 @@ def decode_orders(mask: torch.Tensor, sees_reserved: torch.Tensor, slots: torch.
                   for (first, split), members in shared.items()]
         groups += [_group([r], torch.tensor(head) - start, tails, start, rows) for r, head in alone]
         end = max(base + rows, *(start + g.head[1] + TAIL for g in groups if isinstance(g.head, tuple)))
-        orders.append(DecodeOrder(start, end, rows, groups))
+        orders.append(DecodeOrder(start, base + rows, end, rows, groups))
     return orders
 
 
@@ -133,20 +134,21 @@ def _group(members: list[int], head: tuple[int, int] | torch.Tensor, tails: list
     return RowGroup(torch.tensor(members), head, tail, seen, members == list(range(rows)))
 
 
-def exact_attention(q: torch.Tensor, kv: torch.Tensor, order: DecodeOrder, scale: float,
+def exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, order: DecodeOrder, scale: float,
                     one_call: bool = True) -> torch.Tensor:
-    """Attention of one sequence's verify rows q [1, H, R, d] over its cache kv [2, KVH, S, d] (S at least
-    `order.end`), each row bit for bit what the one-token decode at its position computes with this function
-    (module docstring); returns [1, H, R, d] in q's dtype. `one_call` False (`rows_agree` failed): each row
-    its own calls."""
+    """Attention of one sequence's verify rows q [1, H, R, d] over its cache in float32 (keys, values
+    [KVH, S, d], S at least `order.end`, finite everywhere: `target.FloatKV`), each row bit for bit what
+    the one-token decode at its position computes with this function (module docstring); returns [1, H, R, d]
+    in q's dtype. `one_call` False (`rows_agree` failed): each row its own calls."""
     if not one_call and order.rows > 1:
-        return torch.cat([exact_attention(q[:, :, r:r + 1], kv, _only(order, r), scale) for r in range(order.rows)], 2)
+        return torch.cat([exact_attention(q[:, :, r:r + 1], keys, values, _only(order, r), scale)
+                          for r in range(order.rows)], 2)
     _, h, rows, d = q.shape
-    kvh = kv.shape[1]
+    kvh = keys.shape[0]
     g = h // kvh
-    keys, values = (kv[j, :, order.start:order.end].float() for j in (0, 1))  # one call for both is 10x slower
-    queries = _two_rows(q[0].float().view(kvh, g, rows, d))
-    scores = torch.matmul(queries.reshape(kvh, -1, d), keys.transpose(-1, -2)).mul_(scale)
+    values = values[:, order.start:order.end]
+    queries = _two_rows(q[0].float().view(kvh, g, rows, d)).mul_(scale)
+    scores = torch.matmul(queries.reshape(kvh, -1, d), keys[:, order.start:order.end].transpose(-1, -2))
     scores = scores.view(kvh, g, queries.shape[2], -1)
     if len(order.groups) == 1 and order.groups[0].all_rows:
         return _group_attention(scores[:, :, :rows], values, order.groups[0]).reshape(1, h, rows, d).to(q.dtype)
@@ -195,15 +197,16 @@ def _only(order: DecodeOrder, r: int) -> DecodeOrder:
         if len(hit):
             i = int(hit[0])
             tail = None if group.tail is None else group.tail[i:i + 1]
-            return DecodeOrder(order.start, order.end, 1,
+            return DecodeOrder(order.start, order.filled, order.end, 1,
                                [RowGroup(torch.tensor([0]), group.head, tail, group.seen[i:i + 1], True)])
     raise AssertionError(f"row {r} is in no group")
 
 
 def rows_agree() -> bool:
     """Whether this machine's float32 matmuls have the properties `exact_attention` relies on (module
-    docstring), on random inputs: scores and head sums of every row count from 2 against one row doubled,
-    and a batched call against its elements alone."""
+    docstring), on random inputs in the forms it calls them: scores of every row count from 2, over keys that
+    start and end elsewhere, against one row doubled; p @ v over the same keys, every row count against one
+    row doubled; a batched call against its elements alone."""
     generator = torch.Generator().manual_seed(0)
     kvh, g, d = 3, 3, 64
 
@@ -211,17 +214,17 @@ def rows_agree() -> bool:
         return torch.randn(*shape, generator=generator).bfloat16().float()
 
     for length in (64, 576, 2112):
-        keys, values = rand(kvh, length, d), rand(kvh, length, d)
+        keys, values = rand(kvh, length + 2 * TAIL, d), rand(kvh, length + 2 * TAIL, d)
         q = rand(kvh, g, 130, d)
         probs = torch.rand(kvh, g, 130, length, generator=generator)
         for n in (2, 3, 9, 17, 33, 72, 130):
             for r in (0, n - 1):
-                alone = _two_rows(q[:, :, r:r + 1]).reshape(kvh, -1, d) @ keys.transpose(-1, -2)
+                alone = _two_rows(q[:, :, r:r + 1]).reshape(kvh, -1, d) @ keys[:, TAIL:TAIL + length].transpose(-1, -2)
                 many = q[:, :, :n].reshape(kvh, -1, d) @ keys.transpose(-1, -2)
-                if not torch.equal(alone.view(kvh, g, 2, -1)[:, :, 0], many.view(kvh, g, n, -1)[:, :, r]):
+                if not torch.equal(alone.view(kvh, g, 2, -1)[:, :, 0], many.view(kvh, g, n, -1)[:, :, r, TAIL:TAIL + length]):
                     return False
-                alone = _two_rows(probs[:, :, r:r + 1]).reshape(kvh, -1, length) @ values
-                many = probs[:, :, :n].reshape(kvh, -1, length) @ values
+                alone = _two_rows(probs[:, :, r:r + 1]).reshape(kvh, -1, length) @ values[:, :length]
+                many = probs[:, :, :n].reshape(kvh, -1, length) @ values[:, :length]
                 if not torch.equal(alone.view(kvh, g, 2, d)[:, :, 0], many.view(kvh, g, n, d)[:, :, r]):
                     return False
     tails, block = torch.rand(kvh, 72, g, TAIL, generator=generator), rand(kvh, 72, TAIL, d)

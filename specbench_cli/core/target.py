@@ -162,6 +162,45 @@ class StaticKV:
             buf[:, :, dst, :, :used] = buf[:, :, src, :, :used]
 
 
+class FloatKV:
+    """A float32 copy of each sequence's cache for `attention.exact_attention`, kept up to date lazily: a forward
+    converts its sequence's entries past what the copy already holds (`held`: the committed prefix as of its
+    last forward; its own rows and what the last commit moved are past it), and a prefill or a slot copy starts
+    the copy over. Entries past a forward's rows are read but masked; the copy holds zeros or older entries
+    there, finite either way.
+
+    Why: converting a decode's 512 cached keys and values from bf16 in every layer cost 30 us of its 170 us
+    of attention (2-core EPYC). Memory: twice the bf16 cache, beside it (exact targets only: half precision on
+    a CPU)."""
+
+    def __init__(self, cache: StaticKV, layers: int) -> None:
+        self.cache = cache
+        self.copies: list[torch.Tensor | None] = [None] * layers  # per layer [2, slots, kv heads, capacity, d]
+        self.held: dict[int, int] = {}  # slot -> cache positions its copy holds, from 0
+        self._shape = (0, 0)  # the cache's (slots, capacity) the copies were made for
+
+    def forget(self, slot: int) -> None:
+        self.held[slot] = 0
+
+    def done(self, slot: int, held: int) -> None:
+        """A forward of sequence `slot` converted every layer up to its committed prefix, `held` positions."""
+        self.held[slot] = held
+
+    def layer(self, layer: int, slot: int, kv: torch.Tensor, filled: int) -> torch.Tensor:
+        """Layer `layer`'s keys and values [2, kv heads, capacity, d] of sequence `slot`, its bf16 cache `kv`
+        [2, kv heads, S, d] converted up to position `filled` where the copy does not hold it yet."""
+        shape = (self.cache.slots, self.cache.capacity)
+        if shape != self._shape:  # the cache grew (before this forward): every copy starts over
+            self.copies, self.held, self._shape = [None] * len(self.copies), {}, shape
+        if self.copies[layer] is None:
+            self.copies[layer] = torch.zeros(2, shape[0], kv.shape[1], shape[1], kv.shape[3], device=kv.device)
+        copy = self.copies[layer][:, slot]
+        start = self.held.get(slot, 0)
+        if start < filled:
+            copy[:, :, start:filled] = kv[:, :, start:filled]
+        return copy
+
+
 @dataclass
 class Rows:
     """One sequence's rows in a forward (`TargetModel.run`): their inputs, positions and what each row sees."""
@@ -214,6 +253,7 @@ class TargetModel:
         # where a tree's rows are exact too (`attention.exact_attention`); elsewhere its accepted path is verified again
         self.exact_trees = invariant and attends_by_matmul(device, self._dtype)
         self.rows_agree = self.exact_trees and _rows_agree()  # all rows of a verify in one call (else one each)
+        self.float_kv = FloatKV(self.kv, self.num_layers) if self.exact_trees else None
         self.kernels = RowKernels(packs(device, self._dtype, compile is not None) if packed is None else packed)
         self._layer_devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
         self.one_call = False  # see `_rows`; probed once per model, dtype and kernels
@@ -332,7 +372,10 @@ class TargetModel:
             kv_len = max(kv_len, *(order.end for order in orders))
         hidden, captured = self.decoder(embeds, positions, mask, slots, sees,
                                         lambda i: self.kv.layer(i)[:, first:first + n, :, :kv_len], real, offset=offset,
-                                        orders=orders)
+                                        orders=orders, first_slot=first)
+        if orders:  # every layer's float copy now holds each sequence's committed prefix
+            for x in work:
+                self.float_kv.done(x.target.slot, x.target.offset + x.target.length)
         return self._outputs(work, list(hidden[0].split(sizes)), [c[0].split(sizes) for c in captured])
 
     def _outputs(self, work: list[Rows], hidden: list[torch.Tensor], captured: list) -> list[Out]:
@@ -357,7 +400,8 @@ class TargetModel:
     def decoder(self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, slots: torch.Tensor,
                 sees_reserved: torch.Tensor, kv: Callable[[int], torch.Tensor],
                 real: torch.Tensor | None = None, apart: RowsApart | None = None,
-                offset: int = 0, orders: list[DecodeOrder] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                offset: int = 0, orders: list[DecodeOrder] | None = None,
+                first_slot: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The decoder over a batch of sequences' rows: embeds [B, R, H] at `positions` [B, R], each written at
         `slots` [B, R] of its sequence's cache `kv(layer)` [2, B, kv heads, S, d] and attending where `mask`
         [B, 1, R, S] allows (None: plain causal attention over the rows). Returns the final-norm hidden states
@@ -367,7 +411,7 @@ class TargetModel:
         `real` marks, in order; every row-wise part (norms, projections, MLP) runs on them alone and only
         attention sees the padded [B, R] layout. Hidden states come back packed too. `offset`: reserved entries
         at the front of each sequence's cache. `orders`: each row's keys in the order a one-token decode reads
-        them (`attention.decode_orders`; batch-invariant targets)."""
+        them (`attention.decode_orders`; batch-invariant targets), the sequences in slots `first_slot` on."""
         base_model = self.model.model
         h = embeds.to(self._dtype)
         cos, sin = base_model.rotary_emb(h, positions)
@@ -378,7 +422,7 @@ class TargetModel:
                 h, cos, sin, slots = (t.to(dev) for t in (h, cos, sin, slots))
                 mask = None if mask is None else mask.to(dev)
             h = h + self._attention(block_module.self_attn, block_module.input_layernorm(h), cos, sin, mask, slots,
-                                    kv(i), sees_reserved, real, apart, offset, orders)
+                                    kv(i), sees_reserved, real, apart, offset, orders, (i, first_slot))
             h = h + self._rows(block_module.mlp, block_module.post_attention_layernorm(h))
             if i in self._capture:
                 captured.append(h)
@@ -388,9 +432,10 @@ class TargetModel:
                    mask: torch.Tensor | None, slots: torch.Tensor, kv: torch.Tensor,
                    sees_reserved: torch.Tensor, real: torch.Tensor | None = None,
                    apart: RowsApart | None = None, offset: int = 0,
-                   orders: list[DecodeOrder] | None = None) -> torch.Tensor:
+                   orders: list[DecodeOrder] | None = None, where: tuple[int, int] = (0, 0)) -> torch.Tensor:
         """One attention block over x [B, R, H] (or packed rows, `decoder`'s `real`), reading and writing the static
-        cache `kv` [2, B, kv heads, S, d] (reading only, with `apart`)."""
+        cache `kv` [2, B, kv heads, S, d] (reading only, with `apart`). `where`: (layer, slot of the first sequence),
+        for the float copy exact attention reads (`FloatKV`)."""
         d = attn.head_dim
         q = self._rows(attn.q_proj, x).view(*x.shape[:2], -1, d)
         k = self._rows(attn.k_proj, x).view(*x.shape[:2], -1, d)
@@ -416,7 +461,8 @@ class TargetModel:
             kv[1][lanes, :, slots] = v.transpose(1, 2)
         if self.invariant and mask is not None:
             out = torch.cat([self._one_query_each(q[b:b + 1], kv[:, b], mask[b, 0], attn.scaling, sees_reserved[b],
-                                                  slots[b], offset, orders[b] if orders else None)
+                                                  slots[b], offset, orders[b] if orders else None,
+                                                  (where[0], where[1] + b))
                              for b in range(batch)])
         elif mask is not None and rows == 1 and one_query_by_matmul(q):
             out = grouped_attention(q, [(kv[0], kv[1], mask)], attn.scaling).transpose(1, 2).reshape(batch, rows, -1)
@@ -427,7 +473,7 @@ class TargetModel:
 
     def _one_query_each(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
                         sees_reserved: torch.Tensor, slots: torch.Tensor, offset: int,
-                        order: DecodeOrder | None = None) -> torch.Tensor:
+                        order: DecodeOrder | None = None, where: tuple[int, int] = (0, 0)) -> torch.Tensor:
         """Batch-invariant attention, [1, rows, heads * d]: each row computed as the one-token decode at its
         position computes it, so a row's result does not depend on the rows beside it; rows that do not see
         reserved entries attend over the cache after them, as if there were none. Where SDPA is slow for one
@@ -436,8 +482,12 @@ class TargetModel:
         the batch of one SDPA call over the common span (`_kv_span`), exact for a chain only."""
         rows, r = q.shape[2], offset
         if one_query_by_matmul(q):
-            order = order or decode_orders(mask[None, None], sees_reserved[None], slots[None], offset)[0]
-            return exact_attention(q, kv, order, scale, self.rows_agree).transpose(1, 2).reshape(1, rows, -1)
+            if order is None or self.float_kv is None:  # no order from the forward: a copy of its own
+                order = order or decode_orders(mask[None, None], sees_reserved[None], slots[None], offset)[0]
+                keys, values = kv[0, :, :order.end].float(), kv[1, :, :order.end].float()
+            else:
+                keys, values = self.float_kv.layer(*where, kv, order.filled)
+            return exact_attention(q, keys, values, order, scale, self.rows_agree).transpose(1, 2).reshape(1, rows, -1)
         groups = [(torch.arange(rows, device=q.device), 0)] if not r else [
             (torch.nonzero(~sees_reserved).flatten(), r), (torch.nonzero(sees_reserved).flatten(), 0)]
         out = q.new_empty(rows, q.shape[1], 1, q.shape[3])
@@ -633,6 +683,9 @@ class TargetModel:
         """The sequence in slot `src` moves to the free slot `dst` (its cache entries and its `Target`)."""
         t = self.slots[src]
         self.kv.copy_slot(src, dst, t.offset + t.length)
+        if self.float_kv is not None:
+            self.float_kv.forget(src)
+            self.float_kv.forget(dst)
         self.slots[src], self.slots[dst] = self.slots[dst], t
         self.slots[src].slot, t.slot = src, dst
 
@@ -727,6 +780,8 @@ class Target:
             layer[0, :, :r] = k.to(layer)
             layer[1, :, :r] = v.to(layer)
         self.length = 0
+        if self.shared.float_kv is not None:
+            self.shared.float_kv.forget(self.slot)
         rows = Rows(self, self._embed(ids), torch.arange(n, device=self.device), None,
                     torch.zeros(n, dtype=torch.bool), slice(n - 1, n))
         logits = self.shared.run([rows])[0].logits[0]

@@ -168,6 +168,48 @@ def decode_rates(loaded, device, prompt: list[int], new: int, compile_mode: str 
     return rows
 
 
+def versus_vllm(loaded, device, prompt: list[int], new: int, reps: int, log: Path) -> dict | None:
+    """Our plain eager decode and vLLM's CPU engine on the same prompt ids, dtype and threads, interleaved
+    repetition by repetition (vLLM waits idle in its own process while ours decodes, and the other way round);
+    each side's decode tok/s with the first token excluded, by perf_counter in its own process. None where no
+    Python with vLLM is found (`scripts/setup-vllm.sh`)."""
+    import os
+
+    from specbench_cli.core.errors import UsageError
+    from specbench_cli.engines import engine_python
+    from specbench_cli.engines.vllm import ENV_DEFAULTS, Launch, Worker
+    from specbench_cli.loading import checkpoint_location
+
+    if device.type != "cpu":
+        return None
+    try:
+        python = engine_python(None, dict(os.environ))
+    except UsageError:
+        return None
+    threads = str(torch.get_num_threads())
+    env = {k: os.environ.get(k, v) for k, v in {**ENV_DEFAULTS, "OMP_NUM_THREADS": threads}.items()}
+    dtype = str(loaded.model.dtype).removeprefix("torch.")
+    launch = Launch(python, {"model": checkpoint_location(loaded.spec), "dtype": dtype, "seed": 0}, env, None)
+    target, method = Target(loaded.model, device), Baseline(Baseline.Options(), loaded)
+    settings = DecodeSettings(new, 0.0, frozenset())
+    ours, theirs, same = [], [], []
+    with Worker(launch, log) as worker:
+        for rep in range(reps + 1):  # the first of each: warm-up
+            result = decode_turn(target, method, prompt, settings)
+            worker.submit({"id": str(rep), "prompt_ids": prompt, "max_tokens": new, "temperature": 0.0, "seed": 0,
+                           "stop_ids": [], "ignore_eos": True})
+            done = worker.next_done()
+            steps = done["steps"]  # [(perf_counter, new tokens)] per engine step
+            if rep:
+                ours.append((len(result.output_ids) - 1) / (result.decode_ms / 1e3))
+                theirs.append(sum(k for _, k in steps[1:]) / (steps[-1][0] - steps[0][0]))
+                pairs = list(zip(done["output_ids"], result.output_ids))
+                same.append(next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs)))
+    ratios = sorted(a / b for a, b in zip(ours, theirs))
+    return {"ours tok/s": statistics.median(ours), "vllm tok/s": statistics.median(theirs), "ratios": ratios,
+            "vllm version": worker.ready.get("version"), "threads": threads, "tokens agreeing": min(same)}
+
+
 def generate_rate(model, device, prompt: list[int], new: int, static: bool) -> float:
     """Decode tokens/s of generate(): (new - 1) tokens over the time after the first one (a streamer stamps it)."""
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False)
@@ -203,6 +245,9 @@ def main() -> None:
     ap.add_argument("--batch", default="", help="batch sizes for the batched verify table, e.g. 2,4,8,16")
     ap.add_argument("--batch-only", action="store_true", help="with --batch: that table alone")
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here too")
+    ap.add_argument("--vllm-reps", type=int, default=5,
+                    help="our plain decode against vLLM's CPU engine, interleaved this many times, when a Python with "
+                         "vLLM is found (scripts/setup-vllm.sh); 0: skip")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -265,9 +310,19 @@ def main() -> None:
     for name in ("ours compiled", "ours eager invariant"):
         if "same tokens as eager" in rates.get(name, {}):
             console.print(f"{name.removeprefix('ours ')} output identical to eager: {rates[name]['same tokens as eager']}")
+    vllm = versus_vllm(loaded, device, prompt, args.new, args.vllm_reps, Path("engine-vllm.log")) if args.vllm_reps else None
+    if vllm:
+        r = vllm["ratios"]
+        console.print(f"vLLM {vllm['vllm version']} CPU engine, same prompt ids, {str(dtype).removeprefix('torch.')}, "
+                      f"{vllm['threads']} threads, interleaved {len(r)}x: ours plain eager {vllm['ours tok/s']:.1f} "
+                      f"tok/s, vLLM {vllm['vllm tok/s']:.1f} tok/s; ours / vLLM median {r[len(r) // 2]:.2f} (range "
+                      f"{r[0]:.2f}-{r[-1]:.2f}); the two agree on the first {vllm['tokens agreeing']} of {args.new} tokens "
+                      f"(its log: engine-vllm.log)", highlight=False, soft_wrap=True)
+    elif args.vllm_reps and device.type == "cpu":
+        console.print("no vLLM found (bash scripts/setup-vllm.sh): no comparison with vLLM's CPU engine")
     if args.json:
         args.json.write_text(json.dumps({"where": where, "clock": clock, "curves": curves, "rates": rates,
-                                         "batched": batched,
+                                         "batched": batched, "vllm": vllm,
                                          "weight_bytes": size, "read_bandwidth": peak}, indent=2, default=str))
 
 

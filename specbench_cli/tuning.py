@@ -14,8 +14,9 @@ For every candidate budget of a method (`GRIDS`) tune predicts
   run's dtype and batch invariance (cached per model, dtype, device, threads and invariance);
 - t_base: the live baseline's decode time per token on the same prompts; t_loop = t_base − t(1), the loop's own
   time per round beside the forward (sampling, commit, records);
-- on a batch-invariant target, a round whose draft branches also verifies its accepted path again as a chain
-  (`Target.verify_path`): t(1) · c(1 + accepted) more.
+- on a batch-invariant target whose attention runs through SDPA (float32, CUDA), a round whose draft branches
+  also verifies its accepted path again as a chain (`Target.verify_path`): t(1) · c(1 + accepted) more (in half
+  precision on a CPU a tree is verified once, exactly: `core.attention.exact_attention`).
 
 This is the reasoning of Sequoia's hardware-aware tree optimiser (expected accepted tokens against the time a
 verify of that size takes on the hardware at hand), applied to the candidates each method's own options can
@@ -37,6 +38,7 @@ import pandas as pd
 import torch
 
 from specbench_cli.analysis.oracles import round_starts
+from specbench_cli.core.attention import attends_by_matmul
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.target import Target
 from specbench_cli.core.timing import sync
@@ -49,7 +51,8 @@ GRIDS: dict[str, list[tuple[str, ...]]] = {
     "eagle3": [("depth=3", "top_k=1", "total_token=3"), ("depth=3", "top_k=4", "total_token=8"),
                ("depth=4", "top_k=4", "total_token=12"), ("depth=5", "top_k=6", "total_token=16"),
                ("depth=6", "top_k=8", "total_token=24"), ("depth=6", "top_k=10", "total_token=32")],
-    # total counts draft nodes, the root comes on top: total=7 is one 8-row block on a batch-invariant target
+    # total counts draft nodes, the root comes on top: total=7 is one 8-row block where a batch-invariant target
+    # takes its GEMMs 8 rows at a time
     "dart": [("total=7",), ("total=8",), ("total=12",), ("total=16",), ("total=24",), ("total=32",)],
     "dflash": [("block_size=3",), ("block_size=4",), ("block_size=6",)],
     "sps": [("k=2",), ("k=3",), ("k=4",), ("k=8",)],
@@ -57,7 +60,8 @@ GRIDS: dict[str, list[tuple[str, ...]]] = {
     "pld": [("num_pred_tokens=2",), ("num_pred_tokens=4",), ("num_pred_tokens=6",)],
 }
 # Verify sizes whose cost is measured; c(n) between them is interpolated linearly. Every multiple of 8 and the size
-# after it: a batch-invariant target's GEMMs take rows 8 at a time (`core.target.ROW_BLOCK`), so its curve steps
+# after it: where a batch-invariant target's GEMMs take rows 8 at a time (`core.target.ROW_BLOCK`: its start-up
+# probe found one call unsafe on that machine), its curve steps
 # up there (measured on the embedded model in bf16: c(8) = 1.44, a DART tree of 9 rows 2.3), and a line from 8 to
 # 12 would price 9 rows ~30% low (DART's total=8 was predicted 0.53x and ran 0.41x before these points).
 COST_ROWS = (1, 2, 3, 4, 6, 8, 9, 12, 16, 17, 24, 25, 32, 33, 40, 41, 48, 49, 56, 57, 64)
@@ -153,16 +157,16 @@ class Prediction:
 
 
 def predict(candidate: tuple[str, ...], walks: list[pd.DataFrame], costs: Costs, base_ms: float,
-            invariant: bool) -> Prediction:
+            reverifies: bool) -> Prediction:
     """Price a candidate from its replay `walks` (one frame per turn: accepted, drafted, branched, draft_ms per
-    position), the cost curve and the baseline's time per token (`invariant`: the target re-verifies a
-    branching draft's accepted path)."""
+    position), the cost curve and the baseline's time per token (`reverifies`: the target verifies a branching
+    draft's accepted path again, `TargetModel.exact_trees` False on a batch-invariant target)."""
     rounds = pd.concat([w.iloc[round_starts(w.accepted.to_numpy())] for w in walks])
     tau = sum(len(w) for w in walks) / max(len(rounds), 1)
     mean_draft = float(rounds.drafted.mean())
     draft_ms = float(rounds.draft_ms.mean())
     verify = [costs.verify_ms(1 + n) for n in rounds.drafted]
-    if invariant:  # a branching draft's accepted path, verified again as a chain
+    if reverifies:  # a branching draft's accepted path, verified again as a chain
         verify = [v + (costs.verify_ms(1 + a) if b else 0.0)
                   for v, a, b in zip(verify, rounds.accepted, rounds.branched.astype(bool))]
     verify_ms = float(np.mean(verify))
@@ -261,7 +265,8 @@ def execute(config: TuneConfig, console) -> TuneRecord:
                                         [f"{method}.{o}" for o in candidate]), console, model)
         replay = read_table(folder, "replay")
         walks = [g.sort_values("position") for _, g in replay.groupby(["prompt_id", "turn"], sort=False)]
-        predictions.append(predict(candidate, walks, costs, base_ms, base.batch_invariant))
+        reverifies = base.batch_invariant and not attends_by_matmul(base.device, base.dtype)
+        predictions.append(predict(candidate, walks, costs, base_ms, reverifies))
     paper, best = predictions[0], choose(predictions)
 
     measured = {}

@@ -32,12 +32,12 @@ def test_costs_interpolate_between_and_extend_past_the_measured_sizes():
 def test_a_candidate_is_priced_by_hand():
     """τ 2 (every round accepts one draft token and the bonus), 4 nodes, 2 ms of drafting: on the CPU-like
     curve a round is 2 + 10·c(5) + (12 − 10) ms of loop = 2 + 16.25 + 2, against a baseline of 12 ms/token."""
-    p = predict(("k=4",), [walk([1, 0] * 20, 4, 2.0)], CPU_LIKE, base_ms=12.0, invariant=False)
+    p = predict(("k=4",), [walk([1, 0] * 20, 4, 2.0)], CPU_LIKE, base_ms=12.0, reverifies=False)
     assert p.tau == pytest.approx(2.0) and p.mean_draft == 4
     assert p.verify_ms == pytest.approx(16.25) and p.round_ms == pytest.approx(20.25)
     assert p.speedup == pytest.approx(2 * 12 / 20.25) and p.tokens_per_s == pytest.approx(2 / 20.25 * 1e3)
-    assert predict(("k=4",), [walk([1, 0] * 20, 4, 2.0)], CPU_LIKE, 12.0, invariant=True).verify_ms == 16.25  # a chain
-    tree = predict(("k=4",), [walk([1, 0] * 20, 4, 2.0, branched=True)], CPU_LIKE, base_ms=12.0, invariant=True)
+    assert predict(("k=4",), [walk([1, 0] * 20, 4, 2.0)], CPU_LIKE, 12.0, reverifies=True).verify_ms == 16.25  # a chain
+    tree = predict(("k=4",), [walk([1, 0] * 20, 4, 2.0, branched=True)], CPU_LIKE, base_ms=12.0, reverifies=True)
     assert tree.verify_ms == pytest.approx(16.25 + 10 * 1.2)  # every round accepts 1: that path again, c(2)
 
 
@@ -46,7 +46,7 @@ def test_the_choice_follows_the_machine():
     small = [walk([2, 0, 1] * 30, 8, 3.0)]  # rounds start where 2 are accepted: τ 3
     large = [walk([4, 3, 5] * 30, 60, 9.0)]  # τ 90 / 16
     for costs, winner in ((GPU_LIKE, "total_token=60"), (CPU_LIKE, "total_token=8")):
-        options = [predict((f"total_token={n}",), w, costs, base_ms=11.0, invariant=False)
+        options = [predict((f"total_token={n}",), w, costs, base_ms=11.0, reverifies=False)
                    for n, w in ((8, small), (60, large))]
         assert choose(options).candidate == winner
 
@@ -57,7 +57,7 @@ def test_rounds_are_stepped_and_priced_where_a_live_run_drafts():
     frame = walk([3, 0, 0, 0, 1, 0], 4, 1.0)
     frame["drafted"] = [7, 99, 99, 99, 1, 99]
     frame["draft_ms"] = [2.0, 50, 50, 50, 4.0, 50]
-    p = predict((), [frame], CPU_LIKE, 11.0, invariant=False)
+    p = predict((), [frame], CPU_LIKE, 11.0, reverifies=False)
     assert p.tau == pytest.approx(3.0) and p.mean_draft == 4 and p.draft_ms == 3.0
     assert p.verify_ms == pytest.approx((10 * 2.0 + 10 * 1.2) / 2)  # c(8) and c(2)
 

@@ -28,10 +28,11 @@ The extension points, all generic (this module names no method):
 - `forward(tokens)`: a plain append outside verify, for a method that needs target forwards of its own.
 
 Batch-invariant (`invariant=True`, eager): every row of a verify is computed bit for bit as a
-one-token decode computes it (`_rows`: GEMMs of one fixed shape; `_kv_span`; one attention problem per row,
-over its keys in the order that decode reads them: `attention.exact_attention`), so that in bf16 a method's greedy output
-equals plain one-token decoding's. Where attention runs through SDPA instead (float32, CUDA) a tree's rows are
-not laid out so, and its accepted path is verified again as a chain (`verify_paths`, `exact_trees` False).
+one-token decode computes it (`_rows`: GEMMs whose rounding does not depend on the row count; attention over
+each row's keys in the order that decode reads them, `attention.exact_attention` on the float copy `FloatKV`),
+so that in bf16 a method's greedy output equals plain one-token decoding's. Where attention runs through SDPA
+instead (float32, CUDA: one-query problems over a common span, `_kv_span`) a tree's rows are not exact, and its
+accepted path is verified again as a chain (`verify_paths`, `exact_trees` False).
 """
 
 from __future__ import annotations

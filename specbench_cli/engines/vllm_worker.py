@@ -9,7 +9,7 @@ timed where they appear.
 
 Protocol. stdin, first line: {"engine_args": {...}} (keyword arguments of `vllm.EngineArgs`, passed
 unchanged). Then one line per command: {"op": "add", "id", "prompt_ids", "max_tokens", "temperature", "seed",
-"stop_ids", "extra_args"} or {"op": "close"}
+"stop_ids", "extra_args", "ignore_eos" (optional)} or {"op": "close"}
 (`extra_args` go to SamplingParams unchanged: what a routed proposer reads per request, e.g. the category). stdout: {"event": "ready", "version", "speculative_config"} once the engine is
 up, then {"event": "done", ...} per finished request (`_done`), or {"event": "error", "message"} before exiting
 with status 1. Everything vLLM itself prints goes to stderr (the run folder's engine.log).
@@ -81,6 +81,7 @@ def serve(out) -> None:
                 return
             params = SamplingParams(max_tokens=command["max_tokens"], temperature=command["temperature"],
                                     seed=command.get("seed"), stop_token_ids=command["stop_ids"], detokenize=False,
+                                    ignore_eos=command.get("ignore_eos", False),
                                     extra_args=command.get("extra_args"))
             engine.add_request(command["id"], {"prompt_token_ids": command["prompt_ids"]}, params)
             live[command["id"]] = Tracked(time.perf_counter())

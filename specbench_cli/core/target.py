@@ -518,14 +518,12 @@ class TargetModel:
         with zero rows, so that every GEMM of every forward, a one-token decode's included, has the same shape,
         kernel and reduction order per row."""
         fn = self.kernels(fn)
-        if not self.invariant:
-            return fn(x)
+        if not self.invariant or (self.one_call and (self.kernels.pad_one_row is not None or x.shape[:-1].numel() > 1)):
+            return fn(x)  # every row count but one keeps each row's result (`_one_call_keeps_rows`)
         lead, x = x.shape[:-1], x.reshape(1, -1, x.shape[-1])  # a batch's rows [B, R, H] as one run of B*R rows
         rows = x.shape[-2]
-        if self.one_call:  # every row count but one keeps each row's result (`_one_call_keeps_rows`)
-            padded = rows == 1 and self.kernels.pad_one_row is None
-            out = fn(torch.cat((x, x.new_zeros(x.shape)), dim=-2) if padded else x)[..., :rows, :]
-            return out.reshape(*lead, -1)
+        if self.one_call:  # one row, and kernels that do not pad it themselves
+            return fn(torch.cat((x, x.new_zeros(x.shape)), dim=-2))[..., :1, :].reshape(*lead, -1)
         pad = -rows % ROW_BLOCK
         if pad:
             x = torch.cat((x, x.new_zeros(*x.shape[:-2], pad, x.shape[-1])), dim=-2)

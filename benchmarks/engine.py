@@ -28,6 +28,7 @@ import argparse
 import json
 import random
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -310,14 +311,15 @@ def main() -> None:
     for name in ("ours compiled", "ours eager invariant"):
         if "same tokens as eager" in rates.get(name, {}):
             console.print(f"{name.removeprefix('ours ')} output identical to eager: {rates[name]['same tokens as eager']}")
-    vllm = versus_vllm(loaded, device, prompt, args.new, args.vllm_reps, Path("engine-vllm.log")) if args.vllm_reps else None
+    log = Path(tempfile.gettempdir()) / "specbench-engine-vllm.log"
+    vllm = versus_vllm(loaded, device, prompt, args.new, args.vllm_reps, log) if args.vllm_reps else None
     if vllm:
         r = vllm["ratios"]
         console.print(f"vLLM {vllm['vllm version']} CPU engine, same prompt ids, {str(dtype).removeprefix('torch.')}, "
                       f"{vllm['threads']} threads, interleaved {len(r)}x: ours plain eager {vllm['ours tok/s']:.1f} "
                       f"tok/s, vLLM {vllm['vllm tok/s']:.1f} tok/s; ours / vLLM median {r[len(r) // 2]:.2f} (range "
                       f"{r[0]:.2f}-{r[-1]:.2f}); the two agree on the first {vllm['tokens agreeing']} of {args.new} tokens "
-                      f"(its log: engine-vllm.log)", highlight=False, soft_wrap=True)
+                      f"(its log: {log})", highlight=False, soft_wrap=True)
     elif args.vllm_reps and device.type == "cpu":
         console.print("no vLLM found (bash scripts/setup-vllm.sh): no comparison with vLLM's CPU engine")
     if args.json:

@@ -124,8 +124,9 @@ def measure_costs(target: Target, vocab: int, context: int = 256, reps: int = 7,
 
 # Bumped whenever the engine's kernels change what a forward costs, or COST_ROWS changes, so that curves measured
 # before are not reused (2: prepacked CPU weights, matmul attention for one-query rows, compiled forwards that
-# leave the cache write to the host; core.kernels, core.target. 3: the sizes past each 8-row block).
-COSTS_REVISION = 3
+# leave the cache write to the host; core.kernels, core.target. 3: the sizes past each 8-row block. 4: a
+# batch-invariant target's one-call GEMMs, exact attention in a few calls per layer, trees verified once).
+COSTS_REVISION = 4
 
 
 def cached_costs(key: str, measure) -> tuple[Costs, Path]:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 PACKED_DTYPES = (torch.bfloat16, torch.float16)
-PACK_ROWS = 8  # the row count oneDNN is told to expect (a decode is 1, a batch-invariant GEMM always 8)
+PACK_ROWS = 8  # the row count oneDNN is told to expect (a decode has 1, a verify a few to 64)
 
 # nn.Linear -> (its weight's identity when packed, the packed weight): one packed copy per module, shared by
 # every Target over the model (a batch's slots, calibration's several targets); repacked if the weight changed.

@@ -18,6 +18,7 @@ checks those properties on the running machine; where they fail the rows are com
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -202,9 +203,10 @@ def _only(order: DecodeOrder, r: int) -> DecodeOrder:
     raise AssertionError(f"row {r} is in no group")
 
 
+@functools.cache
 def rows_agree() -> bool:
     """Whether this machine's float32 matmuls have the properties `exact_attention` relies on (module
-    docstring), on random inputs in the forms it calls them: scores of every row count from 2, over keys that
+    docstring; probed once per process), on random inputs in the forms it calls them: scores of every row count from 2, over keys that
     start and end elsewhere, against one row doubled; p @ v over the same keys, every row count against one
     row doubled; a batched call against its elements alone."""
     generator = torch.Generator().manual_seed(0)

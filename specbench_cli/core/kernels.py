@@ -30,6 +30,11 @@ PACK_ROWS = 8  # the row count oneDNN is told to expect (a decode has 1, a verif
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def zero_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [..., r, H] with zero rows below it, `rows` in all (a call padded to a row count its kernel rounds alike)."""
+    return torch.cat((x, x.new_zeros(*x.shape[:-2], rows - x.shape[-2], x.shape[-1])), dim=-2)
+
+
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether this torch build has oneDNN's packed linear for this dtype on this device."""
     if device.type != "cpu" or dtype not in PACKED_DTYPES or not torch.backends.mkldnn.is_available():
@@ -70,10 +75,10 @@ class RowKernels:
         held = _PACKED.get(module)
         if held is None or held[0] != key:
             held = _PACKED[module] = key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
-        if self.pad_one_row and x.shape[-2] == 1 and tuple(weight.shape) in self.pad_one_row:
-            two = torch.cat((x, x.new_zeros(x.shape)), dim=-2)
-            return torch.ops.mkldnn._linear_pointwise(two, held[1], module.bias, "none", [], "")[..., :1, :]
-        return torch.ops.mkldnn._linear_pointwise(x, held[1], module.bias, "none", [], "")
+        rows = x.shape[-2]
+        if self.pad_one_row and rows == 1 and tuple(weight.shape) in self.pad_one_row:
+            x = zero_rows(x, 2)
+        return torch.ops.mkldnn._linear_pointwise(x, held[1], module.bias, "none", [], "")[..., :rows, :]
 
     def gated_mlp(self, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Llama/Qwen's MLP, down(act(gate(x)) * up(x)), as its `forward` computes it."""

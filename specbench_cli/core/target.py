@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from specbench_cli.core.attention import (DecodeOrder, attends_by_matmul, decode_orders, exact_attention,
                                           grouped_attention, one_query_by_matmul, rows_agree)
 from specbench_cli.core.errors import UsageError
-from specbench_cli.core.kernels import RowKernels, packs
+from specbench_cli.core.kernels import RowKernels, packs, zero_rows
 from specbench_cli.core.tree import DraftTree
 
 # Families whose decoder layers this forward reproduces: pre-norm residual blocks, rotary attention with
@@ -57,7 +57,6 @@ SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 ROOM = 256  # cache slots kept free past prompt + max-new-tokens for the largest verify (grown if a tree needs more)
 DEFAULT_BUCKETS = (1, 4, 16, 64)  # compiled verify sizes (a 60-node tree + root fits 64, a 16-token block 16)
 ROW_BLOCK = 8  # every batch-invariant GEMM takes exactly this many rows (see `Target._rows`)
-_AGREE: list[bool] = []  # `attention.rows_agree` on this machine, probed once per process
 _ONE_CALL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(dtype, packed, device): probed}
 
 
@@ -253,7 +252,7 @@ class TargetModel:
         self._dtype = model.get_input_embeddings().weight.dtype
         # where a tree's rows are exact too (`attention.exact_attention`); elsewhere its accepted path is verified again
         self.exact_trees = invariant and attends_by_matmul(device, self._dtype)
-        self.rows_agree = self.exact_trees and _rows_agree()  # all rows of a verify in one call (else one each)
+        self.rows_agree = self.exact_trees and rows_agree()  # all rows of a verify in one call (else one each)
         self.float_kv = FloatKV(self.kv, self.num_layers) if self.exact_trees else None
         self.kernels = RowKernels(packs(device, self._dtype, compile is not None) if packed is None else packed)
         self._layer_devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
@@ -523,10 +522,9 @@ class TargetModel:
         lead, x = x.shape[:-1], x.reshape(1, -1, x.shape[-1])  # a batch's rows [B, R, H] as one run of B*R rows
         rows = x.shape[-2]
         if self.one_call:  # one row, and kernels that do not pad it themselves
-            return fn(torch.cat((x, x.new_zeros(x.shape)), dim=-2))[..., :1, :].reshape(*lead, -1)
-        pad = -rows % ROW_BLOCK
-        if pad:
-            x = torch.cat((x, x.new_zeros(*x.shape[:-2], pad, x.shape[-1])), dim=-2)
+            return fn(zero_rows(x, 2))[..., :1, :].reshape(*lead, -1)
+        if rows % ROW_BLOCK:
+            x = zero_rows(x, rows + -rows % ROW_BLOCK)
         out = torch.cat([fn(piece) for piece in x.split(ROW_BLOCK, dim=-2)], dim=-2)[..., :rows, :]
         return out.reshape(*lead, -1)
 
@@ -687,12 +685,6 @@ class TargetModel:
             self.float_kv.forget(dst)
         self.slots[src], self.slots[dst] = self.slots[dst], t
         self.slots[src].slot, t.slot = src, dst
-
-
-def _rows_agree() -> bool:
-    if not _AGREE:
-        _AGREE.append(rows_agree())
-    return _AGREE[0]
 
 
 def _padded(work: list[Rows], size: int, rows: int, first: int) -> tuple[torch.Tensor, torch.Tensor]:

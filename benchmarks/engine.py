@@ -47,6 +47,7 @@ from specbench_cli.hardware import read_bandwidth, weight_bytes
 from specbench_cli.loading import load_model, resolve_dtype
 from specbench_cli.models import MODELS
 from specbench_cli.tuning import random_tree
+from specbench_cli.core.dtypes import dtype_name
 
 NS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -189,7 +190,7 @@ def versus_vllm(loaded, device, prompt: list[int], new: int, reps: int, log: Pat
         return None
     threads = str(torch.get_num_threads())
     env = {k: os.environ.get(k, v) for k, v in {**ENV_DEFAULTS, "OMP_NUM_THREADS": threads}.items()}
-    dtype = str(loaded.model.dtype).removeprefix("torch.")
+    dtype = dtype_name(loaded.model.dtype)
     launch = Launch(python, {"model": checkpoint_location(loaded.spec), "dtype": dtype, "seed": 0}, env, None)
     target, method = Target(loaded.model, device), Baseline(Baseline.Options(), loaded)
     settings = DecodeSettings(new, 0.0, frozenset())
@@ -258,7 +259,7 @@ def main() -> None:
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if args.compile else None
     console = Console(width=120)
     clock = "CUDA events" if device.type == "cuda" else "perf_counter"
-    where = f"{args.model} {str(dtype).removeprefix('torch.')} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}"
+    where = f"{args.model} {dtype_name(dtype)} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}"
 
     sizes = tuple(sorted({1, *(int(n) for n in args.sizes.split(","))}))  # t(1) is every ratio's denominator
     curves = {} if args.batch_only else verify_curve(loaded.model, device, args.context, args.reps, mode, args.invariant, sizes)
@@ -315,7 +316,7 @@ def main() -> None:
     vllm = versus_vllm(loaded, device, prompt, args.new, args.vllm_reps, log) if args.vllm_reps else None
     if vllm:
         r = vllm["ratios"]
-        console.print(f"vLLM {vllm['vllm version']} CPU engine, same prompt ids, {str(dtype).removeprefix('torch.')}, "
+        console.print(f"vLLM {vllm['vllm version']} CPU engine, same prompt ids, {dtype_name(dtype)}, "
                       f"{vllm['threads']} threads, interleaved {len(r)}x: ours plain eager {vllm['ours tok/s']:.1f} "
                       f"tok/s, vLLM {vllm['vllm tok/s']:.1f} tok/s; ours / vLLM median {r[len(r) // 2]:.2f} (range "
                       f"{r[0]:.2f}-{r[-1]:.2f}); the two agree on the first {vllm['tokens agreeing']} of {args.new} tokens "

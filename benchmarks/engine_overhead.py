@@ -20,7 +20,8 @@ from rich.table import Table
 from specbench_cli.analysis.metrics import summarise
 from specbench_cli.records import read_table
 from specbench_cli.inputs import RunConfig
-from specbench_cli.runner import execute, plan
+from specbench_cli.planning import plan
+from specbench_cli.runner import execute
 
 METHODS = ("baseline", "hf-generate", "suffix", "pld")
 

@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from specbench_cli.core.errors import UsageError
+from specbench_cli.core.dtypes import dtype_name
 
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.txt"]
 
@@ -93,7 +94,7 @@ def stale_drafters(card: dict, refs: dict[str, str]) -> list[str]:
 
 def timed_as(dtype: torch.dtype, device: torch.device) -> str:
     """"bfloat16 on cpu": what a calibration's latencies depend on beside the drafters (its `latency_dtype`)."""
-    return f"{str(dtype).removeprefix('torch.')} on {device.type}"
+    return f"{dtype_name(dtype)} on {device.type}"
 
 
 def warn_if_stale(card: dict, refs: dict[str, str], what: str, model: str, timed_as: str) -> None:

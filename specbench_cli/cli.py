@@ -137,7 +137,8 @@ def _execute(config, threads: int | None) -> Path:
 
     at_least("--threads", threads, 1)
     chosen = check_run(config, dict(os.environ))
-    from specbench_cli.runner import execute, plan
+    from specbench_cli.planning import plan
+    from specbench_cli.runner import execute
 
     use_threads(threads)
     return execute(plan(config, dict(os.environ), chosen), console)
@@ -283,7 +284,7 @@ def train_drafter(
 
     from specbench_cli.loading import load_model, resolve_device
     from specbench_cli.models import cache_root
-    from specbench_cli.runner import progress_bar
+    from specbench_cli.progress import progress_bar
     from specbench_cli.training import distill
     from specbench_cli.training.train import command_line, train
 
@@ -416,7 +417,7 @@ def tune(
 
     at_least("--threads", threads, 1)
     at_least("--limit", limit, 1)
-    from specbench_cli import tuning
+    from specbench_cli import tune, tuning
 
     tuning.check_method(method)
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
@@ -429,7 +430,7 @@ def tune(
     use_threads(threads)
     import torch
 
-    tuning.execute(tuning.TuneConfig(method, config, threads or torch.get_num_threads(), check), console)
+    tune.execute(tune.TuneConfig(method, config, threads or torch.get_num_threads(), check), console)
 
 
 @app.command()

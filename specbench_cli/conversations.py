@@ -1,13 +1,22 @@
-"""A prompt while it is decoded, turn by turn, in any engine and beside any number of others; and a run's
-throughput (output tokens of all requests over wall seconds), for runs that decode several at once."""
+"""A prompt while it is decoded, turn by turn, in any engine and beside any number of others: its turns, each
+turn's seed, the records its turns make; and a run's throughput (output tokens of all requests over wall
+seconds), for runs that decode several at once."""
 
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from specbench_cli.analysis.metrics import tau
+from specbench_cli.core.timing import PHASES, SUB_PHASES
 from specbench_cli.core.turn import TurnResult
 from specbench_cli.datasets import Prompt
+from specbench_cli.records import NAN, PromptRecord, RoundRecord, output_hash
+
+if TYPE_CHECKING:
+    from specbench_cli.inputs import Plan
 
 
 @dataclass
@@ -66,3 +75,34 @@ class Throughput:
         return {"output_tokens": self.tokens, "requests": self.requests, "seconds": round(seconds, 3),
                 "output_tokens_per_s": round(self.tokens / max(seconds, 1e-9), 3),
                 "requests_per_s": round(self.requests / max(seconds, 1e-9), 4), "clock": self.clock}
+
+
+def turn_seed(seed: int, prompt: Prompt, turn: int) -> int:
+    """A per-turn seed, so a resumed or sharded run (in any engine) draws the same samples as a whole one."""
+    return zlib.crc32(f"{seed}/{prompt.dataset}/{prompt.id}/{turn}".encode())
+
+
+def turn_records(plan: Plan, run_name: str, clock: str, decode_text, index: int, prompt: Prompt,
+                 turns: list[tuple[list[int], TurnResult]], engine: str = "specbench"):
+    """A decoded prompt's rows: one `PromptRecord` per turn, one `RoundRecord` per round (any engine's turns)."""
+    c = plan.config
+    common = dict(run=run_name, method=c.method, model=c.model, dataset=prompt.dataset,
+                  category=prompt.category, subtask=prompt.subtask, prompt_id=prompt.id)
+    rounds, rows = [], []
+    for t, (ids, r) in enumerate(turns):
+        decode_tokens = len(r.output_ids) - 1
+        rows.append(PromptRecord(**common, turn=t, index=index, prompt_tokens=len(ids),
+                                 new_tokens=len(r.output_ids), decode_tokens=decode_tokens, rounds=len(r.rounds),
+                                 ttft_ms=r.ttft_ms, decode_ms=r.decode_ms,
+                                 tokens_per_s=decode_tokens / (r.decode_ms / 1e3) if r.decode_ms > 0 else NAN,
+                                 tau=tau(decode_tokens, len(r.rounds)), stop_reason=r.stop_reason, clock=clock,
+                                 output_hash=output_hash(r.output_ids), output_text=decode_text(r.output_ids),
+                                 output_ids=r.output_ids, prompt_ids=ids, engine=engine))
+        for k, info in enumerate(r.rounds):
+            ms = {f"{p}_ms": info.phases.get(p, NAN) for p in (*PHASES, *SUB_PHASES, "wall")}
+            rounds.append(RoundRecord(**common, turn=t, round=k, proposer=info.proposer, tree_size=info.tree_size,
+                                      draft_depth=info.draft_depth, accepted=info.accepted, emitted=info.emitted,
+                                      kv_len=info.kv_len, target_forwards=info.target_forwards, **ms,
+                                      engine=engine, batch_slot=info.slot, batch_size=info.batch,
+                                      batch_round=info.batch_round, extras=info.extras))
+    return rounds, rows

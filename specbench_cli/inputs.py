@@ -2,7 +2,7 @@
 
 `specbench run` calls `check_run` before it imports torch or transformers, so a typo, a number out of range,
 a bad dataset file or an existing results folder is answered at once, in one line. The checks that need the
-method's code (its options, its drafter names) or torch (the device) follow in `runner.plan`, still before
+method's code (its options, its drafter names) or torch (the device) follow in `planning.plan`, still before
 any model loads.
 """
 
@@ -17,18 +17,19 @@ from typing import TYPE_CHECKING
 
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.core.options import options_record
-from specbench_cli.engines import ENGINES, engine_python, parse_engine_args
+from specbench_cli.engines import ENGINES, EnginePlan, engine_python, parse_engine_args
 from specbench_cli.engines.vllm_methods import MAPPINGS
 from specbench_cli.datasets import Prompt, dataset_slug, load_dataset, parse_shard, select, warmup_prompts
 from specbench_cli.models import ModelSpec, get_model_spec
 from specbench_cli.registry import METHODS
+from specbench_cli.core.dtypes import SPELLINGS, dtype_name
 
 if TYPE_CHECKING:
     import torch
 
 # --compile's verify sizes: core.target.DEFAULT_BUCKETS as text (torch-free here; a test keeps them equal)
 DEFAULT_BUCKETS = "1,4,16,64"
-DTYPE_NAMES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+DTYPE_NAMES = ("auto", *SPELLINGS)
 INVARIANT_CHOICES = ("auto", "on", "off")
 
 
@@ -69,7 +70,7 @@ class RunConfig:
 @dataclass
 class Plan:
     """A checked run: everything but the loaded model. `check_run` fills the selection (no torch needed);
-    `runner.plan` adds what needs the method's code or torch (its options and drafters, device, dtype)."""
+    `planning.plan` adds what needs the method's code or torch (its options and drafters, device, dtype)."""
 
     config: RunConfig
     spec: ModelSpec
@@ -88,11 +89,7 @@ class Plan:
     compile_mode: str | None = None  # None = eager; "reduce-overhead" (CUDA graphs) on GPU, "inductor" on CPU
     batch_invariant: bool = False
     prepacked: bool = False  # the target's CPU weights prepacked for oneDNN (core.kernels)
-    engine_args: dict = field(default_factory=dict)  # --engine-arg, parsed
-    speculative_config: dict | None = None  # what an engine run asks the engine for (engines/vllm_methods.py)
-    engine_python: str = ""  # the Python that runs the engine (engines.engine_python)
-    known_differences: list[str] = field(default_factory=list)  # where the engine drafts otherwise (run.json)
-    engine_proposer: dict | None = None  # specbench's own proposer inside the engine (engines/vllm_routed.py)
+    engine: EnginePlan | None = None  # a production engine's own plan (engines/); None on our engine
     notes: list[str] = field(default_factory=list)  # lines to show before the run starts (deprecated spellings)
 
     def settings(self) -> dict:
@@ -100,7 +97,7 @@ class Plan:
         c = self.config
         return {"method": c.method, "model": c.model, "dataset": c.dataset, "categories": c.categories,
                 "limit": c.limit, "shard": f"{self.shard[0]}/{self.shard[1]}", "max_new_tokens": c.max_new_tokens,
-                "temperature": c.temperature, "seed": c.seed, "dtype": str(self.dtype).removeprefix("torch."),
+                "temperature": c.temperature, "seed": c.seed, "dtype": dtype_name(self.dtype),
                 "options": options_record(self.options), "target": self.spec.target, "drafters": self.drafters,
                 "warmup": [p.id for p in self.warmup], "batch_invariant": self.batch_invariant,
                 "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)},
@@ -109,12 +106,12 @@ class Plan:
 
     def engine_settings(self) -> dict:
         """An engine run's own settings (none for our engine, whose runs predate engines)."""
-        c = self.config
-        if c.engine == "specbench":
+        c, e = self.config, self.engine
+        if e is None:
             return {}
         reached = {"engine_url": c.engine_url} if c.engine_url else {"engine_serve": True} if c.engine_serve else {}
-        proposer = {"engine_proposer": self.engine_proposer} if self.engine_proposer else {}
-        return {"engine": c.engine, "engine_args": self.engine_args, "speculative_config": self.speculative_config,
+        proposer = {"engine_proposer": e.proposer} if e.proposer else {}
+        return {"engine": c.engine, "engine_args": e.args, "speculative_config": e.speculative_config,
                 "concurrency": c.concurrency, **proposer, **reached}
 
 
@@ -140,7 +137,7 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
         raise unknown("--batch-invariant setting", config.batch_invariant, INVARIANT_CHOICES)
     if not re.fullmatch(r"auto|cpu|split|cuda(:\d+)?|mps", config.device):
         raise UsageError(f"bad --device '{config.device}': expected auto, cpu, cuda, cuda:N or split")
-    engine_args, engine_python = check_engine(config, env)
+    engine = check_engine(config, env)
     spec = get_model_spec(config.model, config.target)
     everything = load_dataset(config.dataset)
     chosen = select(everything, config.categories, config.limit)
@@ -161,11 +158,12 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
     if config.resume and not (out / "run.json").is_file():
         raise UsageError(f"--resume: no run to continue at {out}")
     return Plan(config, spec, prompts, warmup_prompts(everything, prompts, config.warmup), shard, out,
-                parse_buckets(config.compile_buckets), engine_args=engine_args, engine_python=engine_python)
+                parse_buckets(config.compile_buckets), engine=engine)
 
 
-def check_engine(config: RunConfig, env: dict[str, str]) -> tuple[dict, str]:
-    """--engine and what goes with it; returns the parsed --engine-arg and the engine's Python."""
+def check_engine(config: RunConfig, env: dict[str, str]) -> EnginePlan | None:
+    """--engine and what goes with it; returns the engine's plan so far (parsed --engine-arg, the engine's
+    Python), None for our engine."""
     if config.engine not in ENGINES:
         raise unknown("engine", config.engine, ENGINES)
     at_least("--concurrency", config.concurrency, 1)
@@ -175,7 +173,7 @@ def check_engine(config: RunConfig, env: dict[str, str]) -> tuple[dict, str]:
             raise UsageError("--engine-arg, --engine-python, --engine-url and --engine-serve are for --engine vllm")
         if config.concurrency != 1:
             raise UsageError("--concurrency is for --engine vllm; our engine decodes --batch-size sequences together")
-        return {}, ""
+        return None
     if config.batch_size != 1:
         raise UsageError(f"--batch-size is our engine's; --engine {config.engine} batches the requests it has in "
                          "flight: use --concurrency")
@@ -191,8 +189,8 @@ def check_engine(config: RunConfig, env: dict[str, str]) -> tuple[dict, str]:
         if config.engine_serve or config.engine_args or config.engine_python:
             raise UsageError("--engine-url measures a server as it was started: drop --engine-serve, --engine-arg "
                              "and --engine-python (start the server with the settings you want)")
-        return {}, ""
-    return parse_engine_args(config.engine_args), engine_python(config.engine_python, env)
+        return EnginePlan()
+    return EnginePlan(parse_engine_args(config.engine_args), engine_python(config.engine_python, env))
 
 
 # The loads a run can be swept over, one run per level: the setting, its folder tag (name suffix _<tag><N>, or

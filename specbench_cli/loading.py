@@ -18,6 +18,7 @@ import torch
 
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.models import EMBEDDED, EMBEDDED_WHEEL, END_OF_TURN_TOKENS, ModelSpec, cache_root
+from specbench_cli.core.dtypes import SPELLINGS, dtype_name, dtype_of
 
 
 # ---------------------------------------------------------------------------------------------- devices
@@ -35,10 +36,6 @@ def resolve_device(device: str) -> torch.device:
         return torch.device(device)
     except RuntimeError as err:
         raise UsageError(f"bad --device '{device}': {err}") from None
-
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
 
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -67,7 +64,7 @@ class DtypeChoice:
 
     @property
     def name(self) -> str:
-        return str(self.dtype).removeprefix("torch.")
+        return dtype_name(self.dtype)
 
 
 def resolve_dtype(dtype: str, device: torch.device, cpu_bf16: bool = True) -> DtypeChoice:
@@ -77,9 +74,9 @@ def resolve_dtype(dtype: str, device: torch.device, cpu_bf16: bool = True) -> Dt
     1.64 in fp32; without those instructions bf16 matmuls are emulated and slower than fp32. `cpu_bf16=False`
     keeps float32 on the CPU for `auto` (the oracle: its replay equals a live run exactly in float32)."""
     if dtype != "auto":
-        if dtype not in DTYPES:
-            raise unknown("dtype", dtype, [*DTYPES, "auto"])
-        return DtypeChoice(DTYPES[dtype], f"--dtype {dtype}")
+        if dtype not in SPELLINGS:
+            raise unknown("dtype", dtype, [*SPELLINGS, "auto"])
+        return DtypeChoice(dtype_of(dtype), f"--dtype {dtype}")
     if device.type == "cuda":
         return DtypeChoice(torch.bfloat16, "auto: bfloat16 on CUDA")
     if device.type != "cpu":

@@ -1,9 +1,12 @@
-"""The life of a results folder, the same for every command that writes one (`run`, `oracle`, and the batch
-and engine runs to come).
+"""The life of a results folder, the same for every kind of run that writes one: `run` at any batch size,
+`run --engine vllm`, `oracle` (and the runs `tune` and `calibrate` make of them). A kind of run is a `PromptJob`;
+`record` is the one driver that runs any job over a `RunFolder`:
 
-    claim (one writer: folders.claim) -> resume check (settings, weights, machine) -> start (run.json
-    "running", a new session) -> one atomic part per finished prompt in each table -> end: "complete",
-    "interrupted" (Ctrl-C, SIGTERM) or "failed" (a write that failed: disk full, permission, a vanished folder)
+    claim (one writer: folders.claim) -> resume check (settings, weights, machine) -> prepare (load; the
+    prompts fit) -> start (run.json "running", a new session) -> compile or start the engine -> warm-up ->
+    finished prompts absorbed (resume) -> one atomic part per finished prompt in each table -> end:
+    "complete", "interrupted" (Ctrl-C, SIGTERM) or "failed" (a write that failed: disk full, permission, a
+    vanished folder; an engine that died)
 
 run.json is a `RunInfo`: the fields every kind of run has, and a kind's own keys beside them (`more`), all at
 the top level of the file. Parts are written to a hidden name and renamed, table by table in the order the
@@ -18,16 +21,22 @@ import datetime as dt
 import json
 import signal
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rich.console import Console
+
+from specbench_cli import hardware
 from specbench_cli.core.errors import UsageError
+from specbench_cli.datasets import Prompt
 from specbench_cli.folders import claim, write_atomically
+from specbench_cli.progress import record_progress
 
 # What a setting meant in runs written before it existed (a resume compares it as this).
 LEGACY_SETTINGS = {"compile": None, "batch_invariant": False, "prepacked": False}
@@ -207,6 +216,99 @@ class RunFolder:
             self.write_info(info)
         except WriteFailed:
             pass  # the disk is still full: run.json keeps "running", the error line already says why
+
+
+# ---------------------------------------------------------------------------------------------- the driver
+@dataclass
+class Start:
+    """What a job says before anything loads: run.json's settings and kind, this session (`new_session`), and
+    what a resume must find unchanged (the machine facts `measured`, the drafter `weights`)."""
+
+    settings: dict
+    session: dict
+    kind: str = "run"
+    measured: tuple[str, ...] = MEASURED
+    weights: dict[str, str] | None = None
+
+
+class PromptJob(Protocol):
+    """A kind of run: what it does with the prompts. `record` does the rest (folder, resume, order, parts,
+    progress)."""
+
+    def begin(self) -> Start:
+        """Its settings and session, before anything loads (a resume is checked against them)."""
+
+    def prepare(self) -> dict:
+        """Load what decoding needs and check every prompt fits; returns the keys a new run's run.json gets
+        (`RunInfo.more`)."""
+
+    def running(self, info: RunInfo, save: Callable[[], None]) -> AbstractContextManager:
+        """Compile or start the engine, noting what that found in `info.more` (`save()` writes run.json); every
+        prompt is decoded inside the block, which stops what it started."""
+
+    def warm_up(self, prompt: Prompt) -> None:
+        """Decode a warm-up prompt: not recorded, but cross-prompt state (a suffix cache) keeps its outputs."""
+
+    def absorb(self, output_ids: list[int]) -> None:
+        """Take in a finished prompt's turn output on resume, as if it had just been decoded."""
+
+    def decode_all(self, todo: list[tuple[int, Prompt]], finished: Callable[[int, Prompt, dict], None]) -> None:
+        """Decode the prompts `todo`, handing each one's rows (a table per name of the folder's tables) to
+        `finished` as soon as it is done (`OneAtATime`: in order, with `decode`)."""
+
+    def stats(self) -> str:
+        """The progress bar's live text after the latest prompt."""
+
+    def facts(self, info: RunInfo) -> dict:
+        """After the last prompt: what the session measured (tokens, memory, energy) for run.json's session, and
+        any run-level keys into `info.more`."""
+
+
+class OneAtATime:
+    """A job that decodes one prompt at a time (`decode`), in the selection's order."""
+
+    def decode(self, index: int, prompt: Prompt) -> dict:
+        raise NotImplementedError
+
+    def decode_all(self, todo: list[tuple[int, Prompt]], finished: Callable[[int, Prompt, dict], None]) -> None:
+        for index, prompt in todo:
+            finished(index, prompt, self.decode(index, prompt))
+
+
+def record(folder: RunFolder, job: PromptJob, prompts: list[Prompt], warmup: list[Prompt], resume: bool,
+           console: Console, label: str) -> None:
+    """Run `job` over the folder (inside `folder.session`): every prompt of the selection not yet finished is
+    decoded and written as it finishes. Warm-up prompts come first, then the finished prompts' outputs are
+    replayed into the job's cross-prompt state (`absorb`), so that it holds what an uninterrupted run's would."""
+    start = job.begin()
+    resumed = (folder.resumed(start.settings, start.session["environment"], start.measured, start.weights)
+               if resume else None)
+    done = folder.finished() if resumed else set()
+    more = job.prepare()  # a prompt past the model's context is refused here, before the run starts
+    info = resumed or RunInfo(start.settings, start.session["started"], start.session["environment"], start.kind,
+                              more=more)
+    folder.start(info, start.session)
+    todo = [(i, p) for i, p in enumerate(prompts) if i not in done]
+    with job.running(info, lambda: folder.write_info(info)):
+        if warmup and warmup[0].dataset == "builtin":
+            console.print("warm-up: every prompt of the dataset is scored, so a built-in prompt warms up",
+                          highlight=False)
+        for prompt in warmup:
+            job.warm_up(prompt)
+        for ids in folder.finished_outputs():
+            job.absorb(ids)
+        with record_progress(console, len(prompts), todo, label) as advance:
+            def finished(index: int, prompt: Prompt, tables: dict) -> None:
+                folder.write_prompt(index, tables)
+                advance(prompt, job.stats())
+
+            job.decode_all(todo, finished)
+    folder.complete(info, prompts=len(todo), **job.facts(info))
+
+
+def new_session(device, telemetry: dict | None = None) -> dict:
+    """A session's start time and machine (`hardware.environment`, and any telemetry facts)."""
+    return {"started": now(), "environment": {**hardware.environment(device), **(telemetry or {})}}
 
 
 def session_totals(sessions: list[dict]) -> dict:

@@ -162,7 +162,8 @@ def run_shard(config: str, shard: str | None, console=None, env: dict[str, str] 
     before the first one runs; finished jobs are skipped. Returns (jobs run, jobs skipped)."""
     from rich.console import Console
 
-    from specbench_cli.runner import execute, plan
+    from specbench_cli.planning import plan
+    from specbench_cli.runner import execute
 
     sweep = load(Path(config))
     todo = [job for job in sweep.shard(shard, env) if status(job, sweep.out) != "done"]

@@ -44,6 +44,7 @@ from specbench_cli.core.target import Target
 from specbench_cli.core.timing import sync
 from specbench_cli.core.tree import DraftTree
 from specbench_cli.models import cache_root
+from specbench_cli.core.dtypes import dtype_name
 
 # Candidate budgets, as --opt strings; the paper's default is the one with no options (it is always a
 # candidate). The sizes span what a CPU (a few nodes) to a GPU (tens of nodes) verifies at the price of one.
@@ -188,7 +189,7 @@ def tuned_path(model: str, method: str, where: str) -> Path:
 
 
 def machine_key(dtype: torch.dtype, device: torch.device, threads: int, invariant: bool) -> str:
-    return (f"{str(dtype).removeprefix('torch.')}-{device.type}-{threads}t"
+    return (f"{dtype_name(dtype)}-{device.type}-{threads}t"
             + ("-invariant" if invariant else ""))
 
 
@@ -218,101 +219,3 @@ def tuned_opts(model: str, method: str, machine: str) -> tuple[list[str], Path]:
         raise UsageError(f"no tuned budget for {method} on {model} ({machine}): run `specbench tune --method {method} "
                          f"--model {model}` with the same --dtype, --device and --threads first")
     return list(json.loads(path.read_text())["opts"]), path
-
-
-# ---------------------------------------------------------------------------------------------- the command
-@dataclass
-class TuneConfig:
-    method: str
-    run: object  # inputs.RunConfig: model, dataset, selection, tokens, dtype, device; out = the tune folder
-    threads: int
-    check: bool = True  # run the chosen budget (and the paper's) live beside the baseline
-
-
-def execute(config: TuneConfig, console) -> TuneRecord:
-    """Baseline live, the cost curve, a replay per candidate, the choice, and (`check`) live runs of it."""
-    import dataclasses
-    import datetime as dt
-    import os
-
-    from rich.table import Table as RichTable
-
-    from specbench_cli.loading import load_model
-    from specbench_cli.oracle import command as oracle_run
-    from specbench_cli.oracle.command import OracleConfig
-    from specbench_cli.records import read_table
-    from specbench_cli.runner import execute as record_run, plan
-    from specbench_cli.training.train import command_line
-
-    run, out, method = config.run, config.run.out, config.method
-    base = plan(dataclasses.replace(run, method="baseline", out=out / "baseline", resume=_exists(out / "baseline")),
-                dict(os.environ))
-    model = load_model(base.spec, base.device, base.dtype)
-    record_run(base, console, model)
-    base_ms = per_token_ms(read_table(out / "baseline", "prompts"))
-    machine = machine_key(base.dtype, base.device, config.threads, base.batch_invariant)
-    where = f"{run.model} {machine}, perf_counter"
-    costs, costs_file = cached_costs(f"{run.model}-{machine}", lambda: measure_costs(
-        Target(model.model, base.device, invariant=base.batch_invariant), model.model.config.vocab_size, where=where))
-    console.print(f"verify cost c(n) on {where} ({costs_file}): t(1) {costs.t1_ms:.1f} ms, "
-                  + ", ".join(f"c({n}) {c:.2f}" for n, c in costs.c.items()), highlight=False, soft_wrap=True)
-
-    dtype_name = str(base.dtype).removeprefix("torch.")
-    predictions = []
-    for i, candidate in enumerate([(), *GRIDS[method]]):
-        folder = out / f"replay_{i}"
-        oracle_run.execute(OracleConfig([method], dataclasses.replace(run, dtype=dtype_name, out=folder,
-                                                                       resume=_exists(folder)),
-                                        [f"{method}.{o}" for o in candidate]), console, model)
-        replay = read_table(folder, "replay")
-        walks = [g.sort_values("position") for _, g in replay.groupby(["prompt_id", "turn"], sort=False)]
-        reverifies = base.batch_invariant and not attends_by_matmul(base.device, base.dtype)
-        predictions.append(predict(candidate, walks, costs, base_ms, reverifies))
-    paper, best = predictions[0], choose(predictions)
-
-    measured = {}
-    if config.check:
-        for p in [best] + ([paper] if paper is not best else []):  # the paper budget too, when not the best
-            folder = out / f"live_{predictions.index(p)}"  # candidate i's live run (0: the paper default)
-            record_run(plan(dataclasses.replace(run, method=method, out=folder, resume=_exists(folder),
-                                                opts=[*p.opts]), dict(os.environ)), console, model)
-            measured[p.candidate] = base_ms / per_token_ms(read_table(folder, "prompts"))
-
-    frame = pd.DataFrame([asdict(p) for p in predictions]).drop(columns="opts")
-    frame["measured_speedup"] = frame.candidate.map(measured)
-    frame.to_csv(out / "candidates.csv", index=False)
-    from specbench_cli.analysis import plots
-
-    plots.save(plots.tune_candidates(frame, f"tune {method}: {where}"), out, "candidates")
-    table = RichTable(title=f"tune {method} on {where}: baseline {1e3 / base_ms:.1f} tok/s", show_lines=False,
-                      caption="ms per round; × = speedup over the baseline; * = chosen (the most predicted tokens/s)")
-    table.add_column("candidate", overflow="fold")
-    for col in ("τ", "nodes", "draft", "verify", "round", "pred. ×", "meas. ×"):
-        table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
-    for p in predictions:
-        table.add_row(("* " if p is best else "  ") + p.candidate, f"{p.tau:.2f}", f"{p.mean_draft:.1f}",
-                      f"{p.draft_ms:.1f}", f"{p.verify_ms:.1f}", f"{p.round_ms:.1f}", f"{p.speedup:.2f}",
-                      f"{measured[p.candidate]:.2f}" if p.candidate in measured else "—")
-    console.print(table)
-
-    record = TuneRecord(run.model, method, machine, list(best.opts), best.speedup, measured.get(best.candidate),
-                        paper.speedup, measured.get(paper.candidate), str(out), command_line(),
-                        dt.datetime.now().isoformat(timespec="seconds"), frame.to_dict("records"))
-    text = json.dumps(asdict(record), indent=1, default=str)
-    (out / "tune.json").write_text(text)
-    registered = tuned_path(run.model, method, machine)
-    registered.parent.mkdir(parents=True, exist_ok=True)
-    registered.write_text(text)
-    console.print(f"chosen: {best.candidate} (predicted {best.speedup:.2f}×"
-                  + (f", measured {measured[best.candidate]:.2f}×" if best.candidate in measured else "")
-                  + f"); `specbench run --method {method} --tuned` uses it ({registered})", highlight=False, soft_wrap=True)
-    return record
-
-
-def per_token_ms(prompts: pd.DataFrame) -> float:
-    """Decode time per token over a run's prompts, pooled (every token weighs the same)."""
-    return float(prompts.decode_ms.sum() / max(prompts.decode_tokens.sum(), 1))
-
-
-def _exists(folder: Path) -> bool:
-    return (folder / "run.json").exists()

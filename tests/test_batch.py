@@ -317,9 +317,9 @@ def test_batched_runs_equal_batch_one_turn_by_turn_and_resume(tmp_path):
     (["--batch-size", "1,2", "--engine", "vllm", "--concurrency", "1,2"], "not both at once"),
 ])
 def test_bad_batch_input_is_one_line_before_anything_loads(tmp_path, args, message, monkeypatch):
-    from specbench_cli import runner
+    from specbench_cli import planning
 
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    monkeypatch.setattr(planning, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
     method = [] if "--method" in args else ["--method", "suffix"]
     result = _cli(*method, "--dataset", "spec-bench", "--limit", "4", *args, "--out", str(tmp_path / "x"))
     assert result.exit_code == 2 and message in result.output, result.output

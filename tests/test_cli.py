@@ -142,10 +142,10 @@ def bad_files(tmp_path, monkeypatch):
         raise AssertionError("a model was loaded for bad input")
 
     import specbench_cli.loading
-    import specbench_cli.runner
+    import specbench_cli.planning
 
     monkeypatch.setattr(specbench_cli.loading, "load_model", no_model)
-    monkeypatch.setattr(specbench_cli.runner, "load_model", no_model)
+    monkeypatch.setattr(specbench_cli.planning, "load_model", no_model)
     (tmp_path / "empty").mkdir()
     (tmp_path / "no_config").mkdir()
     (tmp_path / "no_config" / "model.safetensors").write_bytes(_safetensors())

@@ -284,6 +284,37 @@ def test_an_engine_that_dies_mid_run_keeps_finished_prompts_and_resume_finishes(
     assert info["status"] == "complete" and read_table(out, "prompts")["index"].nunique() == 4
 
 
+def test_a_resumed_suffix_run_drafts_from_the_finished_prompts_outputs(engine_python, tmp_path):
+    """vLLM resumes by absorbing, as our engine does: the finished prompts' outputs go into the engine's suffix cache
+    (the worker's "absorb"), so a prompt that repeats a finished one is drafted as in the uninterrupted run (its
+    output is the first's at T = 0, and the cache hands it over whole)."""
+    import shutil
+
+    data = tmp_path / "twice.jsonl"
+    text = "Write a short poem about the sea."
+    data.write_text("".join(json.dumps({"question_id": q, "turns": [text]}) + "\n" for q in ("a", "b")))
+    args = ["run", "--model", "smollm2-135m", "--dataset", str(data), "--max-new-tokens", "32", "--warmup", "0",
+            "--dtype", "float32", "--threads", "1", "--method", "suffix", *ENGINE, "--engine-python", engine_python]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    result = CliRunner().invoke(app, [*args, "--out", str(whole)])
+    assert result.exit_code == 0, result.output
+    shutil.copytree(whole, resumed)
+    for table in ("rounds", "prompts"):  # the run killed after prompt a
+        (resumed / f"{table}.parquet" / "part-00001.parquet").unlink()
+    info = json.loads((resumed / "run.json").read_text())
+    (resumed / "run.json").write_text(json.dumps({**info, "status": "interrupted"}))
+    result = CliRunner().invoke(app, [*args, "--out", str(resumed), "--resume"])
+    assert result.exit_code == 0, result.output
+
+    def accepted(run_dir) -> dict:
+        rounds = pd.read_parquet(run_dir / "rounds.parquet")
+        return {p: list(g.sort_values("round").accepted) for p, g in rounds.groupby("prompt_id")}
+
+    before, after = accepted(whole), accepted(resumed)
+    assert after["b"] == before["b"]
+    assert len(before["b"]) < len(before["a"])  # b was drafted from a's cached output: the check is not vacuous
+
+
 @pytest.mark.parametrize("max_depth, factor, min_prob", [(64, 1.0, 0.1), (8, 2.0, 0.0)])
 def test_our_suffix_drafts_what_arcticinference_drafts(engine_python, tmp_path, monkeypatch, max_depth, factor,
                                                      min_prob):

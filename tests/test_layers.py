@@ -1,4 +1,6 @@
-"""The layers point one way: core imports nothing above it, methods import only core (and each other)."""
+"""The layers point one way: core imports nothing above it, methods import only core (and each other), analysis
+imports no command, and no module of the package imports itself back through others (no import circles, the
+command layer included)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ def imports(path: Path) -> set[str]:
                 parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{parent}.{base}" if base else parent
             found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from package import module`
     return found
 
 
@@ -72,3 +75,63 @@ def test_analysis_reads_records_and_imports_no_command() -> None:
     for path in sorted((ROOT / "specbench_cli" / "analysis").glob("*.py")):
         above = [m for m in imports(path) if m.startswith(commands)]
         assert not above, f"analysis/{path.name} imports {above}"
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package and of methods/, by dotted name (a package by its own name)."""
+    found = {}
+    for path in [*(ROOT / "specbench_cli").rglob("*.py"), *(ROOT / "methods").rglob("*.py")]:
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's import circles: its strongly connected parts of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Who imports whom among our modules, at any depth in a file (an import inside a function counts: it still
+    makes the two modules need each other)."""
+    known = modules()
+    return {name: {m for m in imports(path) if m in known and m != name} for name, path in known.items()}
+
+
+def test_no_module_imports_itself_back() -> None:
+    found = circles(import_graph())
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_circle_finder_finds_circles() -> None:  # the check above would pass vacuously on a blind finder
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    graph = import_graph()
+    assert "specbench_cli.tuning" in graph["specbench_cli.tune"]  # `from specbench_cli import tuning`
+    assert "specbench_cli.run_folder" in graph["specbench_cli.runner"]

@@ -242,7 +242,8 @@ def test_recorded_weights_cover_the_trie_and_calibrated_thresholds(tmp_path):
     import shutil
 
     from specbench_cli.models import project_drafters
-    from specbench_cli.runner import RunConfig, drafter_weights, plan
+    from specbench_cli.inputs import RunConfig
+    from specbench_cli.planning import drafter_weights, plan
 
     registered = project_drafters("smollm2-135m")
     copies = {name: shutil.copytree(registered[name], tmp_path / name) for name in ("dart", "whiflash-entropy")}
@@ -275,7 +276,8 @@ def test_a_hub_drafter_is_recorded_with_the_commit_its_cache_resolves_to(tmp_pat
     from huggingface_hub import constants
 
     from specbench_cli.core.errors import UsageError
-    from specbench_cli.runner import RunConfig, drafter_weights, plan
+    from specbench_cli.inputs import RunConfig
+    from specbench_cli.planning import drafter_weights, plan
 
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "hub" / "models--someone--eagle3-drafter"

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench_cli.core.dtypes import dtype_name
+
 TIE_THRESHOLD = {"bfloat16": 0.5, "float16": 0.0625, "float32": 1e-4}
 
 
@@ -28,7 +30,7 @@ class Divergence:
 
 
 def threshold(dtype: str) -> float:
-    return TIE_THRESHOLD.get(dtype.removeprefix("torch."), TIE_THRESHOLD["float32"])
+    return TIE_THRESHOLD.get(dtype_name(dtype), TIE_THRESHOLD["float32"])
 
 
 @torch.inference_mode()

@@ -156,7 +156,7 @@ def _tell_apart(groups: list[RunGroup]) -> None:
 
 
 def drafter_identity(info: dict) -> dict[str, str]:
-    """The drafter weights a run used (name -> fingerprint or hub id, `runner.drafter_weights`); for runs written
+    """The drafter weights a run used (name -> fingerprint or hub id, `planning.drafter_weights`); for runs written
     before those were recorded, the `--drafter` overrides it named ({} for the registered drafters)."""
     return info.get("drafter_weights") or info["settings"].get("drafters") or {}
 

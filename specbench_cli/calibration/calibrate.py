@@ -323,7 +323,8 @@ def live_run(config: CalibrateConfig, prompts_file: Path, method: str, out: Path
              categories: list[str] | None = None, warmup: int = 1) -> Path:
     """A short real decode (2 prompts, ≤ 96 tokens) of the calibration prompts; resumed if it exists."""
     from specbench_cli.inputs import RunConfig
-    from specbench_cli.runner import execute, plan
+    from specbench_cli.planning import plan
+    from specbench_cli.runner import execute
 
     execute(plan(RunConfig(method=method, model=config.model, dataset=str(prompts_file), categories=categories or [],
                            limit=2, max_new_tokens=min(config.max_new_tokens, 96), warmup=warmup, opts=opts, out=out,
@@ -382,7 +383,7 @@ def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
 
     x, y = pairs(train)
     from methods.predictors import Router
-    from specbench_cli.runner import progress_bar
+    from specbench_cli.progress import progress_bar
 
     with progress_bar(console) as bar:
         task = bar.add_task("training the router", total=config.steps, stats="")

@@ -150,7 +150,7 @@ def token_table(model_name: str) -> np.ndarray:
 def calibrate_hvd(config: CalibrateConfig, console: Console) -> dict:
     from methods.hvd_features import FEATURES
     from methods.predictors import PayoffPredictor
-    from specbench_cli.runner import progress_bar
+    from specbench_cli.progress import progress_bar
 
     prompts = calibration_prompts(config)
     prompts_file = write_prompts(config.work / "prompts.jsonl", prompts)

@@ -21,6 +21,8 @@ import dataclasses
 import json
 import os
 import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -29,15 +31,17 @@ from rich.console import Console
 from specbench_cli import hardware
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.method import Proposer
-from specbench_cli.conversations import Conversation, Throughput
+from specbench_cli.conversations import Conversation, Throughput, turn_records, turn_seed
 from specbench_cli.core.turn import RoundInfo, TurnResult
 from specbench_cli.datasets import Prompt
 from specbench_cli.engines.vllm_routed import Decisions
 from specbench_cli.engines.vllm_methods import TESTED_VERSIONS, engine_method
 from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel, checkpoint_location, load_text
+from specbench_cli.planning import check_lengths, drafter_weights
 from specbench_cli.records import run_parts
-from specbench_cli.run_folder import RunFailed, RunFolder, RunInfo
+from specbench_cli.run_folder import RunFailed, RunInfo, Start, new_session
+from specbench_cli.core.dtypes import dtype_name
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 CLOCK = "perf_counter in the vLLM process (engine step outputs)"
@@ -68,16 +72,17 @@ def launch(plan: Plan, env: dict[str, str]) -> Launch:
     """The engine's arguments for a planned run: our target folder, dtype and seed, the method's speculative
     config, per-request metrics, then the user's --engine-arg (which win)."""
     c = plan.config
-    args: dict = {"model": checkpoint_location(plan.spec), "dtype": str(plan.dtype).removeprefix("torch."),
+    args: dict = {"model": checkpoint_location(plan.spec), "dtype": dtype_name(plan.dtype),
                   "seed": c.seed}
-    if plan.speculative_config is not None:
-        args |= {"speculative_config": plan.speculative_config, "per_request_spec_decode_metrics": "detailed"}
-    args |= plan.engine_args
+    engine = plan.engine
+    if engine.speculative_config is not None:
+        args |= {"speculative_config": engine.speculative_config, "per_request_spec_decode_metrics": "detailed"}
+    args |= engine.args
     # the engine's CPU threads: --threads, else as many as our engine would use (torch's count), so the two
     # engines are compared on the same cores; a spinning OpenMP pool on more threads than idle cores crawls
     threads = str(c.threads or torch.get_num_threads())
     worker_env = {k: env.get(k, v) for k, v in {**ENV_DEFAULTS, "OMP_NUM_THREADS": threads}.items()}
-    return Launch(plan.engine_python, args, worker_env, plan.speculative_config)
+    return Launch(engine.python, args, worker_env, engine.speculative_config)
 
 
 def _local(plan: Plan, name: str) -> str:
@@ -103,12 +108,12 @@ def plan_engine(plan: Plan) -> Plan:
     if mapped.proposer and (plan.config.engine_url or plan.config.engine_serve):
         raise UsageError(f"--engine vllm runs {plan.config.method} inside the engine process specbench starts (its "
                          f"proposer is a vLLM plugin, engines/vllm_routed.py); drop --engine-url/--engine-serve")
-    if mapped.proposer and not has_plugin(plan.engine_python):
-        raise UsageError(f"--engine vllm runs {plan.config.method} as a vLLM plugin, which {plan.engine_python} lacks: "
+    if mapped.proposer and not has_plugin(plan.engine.python):
+        raise UsageError(f"--engine vllm runs {plan.config.method} as a vLLM plugin, which {plan.engine.python} lacks: "
                          f"run `bash scripts/setup-vllm.sh`, or `pip install --no-deps -e <specbench>` in that Python")
-    plan = dataclasses.replace(plan, options=mapped.options, speculative_config=mapped.speculative_config,
-                               notes=[*plan.notes, *mapped.notes], known_differences=mapped.known_differences,
-                               engine_proposer=mapped.proposer)
+    engine = dataclasses.replace(plan.engine, speculative_config=mapped.speculative_config,
+                                 known_differences=mapped.known_differences, proposer=mapped.proposer)
+    plan = dataclasses.replace(plan, options=mapped.options, notes=[*plan.notes, *mapped.notes], engine=engine)
     if plan.config.engine_url:  # an unreachable server is said before the results folder is taken
         from specbench_cli.engines import vllm_server
 
@@ -203,6 +208,14 @@ class Worker:
 
     def next_done(self) -> dict:
         return self._read("done", None)
+
+    def absorb(self, output_ids: list[int]) -> bool:
+        """A finished output into the engine's suffix cache (the worker's "absorb"); True. An engine whose drafter
+        keeps none is a bug of the caller (only methods with cross-request state absorb)."""
+        self._send({"op": "absorb", "output_ids": output_ids})
+        if not self._read("absorbed", 60.0)["cached"]:
+            raise EngineDied(f"the vLLM drafter keeps no suffix cache to take a finished output (its log: {self.log})")
+        return True
 
     def _send(self, message: dict) -> None:
         try:
@@ -306,8 +319,6 @@ class ClosedLoop:
                 on_done(conv)
 
     def _next_turn(self, conv: Conversation, live: dict, tag: str) -> None:
-        from specbench_cli.runner import turn_seed
-
         turn = conv.turn
         ids = conv.next_ids(self.text)
         c = self.plan.config
@@ -319,62 +330,96 @@ class ClosedLoop:
         live[request] = conv
 
 
-def record(plan: Plan, folder: RunFolder, console: Console, env: dict[str, str]) -> None:
-    """`runner._record` for a vLLM run: the same folder life, the engine in place of our loop."""
-    from specbench_cli.runner import drafter_weights, new_session, record_progress, turn_records
+class VllmJob:
+    """`run --engine vllm`'s rows: the run's prompts decoded by the engine (`ClosedLoop`, `--concurrency` in
+    flight), recorded as our engine's are; `run_folder.record` does the folder's life. On `--resume` the finished
+    prompts' outputs go into the engine's suffix cache, where the method has one (`Worker.absorb`)."""
 
-    session = new_session(plan.device)
-    text = load_text(plan.spec)
-    longest_needed(plan, text)
-    spec = launch(plan, env)
-    decisions = None
-    if plan.engine_proposer:  # a routed method inside vLLM: its plugin reads these files (engines/vllm_routed.py)
-        vocab = int(json.loads((Path(checkpoint_location(plan.spec)) / "config.json").read_text())["vocab_size"])
-        extra, decisions = Decisions.prepare(folder.path, plan.engine_proposer, text.tokenizer, vocab)
-        spec.env.update(extra)
-    engine, clock = open_engine(plan, spec, folder.path / "engine.log")
-    weights = drafter_weights(plan)
-    resumed = folder.resumed(plan.settings(), session["environment"], weights=weights) if plan.config.resume else None
-    done = folder.finished() if resumed else set()
-    info = resumed or RunInfo(plan.settings(), session["started"], session["environment"], more={
-        "clock": clock, "prompts_selected": len(plan.prompts), "drafter_weights": weights,
-        "dtype_choice": plan.dtype_reason, "engine": spec.record()})
-    folder.start(info, session)
-    with engine as worker:
-        version = worker.ready["version"]
-        if resumed and info.more.get("engine", {}).get("version") not in (None, version):
-            raise RunFailed(f"--resume: the run was recorded with vLLM {info.more['engine']['version']}, this is {version}")
-        info.more["engine"] = {**spec.record(), **{k: v for k, v in worker.ready.items() if k != "speculative_config"},
-                               "engine_config": worker.ready["speculative_config"],
-                               "known_differences": plan.known_differences}
-        folder.write_info(info)
-        console.print(f"vLLM {version} ({worker.ready.get('url', spec.python)})" +
-                      ("" if version.rsplit(".", 1)[0] in TESTED_VERSIONS else
-                       f"; specbench's method mapping was tested on vLLM {', '.join(TESTED_VERSIONS)} only"),
-                      highlight=False, soft_wrap=True)
-        if decisions is not None:
-            decisions.read()  # the proposer's first line is written when vLLM builds it
-        if decisions is not None and not decisions.started:
-            raise RunFailed(f"vLLM did not build specbench's {plan.config.method} proposer (its plugin failed to load "
-                            f"or refused this vLLM version; see {folder.path / 'engine.log'})")
-        loop = ClosedLoop(worker, plan, text, decisions)
-        loop.run(list(enumerate(plan.warmup)), 1, lambda conv: None, tag="warmup-")
-        if done and plan.method_cls.absorb is not Proposer.absorb:  # the engine's suffix cache lacks what finished
-            loop.run([(i, plan.prompts[i]) for i in sorted(done)], 1, lambda conv: None, tag="replay-")
-        todo = [(i, p) for i, p in enumerate(plan.prompts) if i not in done]
-        stats = Throughput()
-        with record_progress(console, plan, todo, f"{plan.config.method} on {plan.config.dataset} (vLLM)") as advance:
-            def write(conv: Conversation) -> None:
-                rounds, rows = turn_records(plan, plan.out.name, clock, text.decode, conv.index, conv.prompt,
-                                            conv.turns, engine="vllm")
-                folder.write_prompt(conv.index, run_parts(rounds, rows))
-                stats.add(conv)
-                advance(conv.prompt, stats.line())
+    def __init__(self, plan: Plan, console: Console, model: LoadedModel | None = None) -> None:
+        if model is not None:
+            raise RuntimeError("--engine vllm loads its own target: a loaded model cannot be handed to it")
+        self.plan, self.console = plan, console
+        self.label = f"{plan.config.method} on {plan.config.dataset} (vLLM)"
+        self.stats_ = Throughput()
+        self.warmed = 0
+        self.noted = False
 
-            stats.start()
-            loop.run(todo, plan.config.concurrency, write)
-        info.more["throughput"] = stats.summary()
-    folder.complete(info, prompts=len(todo), tokens=stats.tokens, **hardware.peak_memory(plan.device))
+    def begin(self) -> Start:
+        self.weights = drafter_weights(self.plan)
+        return Start(self.plan.settings(), new_session(self.plan.device), weights=self.weights)
+
+    def prepare(self) -> dict:
+        plan = self.plan
+        self.text = load_text(plan.spec)
+        longest_needed(plan, self.text)
+        self.spec = launch(plan, dict(os.environ))
+        self.decisions = None
+        if plan.engine.proposer:  # a routed method inside vLLM: its plugin reads these files (engines/vllm_routed.py)
+            vocab = int(json.loads((Path(checkpoint_location(plan.spec)) / "config.json").read_text())["vocab_size"])
+            extra, self.decisions = Decisions.prepare(plan.out, plan.engine.proposer, self.text.tokenizer, vocab)
+            self.spec.env.update(extra)
+        self.engine, self.clock = open_engine(plan, self.spec, plan.out / "engine.log")
+        return {"clock": self.clock, "prompts_selected": len(plan.prompts), "drafter_weights": self.weights,
+                "dtype_choice": plan.dtype_reason, "engine": self.spec.record()}
+
+    @contextmanager
+    def running(self, info: RunInfo, save: Callable[[], None]) -> Iterator[None]:
+        """Start the engine (stopped when the block ends), check a resumed run's vLLM version, note the engine in
+        run.json."""
+        plan = self.plan
+        with self.engine as worker:
+            self.worker = worker
+            version = worker.ready["version"]
+            recorded = info.more.get("engine", {}).get("version")
+            if recorded not in (None, version):
+                raise RunFailed(f"--resume: the run was recorded with vLLM {recorded}, this is {version}")
+            info.more["engine"] = {**self.spec.record(), **{k: v for k, v in worker.ready.items()
+                                                            if k != "speculative_config"},
+                                   "engine_config": worker.ready["speculative_config"],
+                                   "known_differences": plan.engine.known_differences}
+            save()
+            self.console.print(f"vLLM {version} ({worker.ready.get('url', self.spec.python)})" +
+                               ("" if version.rsplit(".", 1)[0] in TESTED_VERSIONS else
+                                f"; specbench's method mapping was tested on vLLM {', '.join(TESTED_VERSIONS)} only"),
+                               highlight=False, soft_wrap=True)
+            if self.decisions is not None:
+                self.decisions.read()  # the proposer's first line is written when vLLM builds it
+                if not self.decisions.started:
+                    raise RunFailed(f"vLLM did not build specbench's {plan.config.method} proposer (its plugin failed "
+                                    f"to load or refused this vLLM version; see {plan.out / 'engine.log'})")
+            self.loop = ClosedLoop(worker, plan, self.text, self.decisions)
+            yield
+
+    def warm_up(self, prompt: Prompt) -> None:
+        self.loop.run([(self.warmed, prompt)], 1, lambda conv: None, tag="warmup-")
+        self.warmed += 1
+
+    def absorb(self, output_ids: list[int]) -> None:
+        """A finished output into the engine's cross-request state (the suffix cache of suffix and HVD): what an
+        uninterrupted run's engine would hold. Methods with no such state (the proposer's `absorb` is the
+        default) need nothing."""
+        if self.plan.method_cls.absorb is not Proposer.absorb and not self.worker.absorb(output_ids) and not self.noted:
+            self.noted = True
+            self.console.print("note: a vLLM server's suffix cache cannot be filled from outside: the resumed prompts "
+                               "draft without the finished prompts' outputs (τ may differ from an uninterrupted run's)",
+                               highlight=False, soft_wrap=True)
+
+    def decode_all(self, todo: list[tuple[int, Prompt]], finished: Callable[[int, Prompt, dict], None]) -> None:
+        def write(conv: Conversation) -> None:
+            rounds, rows = turn_records(self.plan, self.plan.out.name, self.clock, self.text.decode, conv.index,
+                                        conv.prompt, conv.turns, engine="vllm")
+            self.stats_.add(conv)
+            finished(conv.index, conv.prompt, run_parts(rounds, rows))
+
+        self.stats_.start()
+        self.loop.run(todo, self.plan.config.concurrency, write)
+
+    def stats(self) -> str:
+        return self.stats_.line()
+
+    def facts(self, info: RunInfo) -> dict:
+        info.more["throughput"] = self.stats_.summary()
+        return {"tokens": self.stats_.tokens, **hardware.peak_memory(self.plan.device)}
 
 
 def open_engine(plan: Plan, spec: Launch, log: Path):
@@ -385,7 +430,7 @@ def open_engine(plan: Plan, spec: Launch, log: Path):
     c = plan.config
     if c.engine_url or c.engine_serve:
         args = {**spec.engine_args, "per_request_spec_decode_metrics": "detailed"}
-        expect = vllm_server.Expect(plan.speculative_config is not None, vllm_server.serve_hint(args))
+        expect = vllm_server.Expect(plan.engine.speculative_config is not None, vllm_server.serve_hint(args))
         if c.engine_url:
             return vllm_server.Server(c.engine_url, expect), vllm_server.CLOCK
         return vllm_server.start(spec.python, args, spec.env, log, expect), vllm_server.CLOCK
@@ -393,7 +438,5 @@ def open_engine(plan: Plan, spec: Launch, log: Path):
 
 
 def longest_needed(plan: Plan, text: LoadedModel) -> int:
-    from specbench_cli.runner import check_lengths
-
     context = json.loads((Path(checkpoint_location(plan.spec)) / "config.json").read_text()).get("max_position_embeddings")
     return check_lengths(plan, text, context)

@@ -29,7 +29,7 @@ def proposer_class(base: type) -> type:
 
     from methods.hvd_features import History, features
     from methods.predictors import PayoffPredictor
-    from specbench_cli.engines.vllm_routed import NewTokens, StepLog, settings
+    from specbench_cli.engines.vllm_steps import NewTokens, StepLog, settings
 
     class Request:
         def __init__(self) -> None:

@@ -11,7 +11,7 @@ entry point; the proposers import only vLLM, torch, numpy and `methods.{hvd_feat
 
 Both run with `disable_padded_drafter_batch`, so the proposer is called after the step's tokens are booked into
 the input batch. Each step, per request with new tokens, the proposer decides and writes one JSON line to the
-settings' log (`StepLog`): request id (vLLM's, with its random suffix), source, and the round extras our engine
+settings' log (`vllm_steps.StepLog`): request id (vLLM's, with its random suffix), source, and the round extras our engine
 records for the method. `Decisions` reads them back on specbench's side (engines/vllm.py) as requests finish.
 """
 
@@ -21,9 +21,7 @@ import json
 import os
 from pathlib import Path
 
-ENV = "SPECBENCH_ROUTED"  # the settings file (JSON, `Decisions.prepare`); unset = the plugin does nothing
-READY = "ready"  # the log's first line: the proposer was built inside vLLM
-HVD_METHODS = ("hvd", "hvd-freq")
+from specbench_cli.engines.vllm_steps import ENV, HVD_METHODS, READY
 
 
 def register() -> None:
@@ -48,44 +46,6 @@ def register() -> None:
         patch_runner(gpu_model_runner.GPUModelRunner)
     if not getattr(gpu_model_runner.EagleProposer, "specbench", False):  # once per process
         gpu_model_runner.EagleProposer = proposer_class(gpu_model_runner.EagleProposer)
-
-
-def settings() -> dict:
-    """The run's settings, inside vLLM."""
-    return json.loads(Path(os.environ[ENV]).read_text())
-
-
-class StepLog:
-    """The proposer's side of the log: a ready line, then one line per decision."""
-
-    def __init__(self, path: str) -> None:
-        self.file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the engine
-        self.file.write(json.dumps({"event": READY, "pid": os.getpid()}) + "\n")
-
-    def decision(self, request: str, source: str, **extras) -> None:
-        self.file.write(json.dumps({"request": request, "source": source, "extras": extras}) + "\n")
-
-
-class NewTokens:
-    """Per request: how many of its tokens the proposer has seen, so each step's new ones are known."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, int] = {}
-
-    def step(self, batch, i: int) -> tuple[int, int] | None:
-        """(tokens seen before, tokens now) for row i of vLLM's input batch, None when nothing is new (a partial
-        prefill) or no room is left; a request first seen starts at its prompt."""
-        req_id, n = batch.req_ids[i], int(batch.num_tokens_no_spec[i])
-        before = self.seen.get(req_id, int(batch.num_prompt_tokens[i]))
-        if n <= before:
-            return None
-        self.seen[req_id] = n
-        return before, n
-
-    def forget(self, batch) -> None:
-        """Forget the requests no longer in the batch."""
-        for r in [r for r in self.seen if r not in batch.req_id_to_index]:
-            del self.seen[r]
 
 
 # ---------------------------------------------------------------------------------------------- specbench's side

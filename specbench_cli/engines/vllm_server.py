@@ -116,6 +116,11 @@ class Server:
     def submit(self, request: dict) -> None:
         threading.Thread(target=self._stream, args=(request,), daemon=True).start()
 
+    def absorb(self, output_ids: list[int]) -> bool:
+        """A server's suffix cache cannot be filled from outside (HTTP has no such request): False, and the caller
+        says so."""
+        return False
+
     def next_done(self) -> dict:
         message = self.done.get()
         if isinstance(message, Exception):

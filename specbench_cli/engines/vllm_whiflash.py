@@ -57,7 +57,7 @@ def proposer_class(base: type) -> type:
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
     from methods.predictors import Router
-    from specbench_cli.engines.vllm_routed import NewTokens, StepLog, settings
+    from specbench_cli.engines.vllm_steps import NewTokens, StepLog, settings
 
     class PrefixedDFlash(DFlashProposer):
         def _get_model(self):

@@ -9,7 +9,9 @@ timed where they appear.
 
 Protocol. stdin, first line: {"engine_args": {...}} (keyword arguments of `vllm.EngineArgs`, passed
 unchanged). Then one line per command: {"op": "add", "id", "prompt_ids", "max_tokens", "temperature", "seed",
-"stop_ids", "extra_args", "ignore_eos" (optional)} or {"op": "close"}
+"stop_ids", "extra_args", "ignore_eos" (optional)}, {"op": "absorb", "output_ids"} (a finished output into the
+drafter's suffix cache, as if a request had just produced it: a resumed run's finished prompts; answered
+{"event": "absorbed", "cached": whether the drafter has such a cache}) or {"op": "close"}
 (`extra_args` go to SamplingParams unchanged: what a routed proposer reads per request, e.g. the category). stdout: {"event": "ready", "version", "speculative_config"} once the engine is
 up, then {"event": "done", ...} per finished request (`_done`), or {"event": "error", "message"} before exiting
 with status 1. Everything vLLM itself prints goes to stderr (the run folder's engine.log).
@@ -59,6 +61,23 @@ def _done(request_id: str, output, tracked: Tracked) -> dict:
             "spec": metrics.to_dict() if metrics is not None else None}
 
 
+def _absorb(wrapper, output_ids: list[int], request: str) -> bool:
+    """Run inside the engine's worker (`collective_rpc`): `output_ids` into the drafter's suffix cache (vLLM's
+    SuffixDecodingProposer.suffix_cache, or specbench's HVD proposer's `cache`), the calls vLLM makes for a request
+    (suffix_decoding.py: start_request, add_active_response, stop_request on finishing)."""
+    import numpy as np
+
+    runner = getattr(getattr(wrapper, "worker", wrapper), "model_runner", None)
+    drafter = getattr(runner, "drafter", None)
+    cache = getattr(drafter, "suffix_cache", None) or getattr(drafter, "cache", None)
+    if cache is None or not hasattr(cache, "add_active_response"):
+        return False
+    cache.start_request(request, np.asarray([], dtype=np.int32))
+    cache.add_active_response(request, list(output_ids))
+    cache.stop_request(request)
+    return True
+
+
 def serve(out) -> None:
     from vllm import EngineArgs, LLMEngine, SamplingParams, __version__
 
@@ -70,6 +89,7 @@ def serve(out) -> None:
     commands: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(commands,), daemon=True).start()
     live: dict[str, Tracked] = {}
+    absorbed = 0
     while True:
         busy = engine.has_unfinished_requests()
         try:
@@ -79,6 +99,11 @@ def serve(out) -> None:
         if command is not None:
             if command["op"] == "close":
                 return
+            if command["op"] == "absorb":
+                absorbed += 1
+                cached = engine.collective_rpc(_absorb, args=(command["output_ids"], f"absorbed-{absorbed}"))
+                out.write(json.dumps({"event": "absorbed", "cached": bool(cached and cached[0])}) + "\n")
+                continue
             params = SamplingParams(max_tokens=command["max_tokens"], temperature=command["temperature"],
                                     seed=command.get("seed"), stop_token_ids=command["stop_ids"], detokenize=False,
                                     ignore_eos=command.get("ignore_eos", False),

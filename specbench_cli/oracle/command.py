@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,10 +31,11 @@ from specbench_cli.core.errors import UsageError
 from specbench_cli.datasets import dataset_slug
 from specbench_cli.models import checkpoint_ref
 from specbench_cli.oracle.replay import Trace, replay_turn
-from specbench_cli.inputs import RunConfig
+from specbench_cli.inputs import Plan, RunConfig
+from specbench_cli.planning import loaded_target, plan
 from specbench_cli.registry import method_class
-from specbench_cli.run_folder import RunFolder, RunInfo
-from specbench_cli.runner import OneAtATime, Plan, Runner, loaded_target, new_session, plan, record_prompts, warm_up
+from specbench_cli.run_folder import OneAtATime, RunFolder, RunInfo, Start, new_session, record
+from specbench_cli.runner import Runner
 
 NOT_REPLAYABLE = {"confu": "its future token comes from the target's verify pass, which replay does not run",
                   "hf-generate": "it runs its own loop", "baseline": "it drafts nothing"}
@@ -95,40 +98,39 @@ def execute(config: OracleConfig, console: Console, model=None) -> Path:
     """Record the oracle directory (`model`: an already loaded target of the run's model, device and dtype)."""
     checked, options = check(config)
     folder = RunFolder(checked.out, ORACLE_TABLES)
+    job = OracleJob(config, checked, options, console, model)
     with folder.session(config.run.resume, lambda line: console.print(line, highlight=False)):
-        _record(config, checked, options, folder, console, model)
+        record(folder, job, checked.prompts, checked.warmup, config.run.resume, console, job.label)
     return checked.out
-
-
-def _record(config: OracleConfig, checked: Plan, options: dict[str, object], folder: RunFolder, console: Console,
-            model) -> None:
-    settings = {**checked.settings(), "method": "oracle", "drafters": config.drafters, "opts": config.opts,
-                "options": {n: options_record(o) for n, o in options.items()}}
-    session = new_session(checked.device)
-    # replay measures no time: a resume on another machine or thread count makes the same records
-    resumed = folder.resumed(settings, session["environment"], measured=()) if config.run.resume else None
-    done = folder.finished() if resumed else set()
-    runner = Runner(checked, loaded_target(checked, model))  # baseline decoding gives the traces
-    longest = runner.check_lengths()
-    drafters: dict[str, Method] = {n: method_class(n)(o, runner.model, checked.drafters) for n, o in options.items()}
-    info = resumed or RunInfo(settings, session["started"], session["environment"], kind="oracle",
-                               more={"dtype_choice": checked.dtype_reason})
-    folder.start(info, session)
-    if checked.compile_mode is not None:
-        info.more["compile"] = runner.compile(longest, tuple(drafters.values()))
-        folder.write_info(info)
-    job = OracleJob(runner, drafters)
-    warm_up(folder, job, checked, console)
-    record_prompts(folder, job, checked, done, console, f"oracle replay of {', '.join(drafters)}")
-    folder.complete(info)
 
 
 class OracleJob(OneAtATime):
     """`oracle`'s rows: a prompt's greedy traces, and what every drafter would have had accepted along them."""
 
-    def __init__(self, runner: Runner, drafters: dict[str, Method]) -> None:
-        self.runner = runner
-        self.drafters = drafters
+    def __init__(self, config: OracleConfig, checked: Plan, options: dict[str, object], console: Console,
+                 model=None) -> None:
+        self.config, self.checked, self.options, self.given = config, checked, options, model
+        self.label = f"oracle replay of {', '.join(options)}"
+
+    def begin(self) -> Start:
+        settings = {**self.checked.settings(), "method": "oracle", "drafters": self.config.drafters,
+                    "opts": self.config.opts, "options": {n: options_record(o) for n, o in self.options.items()}}
+        # replay measures no time: a resume on another machine or thread count makes the same records
+        return Start(settings, new_session(self.checked.device), kind="oracle", measured=())
+
+    def prepare(self) -> dict:
+        self.runner = Runner(self.checked, loaded_target(self.checked, self.given))  # baseline decoding: the traces
+        self.longest = self.runner.check_lengths()
+        self.drafters: dict[str, Method] = {n: method_class(n)(o, self.runner.model, self.checked.drafters)
+                                            for n, o in self.options.items()}
+        return {"dtype_choice": self.checked.dtype_reason}
+
+    @contextmanager
+    def running(self, info: RunInfo, save: Callable[[], None]) -> Iterator[None]:
+        if self.checked.compile_mode is not None:
+            info.more["compile"] = self.runner.compile(self.longest, tuple(self.drafters.values()))
+            save()
+        yield
 
     def warm_up(self, prompt) -> None:
         self._replay(prompt)  # cross-prompt state (suffix cache) sees them, as in a live run
@@ -142,6 +144,9 @@ class OracleJob(OneAtATime):
 
     def stats(self) -> str:
         return ""
+
+    def facts(self, info: RunInfo) -> dict:
+        return {}
 
     def _replay(self, prompt) -> tuple[list[Trace], list]:
         traces = [Trace(prompt.id, t, prompt.category, prompt.subtask, ids, r.output_ids)

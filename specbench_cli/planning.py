@@ -1,0 +1,114 @@
+"""A run's plan: the checks that need the method's code or torch (its options and drafters, the device and
+dtype, a tuned budget, what the engine adds), the fit of every prompt in the model's context, and the drafter
+weights a run records. `inputs.check_run` has made every check that needs neither; no model loads here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from methods.checkpoints import weights_id
+from specbench_cli.core.errors import UsageError
+from specbench_cli.core.kernels import packs
+from specbench_cli.core.method import OwnLoop, drafter_ref
+from specbench_cli.core.options import parse_options
+from specbench_cli.datasets import Prompt
+from specbench_cli.engines import plan_for_engine
+from specbench_cli.inputs import Plan, RunConfig, check_run
+from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype, resolve_invariant
+from specbench_cli.models import checkpoint_ref
+from specbench_cli.registry import method_class
+from specbench_cli.tuning import machine_key, tuned_opts
+
+TEMPLATE_MARGIN = 64  # chat-template tokens per turn beyond the joined turns' (role headers, end-of-turn)
+
+
+def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu_bf16: bool = True) -> Plan:
+    """`check_run`'s checks (unless the caller ran them: `chosen`), then those that need the method's code or
+    torch; no model loads here. `cpu_bf16=False`: `--dtype auto` stays float32 on the CPU (`resolve_dtype`)."""
+    chosen = chosen or check_run(config, env)
+    cls = method_class(config.method)
+    notes: list[str] = []
+    options = parse_options(cls, config.opts, notes)
+    drafters = _parse_drafters(config.drafters, cls)
+    for name in cls.drafter_names:
+        drafter_ref(cls, chosen.spec, drafters, name)  # a missing drafter is reported before anything loads
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device, cpu_bf16)
+    mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if config.compile else None
+    engine = config.engine == "specbench"
+    invariant = engine and resolve_invariant(config.batch_invariant, dtype.dtype, device, compiled=mode is not None)
+    tuned_from = ""
+    if config.tuned:  # the tuned budget first, so that an explicit --opt still wins
+        machine = machine_key(dtype.dtype, device, torch.get_num_threads(), invariant)
+        opts, record = tuned_opts(chosen.spec.name, config.method, machine)
+        options, tuned_from = parse_options(cls, [*opts, *config.opts], notes), str(record)
+        notes.append(f"tuned budget {' '.join(opts) or '(the paper default)'} from {record}")
+    planned = dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device,
+                                  dtype=dtype.dtype, dtype_reason=dtype.reason, tuned_from=tuned_from,
+                                  compile_mode=mode, batch_invariant=invariant, notes=notes,
+                                  prepacked=engine and packs(device, dtype.dtype, compiled=mode is not None))
+    if config.batch_size > 1 and issubclass(cls, OwnLoop):
+        raise UsageError(f"{config.method} runs its own loop, one sequence at a time; --batch-size > 1 runs every "
+                         "other method")
+    return plan_for_engine(planned)
+
+
+def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
+    drafters = {}
+    accepted = (*cls.drafter_names, *cls.optional_drafters)
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"malformed --drafter '{pair}': expected NAME=PATH")
+        if name not in accepted:
+            raise UsageError(f"method {cls.name} has no drafter '{name}'" + (f" (it takes: {', '.join(accepted)})" if accepted else ""))
+        drafters[name] = checkpoint_ref(path, "drafter")
+    return drafters
+
+
+def tokens_needed(plan: Plan, model: LoadedModel, prompt: Prompt) -> int:
+    """An upper bound on the positions a prompt fills: all its turns (chat template applied) plus, per turn,
+    an answer of --max-new-tokens and the template's own tokens."""
+    turns = len(model.encode_chat([{"role": "user", "content": "\n".join(prompt.turns)}]))
+    return turns + len(prompt.turns) * (plan.config.max_new_tokens + TEMPLATE_MARGIN)
+
+
+def check_lengths(plan: Plan, model: LoadedModel, context: int | None) -> int:
+    """The stated rule for prompts that do not fit: a prompt whose `tokens_needed` exceeds the model's context
+    (max_position_embeddings) is refused before anything decodes; nothing is truncated. Returns the most
+    positions any selected prompt needs (what a compiled cache is sized for)."""
+    longest = 0
+    for prompt in (*plan.warmup, *plan.prompts):
+        need = tokens_needed(plan, model, prompt)
+        longest = max(longest, need)
+        if context is not None and need > context:
+            raise UsageError(f"prompt '{prompt.id}' needs up to {need} positions ({len(prompt.turns)} turn(s) plus "
+                             f"--max-new-tokens {plan.config.max_new_tokens} each) but {plan.spec.name}'s "
+                             f"context is {context}; lower --max-new-tokens, or leave the prompt out")
+    return longest
+
+
+def drafter_weights(plan: Plan) -> dict[str, str]:
+    """Which weights each drafter the method loads has (`checkpoints.weights_id`: a local folder's fingerprint, a
+    calibration's with its config.json, whose thresholds decide, or a hub id with its commit). Optional drafters
+    count when passed or registered (DART's trie, whiflash-entropy's thresholds unless `--opt threshold` stands in
+    for them). Recorded in run.json so that two runs with other drafter weights under the same settings (a
+    retrained drafter or a recalibrated router at the registered path, a hub repo that moved on) never merge into
+    one report row, and a resume cannot mix them."""
+    cls = plan.method_cls
+    unread = set() if cls.reads_calibration(plan.options) else {cls.calibration}
+    optional = [n for n in cls.optional_drafters if (n in plan.drafters or n in plan.spec.drafters) and n not in unread]
+    refs = {name: drafter_ref(cls, plan.spec, plan.drafters, name) for name in [*cls.drafter_names, *optional]}
+    once = functools.cache(weights_id)  # DART's draft and trie often share one folder: read it once
+    return {name: once(ref, ("config.json",) if name == cls.calibration else ()) for name, ref in refs.items()}
+
+
+def loaded_target(plan: Plan, model: LoadedModel | None, split: bool = False) -> LoadedModel:
+    """The target, loaded now unless a caller (calibrate, which runs several records on one target) has it."""
+    if model is not None and (model.dtype, model.device.type) != (plan.dtype, plan.device.type):
+        raise RuntimeError(f"a {model.dtype} target on {model.device} handed to a {plan.dtype} run on {plan.device}")
+    return model if model is not None else load_model(plan.spec, plan.device, plan.dtype, split)

@@ -1,0 +1,122 @@
+"""What `specbench tune` does: the baseline live, the verify cost curve, a trace replay per candidate budget,
+the choice, and live runs of it (the model behind the choice is `tuning.py`).
+
+The tune folder is held for the whole tune (`folders.claim`: one writer; an existing folder is continued, each
+run inside it resuming where it stopped), and its records are written whole or not at all
+(`folders.write_atomically`): tune.json there and the registered copy `run --tuned` reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+from rich.table import Table as RichTable
+
+from specbench_cli import tuning
+from specbench_cli.core.attention import attends_by_matmul
+from specbench_cli.core.target import Target
+from specbench_cli.folders import claim, write_atomically
+from specbench_cli.loading import load_model
+from specbench_cli.oracle import command as oracle_run
+from specbench_cli.oracle.command import OracleConfig
+from specbench_cli.planning import plan
+from specbench_cli.records import read_table
+from specbench_cli.runner import execute as record_run
+from specbench_cli.training.train import command_line
+from specbench_cli.core.dtypes import dtype_name
+
+
+@dataclass
+class TuneConfig:
+    method: str
+    run: object  # inputs.RunConfig: model, dataset, selection, tokens, dtype, device; out = the tune folder
+    threads: int
+    check: bool = True  # run the chosen budget (and the paper's) live beside the baseline
+
+
+def execute(config: TuneConfig, console) -> tuning.TuneRecord:
+    """Baseline live, the cost curve, a replay per candidate, the choice, and (`check`) live runs of it."""
+    out = config.run.out
+    with claim(out, resume=out.exists(), note=lambda line: console.print(line, highlight=False)):
+        return _tune(config, console)
+
+
+def _tune(config: TuneConfig, console) -> tuning.TuneRecord:
+    run, out, method = config.run, config.run.out, config.method
+    base = plan(dataclasses.replace(run, method="baseline", out=out / "baseline", resume=_exists(out / "baseline")),
+                dict(os.environ))
+    model = load_model(base.spec, base.device, base.dtype)
+    record_run(base, console, model)
+    base_ms = per_token_ms(read_table(out / "baseline", "prompts"))
+    machine = tuning.machine_key(base.dtype, base.device, config.threads, base.batch_invariant)
+    where = f"{run.model} {machine}, perf_counter"
+    costs, costs_file = tuning.cached_costs(f"{run.model}-{machine}", lambda: tuning.measure_costs(
+        Target(model.model, base.device, invariant=base.batch_invariant), model.model.config.vocab_size, where=where))
+    console.print(f"verify cost c(n) on {where} ({costs_file}): t(1) {costs.t1_ms:.1f} ms, "
+                  + ", ".join(f"c({n}) {c:.2f}" for n, c in costs.c.items()), highlight=False, soft_wrap=True)
+
+    dtype_text = dtype_name(base.dtype)
+    predictions = []
+    for i, candidate in enumerate([(), *tuning.GRIDS[method]]):
+        folder = out / f"replay_{i}"
+        oracle_run.execute(OracleConfig([method], dataclasses.replace(run, dtype=dtype_text, out=folder,
+                                                                       resume=_exists(folder)),
+                                        [f"{method}.{o}" for o in candidate]), console, model)
+        replay = read_table(folder, "replay")
+        walks = [g.sort_values("position") for _, g in replay.groupby(["prompt_id", "turn"], sort=False)]
+        reverifies = base.batch_invariant and not attends_by_matmul(base.device, base.dtype)
+        predictions.append(tuning.predict(candidate, walks, costs, base_ms, reverifies))
+    paper, best = predictions[0], tuning.choose(predictions)
+
+    measured = {}
+    if config.check:
+        for p in [best] + ([paper] if paper is not best else []):  # the paper budget too, when not the best
+            folder = out / f"live_{predictions.index(p)}"  # candidate i's live run (0: the paper default)
+            record_run(plan(dataclasses.replace(run, method=method, out=folder, resume=_exists(folder),
+                                                opts=[*p.opts]), dict(os.environ)), console, model)
+            measured[p.candidate] = base_ms / per_token_ms(read_table(folder, "prompts"))
+
+    frame = pd.DataFrame([asdict(p) for p in predictions]).drop(columns="opts")
+    frame["measured_speedup"] = frame.candidate.map(measured)
+    frame.to_csv(out / "candidates.csv", index=False)
+    from specbench_cli.analysis import plots
+
+    plots.save(plots.tune_candidates(frame, f"tune {method}: {where}"), out, "candidates")
+    table = RichTable(title=f"tune {method} on {where}: baseline {1e3 / base_ms:.1f} tok/s", show_lines=False,
+                      caption="ms per round; × = speedup over the baseline; * = chosen (the most predicted tokens/s)")
+    table.add_column("candidate", overflow="fold")
+    for col in ("τ", "nodes", "draft", "verify", "round", "pred. ×", "meas. ×"):
+        table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+    for p in predictions:
+        table.add_row(("* " if p is best else "  ") + p.candidate, f"{p.tau:.2f}", f"{p.mean_draft:.1f}",
+                      f"{p.draft_ms:.1f}", f"{p.verify_ms:.1f}", f"{p.round_ms:.1f}", f"{p.speedup:.2f}",
+                      f"{measured[p.candidate]:.2f}" if p.candidate in measured else "—")
+    console.print(table)
+
+    record = tuning.TuneRecord(run.model, method, machine, list(best.opts), best.speedup, measured.get(best.candidate),
+                        paper.speedup, measured.get(paper.candidate), str(out), command_line(),
+                        dt.datetime.now().isoformat(timespec="seconds"), frame.to_dict("records"))
+    text = json.dumps(asdict(record), indent=1, default=str)
+    write_atomically(out / "tune.json", lambda tmp: tmp.write_text(text))
+    registered = tuning.tuned_path(run.model, method, machine)
+    registered.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(registered, lambda tmp: tmp.write_text(text))  # `run --tuned` never reads half a record
+    console.print(f"chosen: {best.candidate} (predicted {best.speedup:.2f}×"
+                  + (f", measured {measured[best.candidate]:.2f}×" if best.candidate in measured else "")
+                  + f"); `specbench run --method {method} --tuned` uses it ({registered})", highlight=False, soft_wrap=True)
+    return record
+
+
+def per_token_ms(prompts: pd.DataFrame) -> float:
+    """Decode time per token over a run's prompts, pooled (every token weighs the same)."""
+    return float(prompts.decode_ms.sum() / max(prompts.decode_tokens.sum(), 1))
+
+
+def _exists(folder: Path) -> bool:
+    return (folder / "run.json").exists()

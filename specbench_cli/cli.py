@@ -11,10 +11,10 @@ from typing import Annotated, Optional
 import click
 import typer
 from rich.console import Console
-from rich.table import Table
 from typer.core import TyperGroup
 
 from specbench_cli.core.errors import UsageError
+from specbench_cli.inputs import use_threads
 
 console = Console()
 err_console = Console(stderr=True)
@@ -61,7 +61,7 @@ TargetRef = Annotated[Optional[str], typer.Option(help="Target checkpoint (local
 Drafters = Annotated[Optional[list[str]], typer.Option(help="Drafter checkpoint NAME=PATH_OR_HUB_ID (repeatable), replacing the model's registered one; names per method in run --list.")]
 Compile = Annotated[bool, typer.Option(help="Compile the target's decode and verify forwards with static shapes (torch.compile: CUDA graphs via mode reduce-overhead on GPU, inductor on CPU; with --batch-size, one [B, bucket] graph per bucket). Compilation happens before the first timed prompt and is reported in run.json. Default: off (eager), the engine SD papers measure; on a CPU the compiled forward runs about as fast as the eager one after a minute of compiling per bucket, on a GPU it removes the launch overhead that dominates small models.")]
 CompileBuckets = Annotated[str, typer.Option(help="--compile: verify sizes compiled once each; a forward is padded to the smallest that fits (masked padding).")]
-BatchInvariant = Annotated[str, typer.Option(help="auto, on or off: compute every row of a chain verify exactly as a one-token decode computes it (each row its own attention problem, every GEMM exactly 8 rows; a greedy tree round verifies its accepted path again as a chain), so that in bf16/fp16 every method's output equals the baseline's bit for bit. Costs verify time (see the README). auto: on for bf16/fp16 on the CPU without --compile, off otherwise.")]
+BatchInvariant = Annotated[str, typer.Option(help="auto, on or off: compute every verify row, of a chain or a tree, exactly as the one-token decode at its position computes it (row-wise modules in one call where a start-up probe finds every row unchanged by the row count, else in 8-row blocks; attention over each row's keys in the decode's order, a few batched calls per layer; where attention runs through SDPA, in float32 or on CUDA, a greedy tree round verifies its accepted path again as a chain), so that in bf16/fp16 every method's output equals the baseline's bit for bit. Costs verify time (see the README). auto: on for bf16/fp16 on the CPU without --compile, off otherwise.")]
 Threads = Annotated[Optional[int], typer.Option(help="CPU threads for torch. Default: torch's choice.")]
 
 
@@ -100,9 +100,12 @@ def run(
 ) -> None:
     """Decode a dataset with one method and write rounds.parquet, prompts.parquet and run.json."""
     if list_:
-        show_lists()
+        from specbench_cli.listing import show_lists
+
+        show_lists(console)
         return
     from specbench_cli.inputs import RunConfig
+    from specbench_cli.run_command import execute_levels
 
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        shard=shard, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
@@ -110,46 +113,7 @@ def run(
                        drafters=drafter or [], compile=compile, compile_buckets=compile_buckets,
                        batch_invariant=batch_invariant, tuned=tuned, engine=engine, engine_args=engine_arg or [],
                        engine_python=engine_python, engine_url=engine_url, engine_serve=engine_serve, threads=threads)
-    _execute_levels(config, concurrency, batch_size, threads)
-
-
-def _execute_levels(config, concurrency: str, batch_size: str, threads: int | None) -> None:
-    """Each --concurrency or --batch-size level as its own run; every level's input is checked before the first
-    one starts."""
-    from specbench_cli.inputs import check_run, level_configs, parse_levels
-
-    engines, batches = parse_levels(concurrency, "--concurrency"), parse_levels(batch_size, "--batch-size")
-    if len(engines) > 1 and len(batches) > 1:
-        raise UsageError("sweep --concurrency or --batch-size, not both at once")
-    if len(batches) > 1:
-        configs = level_configs(dataclasses.replace(config, concurrency=engines[0]), batches, "batch_size")
-    else:
-        configs = level_configs(dataclasses.replace(config, batch_size=batches[0]), engines, "concurrency")
-    for each in configs[1:]:
-        check_run(each, dict(os.environ))
-    for each in configs:
-        _execute(each, threads)
-
-
-def _execute(config, threads: int | None) -> Path:
-    """Plan and execute a run (bad input is answered before torch is imported)."""
-    from specbench_cli.inputs import at_least, check_run
-
-    at_least("--threads", threads, 1)
-    chosen = check_run(config, dict(os.environ))
-    from specbench_cli.planning import plan
-    from specbench_cli.runner import execute
-
-    use_threads(threads)
-    return execute(plan(config, dict(os.environ), chosen), console)
-
-
-def use_threads(threads: int | None) -> None:
-    """--threads (checked >= 1 by each command before anything heavy): torch's intra-op CPU threads."""
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
+    execute_levels(config, concurrency, batch_size, threads, console)
 
 
 @app.command()
@@ -216,7 +180,9 @@ def profile(
                        out=out or Path("results") / "profile" / f"{model}_{dataset_slug(dataset)}_{method}{suffix}"
                        f"{f'_b{batch_size}' if batch_size > 1 else ''}")
     if phases:
-        run_dir = _execute(config, threads)  # checks the run's input before torch (which profile imports) loads
+        from specbench_cli.run_command import execute
+
+        run_dir = execute(config, threads, console)  # checks the run's input before torch (which profile imports) loads
         from specbench_cli import profile as prof
 
         written = prof.phases(run_dir, console)
@@ -259,53 +225,14 @@ def train_drafter(
     device: Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu, cuda or cuda:N: where the target answers, and the drafter trains (float32 either way).")] = "auto",
 ) -> None:
     """Train a drafter for a target on its own answers to datasets/train prompts (self-distillation)."""
-    from specbench_cli.inputs import at_least
-    from specbench_cli.models import drafter_folder, get_model_spec
-    from specbench_cli.registry import corpus_layers, recipe_class
-    from specbench_cli.training.inputs import TrainSettings, init_checkpoint, train_settings, training_folder
+    from specbench_cli.training import command
 
-    recipe = recipe_class(method)  # an unknown method fails here, before anything loads
-    spec = get_model_spec(model)
-    for option, value, low in (("--threads", threads, 1), ("--prompts", prompts, 1), ("--steps", steps, 1),
-                               ("--max-new-tokens", max_new_tokens, 1), ("--batch-size", batch_size, 1),
-                               ("--minutes", minutes, 0), ("--eval-every", eval_every, 1), ("--anneal", anneal, 0)):
-        at_least(option, value, low)
     flags = {"ttt": ttt, "draft_vocab": draft_vocab, "intermediate": intermediate, "draft_layers": draft_layers,
              "block_size": block_size, "anchors": anchors, "slots": slots, "gamma": gamma}
-    notes = [f"note: --{k.replace('_', '-')} is deprecated and will be removed in the next release; write --opt "
-             f"{method}.{k}={v}" for k, v in flags.items() if v is not None]
-    settings = train_settings(TrainSettings(method=method, steps=steps, lr=lr, seed=seed, minutes=minutes,
-                                            eval_every=eval_every, anneal=anneal, init=init_checkpoint(init, method, spec)),
-                              [*(f"{method}.{k}={v}" for k, v in flags.items() if v is not None), *(opt or [])])
-    for line in notes:
-        err_console.print(line, highlight=False, soft_wrap=True)
-    out = training_folder(out or drafter_folder(model, method), resume)
-    import torch
-
-    from specbench_cli.loading import load_model, resolve_device
-    from specbench_cli.models import cache_root
-    from specbench_cli.progress import progress_bar
-    from specbench_cli.training import distill
-    from specbench_cli.training.train import command_line, train
-
-    use_threads(threads)
-    # Gradients that travel back through a frozen target (ConFu) become denormal floats, which x86 CPUs
-    # handle ~10x slower; flushing them to zero changes nothing a drafter learns.
-    torch.set_flush_denormal(True)
-    loaded = load_model(spec, resolve_device(device), torch.float32)
-    folder = corpus or cache_root() / "distill" / model
-    layers = corpus_layers(loaded.model.config.num_hidden_layers)  # one corpus serves every recipe
-    with progress_bar(console) as bar:
-        data = distill.prepare(loaded, folder, layers, prompts, max_new_tokens, batch_size, seed, recipe.needs_topk, bar)
-        task = bar.add_task(f"training {method}", total=steps, stats="")
-
-        def progress(step: int, loss: float, acc) -> None:
-            stats = f"loss {loss:.3f}" + (f"  held-out top-1 {' '.join(f'{a:.2f}' for a in acc)}" if acc else "")
-            bar.update(task, completed=step, stats=stats)
-
-        card = train(loaded.model, data, out, settings, command_line(), progress, resume)
-    console.print(f"wrote {out} ({card['wall_seconds']:.0f} s, {data.tokens} corpus tokens); "
-                  f"held-out top-1 per position: {card['heldout_top1_per_position']}")
+    command.execute(console, err_console, method=method, model=model, out=out, corpus=corpus, prompts=prompts,
+                    max_new_tokens=max_new_tokens, batch_size=batch_size, steps=steps, eval_every=eval_every,
+                    minutes=minutes, lr=lr, anneal=anneal, opt=opt, flags=flags, init=init, seed=seed, resume=resume,
+                    threads=threads, device=device)
 
 
 @app.command()
@@ -449,62 +376,14 @@ def report(
     subtask and category, lossless check, oracle rows, phases, environment; throughput, speedup and latency
     against concurrency (engine sweeps); the cross-engine step check (a method run in our engine and in vLLM);
     optional regression and parity gates."""
-    from specbench_cli.analysis import report as rep
-    from specbench_cli.core.errors import unknown
-    from specbench_cli.inputs import at_least
-    from specbench_cli.analysis.parity import load_expectations
-    from specbench_cli.analysis.results import load
+    from specbench_cli import reporting
 
-    at_least("--max-regression", max_regression, 0)
-    folder = out or results_dirs[0] / "report"
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"--out {folder} is a file; name a folder for the report")
-    if folder.exists() and any(folder.iterdir()) and not overwrite:
-        raise UsageError(f"report folder {folder} exists; pass --overwrite to replace it or --out for another")
-    expectations = load_expectations(expect) if expect else []
-    results = load(results_dirs)
-    reference = load([compare]) if compare else None
-    labels = [g.label for g in results.groups]
-    for label in along or []:
-        if label not in labels:
-            raise unknown("method label for --along", label, labels)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"cannot create report folder {folder}: {err.strerror}") from None
-    from specbench_cli.analysis.divergence import run_classifier
-
-    tables = rep.all_tables(results, run_classifier() if classify else None)
-    for table in tables:
-        if table.terminal:
-            console.print(table.rich())
-        table.write(folder)
-    written = rep.figures(results, folder, along) if plots else []
-    console.print(f"wrote {len(tables)} tables (.md .csv .tex) and {len(written) // 2} figures (.png .pdf) to {folder}")
-    problems = []
-    if reference is not None:
-        lossless_table = next((t for t in tables if t.name == "lossless"), None)
-        problems += [f"regression: {line}" for line in rep.regressions(results, reference, max_regression, lossless_table)]
-        if not problems:
-            console.print(f"no regression beyond {max_regression:g}% against {compare}")
-    if expectations:
-        problems += _parity(results, expectations, folder)
+    problems = reporting.execute(console, results_dirs, out, overwrite, compare, max_regression, along, plots,
+                                 classify, expect)
     for line in problems:
         err_console.print(line, highlight=False, soft_wrap=True, markup=False)
     if problems:
         raise typer.Exit(1)
-
-
-def _parity(results, expectations, folder: Path) -> list[str]:
-    """--expect: the parity table (terminal and files) and a line per expectation missed or missing."""
-    from specbench_cli.analysis.parity import check
-
-    table, problems = check(results, expectations)
-    console.print(table.rich())
-    table.write(folder)
-    if not problems:
-        console.print(f"all {len(expectations)} published values reproduced within their tolerances")
-    return [f"parity: {line}" for line in problems]
 
 
 @app.command()
@@ -529,7 +408,9 @@ def sweep(
     at_least("--shards", shards, 1)
     grid = sw.load(config)
     if list_:
-        show_jobs(grid, shards)
+        from specbench_cli.listing import show_jobs
+
+        show_jobs(console, grid, shards)
         return
     if slurm:
         n = shards or len(grid.jobs)
@@ -544,59 +425,6 @@ def sweep(
     use_threads(threads)
     ran, skipped = sw.run_shard(str(config), shard, console, dict(os.environ))
     console.print(f"sweep {config}: ran {ran} jobs, skipped {skipped} finished ones; results in {grid.out}")
-
-
-def show_jobs(grid, shards: int | None) -> None:
-    from specbench_cli.sweep import status
-
-    n = shards or len(grid.jobs)
-    t = Table(title=f"{len(grid.jobs)} jobs under {grid.out}")
-    for column in ("shard", "hash", "directory", "options", "status"):
-        t.add_column(column, overflow="fold")
-    for i, job in enumerate(grid.jobs):
-        t.add_row(f"{i % n}/{n}", job.hash, job.name(), " ".join(f"{k}={v}" for k, v in job.options) or "—",
-                  status(job, grid.out))
-    console.print(t)
-
-
-def show_lists() -> None:
-    """Methods, models and datasets: tables on a wide terminal, a plain list where a table would cut ids."""
-    from specbench_cli.core.options import default_texts, options_record
-    from specbench_cli.datasets import dataset_rows
-    from specbench_cli.models import MODELS
-    from specbench_cli.registry import METHODS, method_class
-
-    methods = []
-    for name, entry in METHODS.items():
-        cls, about = method_class(name), entry.about
-        shown = default_texts(cls.Options)
-        opts = " ".join(f"{k}={v}" + (f" ({shown[k]})" if k in shown else "")
-                        for k, v in options_record(cls.Options()).items()) or "—"
-        drafters = " ".join([*cls.drafter_names, *(f"({d}, optional)" for d in cls.optional_drafters)]) or "—"
-        methods.append((name, about, drafters, opts))
-    models = [(m.name, m.target, "\n".join(f"{k}: {v}" for k, v in m.drafters.items()) or "—", m.about)
-              for m in MODELS.values()]
-    sections = (("methods", ("name", "what", "--drafter names", "--opt defaults"), methods),
-                ("models", ("name", "target", "registered drafters", "about"), models),
-                ("datasets", ("name", "source", "revision", "prompts", "categories", "licence", "here?"), dataset_rows()))
-    for title, columns, rows in sections:
-        show_section(title, columns, rows)
-
-
-def show_section(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    if console.width >= 120:
-        t = Table(title=title)
-        for column in columns:
-            t.add_column(column, overflow="fold")
-        for row in rows:
-            t.add_row(*row)
-        console.print(t)
-        return
-    console.print(f"{title}:", style="bold")
-    for row in rows:
-        console.print(f"  {row[0]}", style="bold", highlight=False, markup=False)
-        for column, value in zip(columns[1:], row[1:]):
-            console.print(f"    {column}: " + value.replace("\n", "; "), highlight=False, soft_wrap=True, markup=False)
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specbench_cli.core.errors import UsageError, unknown
-from specbench_cli.core.options import options_record
+from specbench_cli.options import options_record
 from specbench_cli.engines import ENGINES, EnginePlan, engine_python, parse_engine_args
 from specbench_cli.engines.vllm_methods import MAPPINGS
 from specbench_cli.datasets import Prompt, dataset_slug, load_dataset, parse_shard, select, warmup_prompts
@@ -235,3 +235,12 @@ def parse_buckets(text: str) -> tuple[int, ...]:
     if not sizes or sizes[0] < 1:
         raise UsageError(f"--compile-buckets '{text}': expected comma-separated positive sizes such as 1,8,32,128")
     return sizes
+
+
+def use_threads(threads: int | None) -> None:
+    """--threads (checked >= 1 by each command before anything heavy): torch's intra-op CPU threads. Torch is
+    imported here, after the checks."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)

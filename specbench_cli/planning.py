@@ -14,7 +14,7 @@ from methods.checkpoints import weights_id
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.kernels import packs
 from specbench_cli.core.method import OwnLoop, drafter_ref
-from specbench_cli.core.options import parse_options
+from specbench_cli.options import parse_options
 from specbench_cli.datasets import Prompt
 from specbench_cli.engines import plan_for_engine
 from specbench_cli.inputs import Plan, RunConfig, check_run

@@ -233,7 +233,7 @@ def test_bad_input_is_answered_before_torch_is_imported():
 def test_every_method_declares_a_range_for_each_numeric_option():
     """check_ranges looks each number up in the Options' RANGES: a method that forgot one fails here."""
     from specbench_cli.registry import METHODS, method_class
-    from specbench_cli.core.options import parse_options
+    from specbench_cli.options import parse_options
 
     for name in METHODS:
         parse_options(method_class(name), [])  # the defaults pass their own ranges
@@ -243,7 +243,7 @@ def test_routed_options_nest_each_proposers_and_the_flat_spelling_still_works_wi
     from methods.dflash import DFlash
     from methods.eagle3 import Eagle3
     from methods.whiflash import WhiFlashEntropy
-    from specbench_cli.core.options import options_record, parse_options
+    from specbench_cli.options import options_record, parse_options
 
     notes: list[str] = []
     dotted = parse_options(WhiFlashEntropy, ["eagle3.depth=4", "dflash.block_size=8", "threshold=1.2"], notes)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specbench_cli.registry import method_class
-from specbench_cli.core.options import parse_options
+from specbench_cli.options import parse_options
 from methods.hf_generate import HFGenerate
 from tests.helpers import OracleTree, random_prompt, run_method
 

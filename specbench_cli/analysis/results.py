@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench_cli.core.errors import UsageError
-from specbench_cli.core.options import options_record
+from specbench_cli.options import options_record
 from specbench_cli.hardware import hardware_key
 from specbench_cli.records import read_table
 

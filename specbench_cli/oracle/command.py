@@ -26,7 +26,7 @@ import pyarrow as pa
 from rich.console import Console
 
 from specbench_cli.core.method import Method, OwnLoop, Router, drafter_ref
-from specbench_cli.core.options import options_record, parse_options
+from specbench_cli.options import options_record, parse_options
 from specbench_cli.core.errors import UsageError
 from specbench_cli.datasets import dataset_slug
 from specbench_cli.models import checkpoint_ref

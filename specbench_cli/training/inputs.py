@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbench_cli.core.errors import UsageError
-from specbench_cli.core.options import parse_into
+from specbench_cli.options import parse_into
 
 
 @dataclass
@@ -34,7 +34,7 @@ class TrainSettings:
     slots: int = 4  # dart draft_length (mask slots)
     gamma: float = 0.6  # dart: KL weight of level l is gamma^l (the DART seed's Table 4)
     init: str = ""  # checkpoint the draft starts from ("" = from scratch; confu reads an EAGLE-3)
-    # ranges of every number (core.options.check_ranges); RECIPE: the settings `--opt METHOD.key=value` sets
+    # ranges of every number (options.check_ranges); RECIPE: the settings `--opt METHOD.key=value` sets
     RANGES = {"steps": (0, None), "lr": (0, None), "warmup": (0, None), "anneal": (0, None), "max_len": (1, None),
               "holdout": (0, 1), "holdout_max": (0, None), "eval_every": (1, None), "seed": (None, None),
               "minutes": (0, None), "draft_vocab": (1, None), "intermediate": (1, None), "draft_layers": (0, None),

@@ -1,0 +1,45 @@
+"""What `specbench run` does around a run: every --concurrency or --batch-size level checked before the first
+one starts and before torch loads (`inputs.check_run`), then each planned (`planning.plan`) and recorded
+(`runner.execute`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from rich.console import Console
+
+from specbench_cli.core.errors import UsageError
+from specbench_cli.inputs import RunConfig, use_threads
+
+
+def execute_levels(config: RunConfig, concurrency: str, batch_size: str, threads: int | None, console: Console) -> None:
+    """Each --concurrency or --batch-size level as its own run; every level's input is checked before the first
+    one starts."""
+    from specbench_cli.inputs import check_run, level_configs, parse_levels
+
+    engines, batches = parse_levels(concurrency, "--concurrency"), parse_levels(batch_size, "--batch-size")
+    if len(engines) > 1 and len(batches) > 1:
+        raise UsageError("sweep --concurrency or --batch-size, not both at once")
+    if len(batches) > 1:
+        configs = level_configs(dataclasses.replace(config, concurrency=engines[0]), batches, "batch_size")
+    else:
+        configs = level_configs(dataclasses.replace(config, batch_size=batches[0]), engines, "concurrency")
+    for each in configs[1:]:
+        check_run(each, dict(os.environ))
+    for each in configs:
+        execute(each, threads, console)
+
+
+def execute(config: RunConfig, threads: int | None, console: Console) -> Path:
+    """Plan and execute a run (bad input is answered before torch is imported)."""
+    from specbench_cli.inputs import at_least, check_run
+
+    at_least("--threads", threads, 1)
+    chosen = check_run(config, dict(os.environ))
+    from specbench_cli.planning import plan
+    from specbench_cli.runner import execute as record
+
+    use_threads(threads)
+    return record(plan(config, dict(os.environ), chosen), console)

@@ -38,6 +38,7 @@ from methods.checkpoints import locate, timed_as, warn_if_stale
 from methods.eagle3 import Eagle3
 from methods.hvd_features import CLASSES, FEATURES, HISTORY, History, features, token_classes  # noqa: F401
 from methods.predictors import PayoffPredictor
+from methods.router_policies import hvd_extras, verifies_cache
 from methods.routed import RoutedMethod
 from methods.suffix import Suffix, SuffixDraft
 from specbench_cli.core.tree import DraftTree
@@ -101,8 +102,8 @@ class HybridVerified(RoutedMethod):
         x = features(draft.score, draft.match_len, draft.tokens, state.prompt_len, len(state.tokens) - state.prompt_len,
                      lane.history, self.classes)
         score = self.score(draft, x)
-        lane.chose_cache = bool(draft.tokens) and score >= self.tau
-        extras = {"backlog": 0, "router_score": score, "features": tuple(float(v) for v in x)}
+        lane.chose_cache = verifies_cache(len(draft.tokens), score, self.tau)
+        extras = hvd_extras(0, score, x)
         if lane.chose_cache:
             self.cache.lane(state).tree = draft.tree()
             return Route(self.cache, () if self.options.lazy_catchup else (self.eagle3,), extras)

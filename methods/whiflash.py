@@ -31,6 +31,7 @@ from methods.dflash import DFlash
 from methods.eagle3 import Eagle3
 from methods.layers import causal_mask
 from methods.predictors import Router
+from methods.router_policies import category_threshold, eagle3_by_entropy, eagle3_by_score, whiflash_extras
 from methods.routed import RoutedMethod
 from specbench_cli.core.target import Target
 
@@ -117,8 +118,7 @@ class WhiFlash(RoutedMethod):
         use_eagle3, h, score = self.decide(state)
         chosen, idle = (self.eagle3, self.dflash) if use_eagle3 else (self.dflash, self.eagle3)
         backlog = state.target.length - chosen.absorbed(state)
-        return Route(chosen, () if self.options.lazy_catchup else (idle,),
-                     extras={"backlog": backlog, "entropy": h, "router_score": score})
+        return Route(chosen, () if self.options.lazy_catchup else (idle,), extras=whiflash_extras(backlog, h, score))
 
     def decide(self, state: DecodeState) -> tuple[bool, float, float]:
         """(EAGLE-3?, entropy, score) for this round."""
@@ -133,12 +133,11 @@ class WhiFlashEntropy(WhiFlash):
     def threshold(self, category: str) -> float:
         if not math.isnan(self.options.threshold):
             return self.options.threshold
-        per = self.calibrated.get("thresholds", {})
-        return float(per.get(category, self.calibrated["threshold"]))
+        return category_threshold(self.calibrated.get("thresholds", {}), self.calibrated["threshold"], category)
 
     def decide(self, state: DecodeState) -> tuple[bool, float, float]:
         h = float(entropy(state.next_logits))  # the round's one extra sync: the decision needs it on the host
-        return h > self.threshold(state.context.get("category", "")), h, math.nan
+        return eagle3_by_entropy(h, self.threshold(state.context.get("category", ""))), h, math.nan
 
 
 class WhiFlashNeural(WhiFlash):
@@ -162,4 +161,4 @@ class WhiFlashNeural(WhiFlash):
     @torch.inference_mode()
     def decide(self, state: DecodeState) -> tuple[bool, float, float]:
         score = float(self.router(state.target.captured[self.layer][-1]))
-        return score > self.tau, math.nan, score
+        return eagle3_by_score(score, self.tau), math.nan, score

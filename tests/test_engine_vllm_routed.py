@@ -78,6 +78,17 @@ def test_routed_outputs_equal_our_baseline_turn_by_turn(runs, method):
         assert theirs[key] == (prompt_ids, output_ids), f"{method} {key}: output differs from our baseline"
 
 
+@pytest.mark.parametrize("method", ["hvd", *WHIFLASH])
+def test_vllm_rows_record_the_columns_ours_record(runs, method):
+    """One policy per router (methods/router_policies.py) writes one set of extras in both engines; vLLM's idle
+    drafter runs its first forward every step, so its backlog is 0 there."""
+    ours = pd.read_parquet(runs[f"ours-{method}"] / "rounds.parquet")
+    theirs = pd.read_parquet(runs[f"vllm-{method}"] / "rounds.parquet")
+    signals = {"backlog", "router_score", *(("features",) if method == "hvd" else ("entropy",))}
+    assert signals <= set(ours.columns) and signals <= set(theirs.columns)
+    assert (theirs.backlog == 0).all() and (ours.backlog >= 0).all()
+
+
 def test_both_proposers_draft_and_win_somewhere_inside_vllm(runs):
     rounds = pd.read_parquet(runs["vllm-hvd"] / "rounds.parquet")
     assert set(rounds.proposer) == {"suffix", "eagle3"}

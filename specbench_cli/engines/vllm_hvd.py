@@ -29,6 +29,7 @@ def proposer_class(base: type) -> type:
 
     from methods.hvd_features import History, features
     from methods.predictors import PayoffPredictor
+    from methods.router_policies import hvd_extras, verifies_cache
     from specbench_cli.engines.vllm_steps import NewTokens, StepLog, settings
 
     class Request:
@@ -97,10 +98,11 @@ def proposer_class(base: type) -> type:
                 x = features(draft.score, draft.match_len, list(draft.token_ids), prompt_len, n - prompt_len,
                              request.history, self.classes)
                 score = float(self.predictor(torch.from_numpy(x)[None])[0]) if self.predictor else float(draft.score)
-                request.decided, request.cache = True, bool(draft.token_ids) and score >= self.tau
+                request.decided, request.cache = True, verifies_cache(len(draft.token_ids), score, self.tau)
                 chosen[req_id] = list(draft.token_ids) if request.cache else None
-                self.log.decision(req_id, "suffix" if request.cache else "eagle3", router_score=score,
-                                  features=x.tolist())
+                # backlog 0: EAGLE-3's first forward runs every step (K = 0 where the cache draft was chosen), so it
+                # is never behind (docs/vllm-engine.md, section 4)
+                self.log.decision(req_id, "suffix" if request.cache else "eagle3", **hvd_extras(0, score, x))
             # finished requests: their responses stay in the global tree
             for req_id in [r for r in self.requests if r not in batch.req_id_to_index]:
                 self.cache.stop_request(req_id)

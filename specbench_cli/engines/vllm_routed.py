@@ -7,7 +7,8 @@ owns the suffix cache), WhiFlash's in `vllm_whiflash.py` (it also owns vLLM's DF
 the `vllm.general_plugins` entry point (pyproject.toml) that vLLM calls in every process it starts (engine core
 and workers), swaps the runner's `EagleProposer` for it when SPECBENCH_ROUTED names a settings file, and does
 nothing otherwise. `scripts/setup-vllm.sh` installs specbench into vLLM's Python (no dependencies) for the
-entry point; the proposers import only vLLM, torch, numpy and `methods.{hvd_features,predictors}`.
+entry point; the proposers import only vLLM, torch, numpy and `methods.{hvd_features,predictors,router_policies}`
+(each router's decision and recorded extras are router_policies' functions, the ones our engine's methods call).
 
 Both run with `disable_padded_drafter_batch`, so the proposer is called after the step's tokens are booked into
 the input batch. Each step, per request with new tokens, the proposer decides and writes one JSON line to the
@@ -72,7 +73,10 @@ class Decisions:
             settings["classes"] = str(folder / "hvd-classes.npy")
         log.write_text("")  # one engine start per session: request ids repeat across sessions
         path.write_text(json.dumps(settings, indent=2))
-        return {ENV: str(path)}, cls(log)
+        # the proposer swap reaches vLLM's V1 model runner only; vLLM picks V2 wherever Triton works and nothing it
+        # lacks is asked for (vllm/config/vllm.py:702-739, use_v2_model_runner), so on a GPU it must be told.
+        # A CPU build has no Triton and runs V1 either way (docs/vllm-engine.md, section 2).
+        return {ENV: str(path), "VLLM_USE_V2_MODEL_RUNNER": "0"}, cls(log)
 
     def take(self, request_id: str) -> list[dict]:
         """`request_id`'s decisions (vLLM appends a random suffix to the id it was given: `-` and 8 characters)."""

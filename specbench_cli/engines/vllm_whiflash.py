@@ -57,6 +57,7 @@ def proposer_class(base: type) -> type:
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
     from methods.predictors import Router
+    from methods.router_policies import category_threshold, eagle3_by_entropy, eagle3_by_score, whiflash_extras
     from specbench_cli.engines.vllm_steps import NewTokens, StepLog, settings
 
     class PrefixedDFlash(DFlashProposer):
@@ -163,13 +164,15 @@ def proposer_class(base: type) -> type:
                 if self.new_tokens.step(batch, i) is None:
                     continue
                 if self.router is not None:
-                    eagle = scores[i] > self.policy["threshold"]
+                    eagle = eagle3_by_score(scores[i], self.policy["threshold"])
                 else:
                     extra = self.batch_of.requests[req_id].sampling_params.extra_args or {}
-                    threshold = self.policy["thresholds"].get(extra.get("category", ""), self.policy["threshold"])
-                    eagle = entropies[i] > threshold
+                    eagle = eagle3_by_entropy(entropies[i], category_threshold(
+                        self.policy["thresholds"], self.policy["threshold"], extra.get("category", "")))
                 chosen[req_id] = "eagle3" if eagle else "dflash"
-                self.log.decision(req_id, chosen[req_id], entropy=entropies[i], router_score=scores[i])
+                # backlog 0: vLLM runs both drafters' first forward every step (the idle one with K = 0), so the
+                # chosen one has nothing to catch up (docs/vllm-engine.md, section 4)
+                self.log.decision(req_id, chosen[req_id], **whiflash_extras(0, entropies[i], scores[i]))
             self.new_tokens.forget(batch)
             return chosen
 

@@ -87,6 +87,7 @@ def references(tiny):
     return prompts, stop, stopped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [2, 3, 8])
 @pytest.mark.parametrize("name", ["baseline", "oracle-tree", "oracle-chain", "suffix", "pld"])
 def test_every_sequence_equals_its_batch_one_output(tiny, references, size, name):
@@ -113,6 +114,7 @@ def test_every_sequence_equals_its_batch_one_output(tiny, references, size, name
     assert len(by_round) == stats.rounds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size, name", [(2, "oracle-tree"), (3, "oracle-tree"), (3, "oracle-chain"),
                                          (8, "oracle-chain"), (3, "suffix")])
 def test_compiled_batch_equals_batch_one(tiny, references, size, name):
@@ -155,6 +157,7 @@ def test_compiled_batch_verify_computes_the_eager_one(tiny):
             torch.testing.assert_close(a[layer], b[layer], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_bfloat16_batch_invariant_is_bitwise_batch_one(tiny, references):
     """With the batch-invariant target every row is computed as a one-token decode computes it, so in bfloat16 too
     each sequence of a batch emits exactly its batch-1 greedy output (trees included: their paths are verified
@@ -178,6 +181,7 @@ NETWORK_DRAFTERS = {"eagle3-tree": ("eagle3", dict(depth=4, top_k=4, total_token
                     "dart": ("dart", dict(total=12, beam_width=4, top_k=4))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("case", NETWORK_DRAFTERS)
 def test_network_drafters_draft_a_batch_in_one_forward_and_stay_lossless(distilled, arch, case):
@@ -202,6 +206,7 @@ def test_network_drafters_draft_a_batch_in_one_forward_and_stay_lossless(distill
     assert max(calls) == 3, "the draft never ran one forward over the whole batch"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["confu", "sps", "sps-naive", "flashhead"])
 def test_every_hook_batches_and_equals_batch_one(distilled, tmp_path, monkeypatch, case):
     """The hooks beyond drafting at batch 3: ConFu (its soft prompt reserved in every slot, its contemplate tokens
@@ -266,6 +271,7 @@ def _cli(*args: str):
     return CliRunner().invoke(app, ["run", "--model", "smollm2-135m", "--threads", "2", "--dtype", "float32", *args])
 
 
+@pytest.mark.slow
 @needs_embedded
 def test_batched_runs_equal_batch_one_turn_by_turn_and_resume(tmp_path):
     """`run --batch-size` on the embedded model: multi-turn prompts (a conversation keeps its slot), suffix and the
@@ -340,6 +346,7 @@ def test_a_batch_round_counts_once_in_the_phase_split():
     assert len(split(rounds.assign(batch_round=-1))) == 5  # batch 1: every row is a round
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["whiflash-entropy", "hvd-freq"])
 def test_routed_methods_route_each_sequence_of_a_batch(distilled, name):
     """WhiFlash and HVD at batch 3: every sequence routed on its own (rounds of one forward mixing proposers),

@@ -90,6 +90,7 @@ def test_tiny_bf16_chain_rows_equal_one_token_decodes(arch):
         assert_rows_are_decodes(model, random_prompt(length, seed=length), random_prompt(rows, seed=rows))
 
 
+@pytest.mark.slow
 @needs_embedded
 def test_embedded_bf16_chain_rows_and_tree_paths_equal_one_token_decodes(embedded):
     """The real shapes (576 hidden, 49152-token head, 9 query / 3 kv heads), where the CPU kernels take other
@@ -108,6 +109,7 @@ def test_embedded_bf16_chain_rows_and_tree_paths_equal_one_token_decodes(embedde
         embedded.model.to(torch.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("chain", [False, True])
 def test_bf16_methods_equal_the_bf16_baseline(arch, chain):
@@ -120,6 +122,7 @@ def test_bf16_methods_equal_the_bf16_baseline(arch, chain):
         assert_lossless(model, method, prompt, max_new=120, min_accepted=20, target=Target(model, CPU, invariant=True))
 
 
+@pytest.mark.slow
 @needs_embedded
 def test_embedded_bf16_runs_equal_the_bf16_baseline_turn_by_turn(tmp_path):
     """The default bf16 CPU run (batch-invariant by `auto`): EAGLE-3's 60-node tree, DFlash's block and ConFu's

@@ -56,6 +56,7 @@ def test_break_even_threshold():
     assert TABLE2_THRESHOLDS == (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)
 
 
+@pytest.mark.slow
 def test_router_learns_a_linear_signal():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(2000, 64)).astype(np.float32)

@@ -25,6 +25,7 @@ def compiled(model: torch.nn.Module, backend: str = "aot_eager") -> Target:
     return target
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chain", [False, True])
 def test_oracle_trees_and_chains(tiny, chain):
     prompt = random_prompt(40)
@@ -35,6 +36,7 @@ def test_oracle_trees_and_chains(tiny, chain):
     assert not target.late_compiles
 
 
+@pytest.mark.slow
 def test_baseline_through_inductor():
     """The real compiler: warm-up compiles each bucket once, then decoding never compiles again (one
     architecture: inductor takes ~15 s a bucket on a 2-core CPU)."""
@@ -52,6 +54,7 @@ def test_baseline_through_inductor():
     assert max(r.tree_size for r in result.rounds) >= 2 and not target.late_compiles
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["eagle3", "dflash", "confu"])
 def test_model_drafters(distilled, name):
     arch = "qwen3" if name == "confu" else "llama"
@@ -61,6 +64,7 @@ def test_model_drafters(distilled, name):
                     target=compiled(target))
 
 
+@pytest.mark.slow
 def test_routed_method(distilled):
     from methods.dflash import DFlash
     from methods.eagle3 import Eagle3

@@ -60,6 +60,7 @@ def test_explicit_dtypes_and_the_oracle_keep_their_choice(cpuinfo):
     assert resolve_dtype("auto", torch.device("cuda")).dtype == torch.bfloat16
 
 
+@pytest.mark.slow
 def test_a_run_records_the_choice_and_why(cpuinfo, tmp_path):
     """On a CPU with avx512_bf16 a default run decodes in bf16, batch-invariant, and says so."""
     cpuinfo(EPYC)

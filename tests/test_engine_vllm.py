@@ -62,6 +62,7 @@ def outputs(run_dir) -> dict:
     return {(r.prompt_id, r.turn): (list(r.prompt_ids), list(r.output_ids)) for r in prompts.itertuples()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["hf-generate", *METHODS, f"baseline-c{LEVELS}", f"eagle3-c{LEVELS}"])
 def test_vllm_outputs_equal_our_baseline_turn_by_turn(runs, method):
     ours, theirs = outputs(runs["ours"]), outputs(runs[method])
@@ -71,6 +72,7 @@ def test_vllm_outputs_equal_our_baseline_turn_by_turn(runs, method):
         assert theirs[key][1] == output_ids, f"{method} {key}: output differs from our baseline"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["pld", "suffix", "eagle3", "dflash"])
 def test_vllm_drafts_are_verified_and_some_accepted(runs, method):
     rounds = pd.read_parquet(runs[method] / "rounds.parquet")
@@ -81,6 +83,7 @@ def test_vllm_drafts_are_verified_and_some_accepted(runs, method):
     assert rounds.verify_ms.isna().all() and rounds.wall_ms.notna().all()  # no phases from the engine, never 0
 
 
+@pytest.mark.slow
 def test_the_engine_run_records_what_ran(runs):
     info = json.loads((runs["eagle3"] / "run.json").read_text())
     assert info["status"] == "complete" and info["engine"]["version"].startswith("0.")
@@ -93,6 +96,7 @@ def test_the_engine_run_records_what_ran(runs):
     assert (prompts.engine == "vllm").all() and (prompts.ttft_ms > 0).all() and (prompts.tokens_per_s > 0).all()
 
 
+@pytest.mark.slow
 def test_the_target_as_its_own_draft_model_has_every_draft_accepted(tmp_path, engine_python):
     from specbench_cli.loading import embedded_folder
 
@@ -104,6 +108,7 @@ def test_the_target_as_its_own_draft_model_has_every_draft_accepted(tmp_path, en
     assert (rounds[~last].accepted == 3).all() and (rounds.tree_size[~last] == 3).all()  # AL = k + 1
 
 
+@pytest.mark.slow
 def test_report_puts_vllm_runs_beside_ours_with_their_own_baseline(runs):
     from specbench_cli.analysis.results import load
 
@@ -123,6 +128,7 @@ def cross_engine_rows(runs, method: str):
     return frame[frame.method.str.startswith(method)]
 
 
+@pytest.mark.slow
 def test_our_eagle3_chain_and_vllms_accept_the_same_at_every_step(runs):
     rows = cross_engine_rows(runs, "eagle3")
     assert len(rows) == 3  # 2 prompts, one of them two turns
@@ -131,6 +137,7 @@ def test_our_eagle3_chain_and_vllms_accept_the_same_at_every_step(runs):
     assert (rows["steps ours"] == rows["steps engine"]).all()
 
 
+@pytest.mark.slow
 def test_our_dflash_and_vllms_agree_or_differ_by_the_known_cpu_kernel_defect(runs, engine_python, tmp_path):
     """Steps that differ are named with the known cause, and on vLLM 0.32's CPU build that cause is shown to be
     real: its grouped RMSNorm normalises layer 1 with layer 0's weight (tests/engine_side/rms_norm_probe.py). On
@@ -152,6 +159,7 @@ def test_our_dflash_and_vllms_agree_or_differ_by_the_known_cpu_kernel_defect(run
         assert kernel["layer_1_used_layer_0_weight"], kernel  # the defect KNOWN_DIFFERENCES names
 
 
+@pytest.mark.slow
 def test_the_concurrency_tables_and_figure(runs, tmp_path):
     from specbench_cli.analysis import scaling
     from specbench_cli.analysis.report import figures
@@ -168,6 +176,7 @@ def test_the_concurrency_tables_and_figure(runs, tmp_path):
     assert tmp_path / "throughput_vs_concurrency.png" in figures(results, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", CROSS)
 def test_a_speculators_written_drafter_drafts_as_our_checkpoint_in_both_engines(runs, engine_python, tmp_path, method):
     """The committed drafter's weights saved by speculators' own `save_pretrained` (Eagle3DraftModel,
@@ -217,6 +226,7 @@ def test_a_speculators_written_drafter_drafts_as_our_checkpoint_in_both_engines(
     assert patched["accepts equal"].all(), patched.to_string()
 
 
+@pytest.mark.slow
 def test_vllm_serve_over_http_drafts_as_the_engine_loop_does(runs, engine_python, tmp_path):
     """--engine-serve: `vllm serve` started by specbench, measured over HTTP (streamed token-in/token-out)."""
     from specbench_cli.analysis import cross_engine
@@ -232,6 +242,7 @@ def test_vllm_serve_over_http_drafts_as_the_engine_loop_does(runs, engine_python
     assert info["engine"]["url"].startswith("http://127.0.0.1:") and "streamed" in info["clock"]
 
 
+@pytest.mark.slow
 def test_a_running_server_is_measured_and_one_started_otherwise_is_named(runs, engine_python, tmp_path):
     """--engine-url: a server the user started. A baseline run reproduces our baseline; an EAGLE-3 run against
     that server (started without speculation) stops in one line that gives the command it needs."""
@@ -254,6 +265,7 @@ def test_a_running_server_is_measured_and_one_started_otherwise_is_named(runs, e
     assert "vllm serve" in result.output and "--speculative-config" in result.output
 
 
+@pytest.mark.slow
 def test_an_engine_that_dies_mid_run_keeps_finished_prompts_and_resume_finishes(engine_python, tmp_path):
     import signal
     import subprocess
@@ -284,6 +296,7 @@ def test_an_engine_that_dies_mid_run_keeps_finished_prompts_and_resume_finishes(
     assert info["status"] == "complete" and read_table(out, "prompts")["index"].nunique() == 4
 
 
+@pytest.mark.slow
 def test_a_resumed_suffix_run_drafts_from_the_finished_prompts_outputs(engine_python, tmp_path):
     """vLLM resumes by absorbing, as our engine does: the finished prompts' outputs go into the engine's suffix cache
     (the worker's "absorb"), so a prompt that repeats a finished one is drafted as in the uninterrupted run (its

@@ -69,6 +69,7 @@ def features(rounds: pd.DataFrame) -> np.ndarray:
     return np.array([[float(v) for v in f.split(",")] for f in rounds.features])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", [*(f"vllm-{m}" for m in VLLM), *(f"vllm-{m}-c2" for m in IN_FLIGHT),
                                     "ours-hvd", *(f"ours-{m}" for m in WHIFLASH)])
 def test_routed_outputs_equal_our_baseline_turn_by_turn(runs, method):
@@ -78,6 +79,7 @@ def test_routed_outputs_equal_our_baseline_turn_by_turn(runs, method):
         assert theirs[key] == (prompt_ids, output_ids), f"{method} {key}: output differs from our baseline"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["hvd", *WHIFLASH])
 def test_vllm_rows_record_the_columns_ours_record(runs, method):
     """One policy per router (methods/router_policies.py) writes one set of extras in both engines; vLLM's idle
@@ -89,6 +91,7 @@ def test_vllm_rows_record_the_columns_ours_record(runs, method):
     assert (theirs.backlog == 0).all() and (ours.backlog >= 0).all()
 
 
+@pytest.mark.slow
 def test_both_proposers_draft_and_win_somewhere_inside_vllm(runs):
     rounds = pd.read_parquet(runs["vllm-hvd"] / "rounds.parquet")
     assert set(rounds.proposer) == {"suffix", "eagle3"}
@@ -101,6 +104,7 @@ def test_both_proposers_draft_and_win_somewhere_inside_vllm(runs):
     assert info["settings"]["speculative_config"]["num_speculative_tokens"] == 64  # the suffix cap, above the chain
 
 
+@pytest.mark.slow
 def test_vllms_decisions_follow_the_rule_with_our_predictor(runs):
     """Each step's recorded features, scored by the predictor our engine loads, give vLLM's score and choice."""
     from methods.predictors import PayoffPredictor
@@ -116,6 +120,7 @@ def test_vllms_decisions_follow_the_rule_with_our_predictor(runs):
     assert ((rounds.proposer == "suffix") == (drafted & (scores >= settings["threshold"]))).all()
 
 
+@pytest.mark.slow
 def test_hvd_freq_in_vllm_routes_by_the_suffix_score(runs):
     rounds = pd.read_parquet(runs["vllm-hvd-freq"] / "rounds.parquet")
     x = features(rounds)
@@ -123,6 +128,7 @@ def test_hvd_freq_in_vllm_routes_by_the_suffix_score(runs):
     assert ((rounds.proposer == "suffix") == ((x[:, 2] > 0) & (x[:, 0] >= 8))).all()  # τ = eagle3.depth
 
 
+@pytest.mark.slow
 def test_our_hvd_routes_as_vllm_at_every_step(runs):
     """Step by step: the same features (our suffix cache drafts what ArcticInference's drafts, ties included), the
     same score, the same choice, the same accepted count."""
@@ -136,6 +142,7 @@ def test_our_hvd_routes_as_vllm_at_every_step(runs):
     assert np.allclose(both.router_score_vllm, both.router_score_ours, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["whiflash-entropy", "whiflash-neural"])
 def test_whiflash_in_vllm_drafts_with_both_and_follows_its_rule(runs, method):
     rounds = pd.read_parquet(runs[f"vllm-{method}"] / "rounds.parquet")
@@ -152,6 +159,7 @@ def test_whiflash_in_vllm_drafts_with_both_and_follows_its_rule(runs, method):
         assert ((rounds.proposer == "eagle3") == (rounds.entropy > threshold)).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, signal", [("whiflash-entropy", "entropy"), ("whiflash-neural", "router_score")])
 def test_our_whiflash_routes_as_vllm_at_every_step(runs, method, signal):
     """The entropy policy reads the target's logits at the newest committed position (vLLM recomputes them from the

@@ -67,6 +67,7 @@ def test_multi_turn_is_lossless(setup, median_score, tmp_path):
     assert_multi_turn_lossless(target, payoff, corpus[1][:24])
 
 
+@pytest.mark.slow
 def test_sampling_keeps_the_target_distribution(setup):
     target, corpus, _ = setup
     make = lambda: freq(setup, threshold=0.0, eagle3=Eagle3.Options(depth=3, top_k=4, total_token=10))  # noqa: E731  cache whenever it has a draft

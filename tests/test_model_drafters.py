@@ -47,6 +47,7 @@ def test_multi_turn_is_lossless(distilled, method, arch):
     assert_multi_turn_lossless(target, make_method(method, target, folder), corpus[1][:24])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,opts", SAMPLING)
 def test_sampling_keeps_the_target_distribution(distilled, method, opts):
     target, corpus, folder = distilled(method, "llama")

@@ -158,6 +158,7 @@ def invoke(*args):
     return CliRunner().invoke(app, ["report", *map(str, args)])
 
 
+@pytest.mark.slow
 def test_report_writes_tables_and_figures(root, tmp_path):
     out = tmp_path / "rep"
     cal = root / "calibration"  # a calibrate artifact beside the runs: its sweep becomes a table and a figure

@@ -67,6 +67,7 @@ def multi_turn(tmp_path_factory, drafters):
     return runs
 
 
+@pytest.mark.slow
 def test_every_method_matches_baseline_turn_by_turn(multi_turn):
     base = read_table(multi_turn["baseline"], "prompts").sort_values(["prompt_id", "turn"])
     assert base.turn.max() == 1  # the writing prompt has two turns
@@ -78,12 +79,14 @@ def test_every_method_matches_baseline_turn_by_turn(multi_turn):
         assert [list(x) for x in same.output_ids_method] == [list(x) for x in same.output_ids], method
 
 
+@pytest.mark.slow
 def test_sps_with_the_model_itself_accepts_every_draft(multi_turn):
     rounds = read_table(multi_turn["sps"], "rounds")
     inner = rounds[rounds["round"] < rounds.groupby(["prompt_id", "turn"])["round"].transform("max")]  # not cut by the budget
     assert (inner.emitted == inner.tree_size + 1).mean() >= 0.8 and (rounds.tree_size == 6).all()
 
 
+@pytest.mark.slow
 def test_suffix_accepts_drafts_on_the_real_model(multi_turn):
     rounds = read_table(multi_turn["suffix"], "rounds")
     assert rounds.accepted.sum() > 0 and rounds.accepted.max() >= 2
@@ -91,6 +94,7 @@ def test_suffix_accepts_drafts_on_the_real_model(multi_turn):
     assert (prompts.tau >= 1).all() and prompts.tau.max() > 1
 
 
+@pytest.mark.slow
 def test_records_follow_the_schema(multi_turn):
     out = multi_turn["suffix"]
     for name, cls in (("rounds", RoundRecord), ("prompts", PromptRecord)):
@@ -110,6 +114,7 @@ def test_records_follow_the_schema(multi_turn):
     assert (out / "summary.md").exists()
 
 
+@pytest.mark.slow
 def test_kill_and_resume_gives_the_uninterrupted_records(tmp_path):
     args = ["--method", "suffix", "--dataset", "spec-bench", "--limit", "3", "--max-new-tokens", "24", "--warmup", "1"]
     whole = tmp_path / "whole"
@@ -154,6 +159,7 @@ def _first_prompt_then(signum: int, out, args: list[str]) -> subprocess.Complete
     return subprocess.CompletedProcess(cmd, proc.returncode, "", stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, code, reason", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
 def test_sigterm_and_ctrl_c_keep_finished_prompts_release_the_lock_and_say_interrupted(tmp_path, signum, code, reason):
     """What Slurm sends at a time limit (SIGTERM) ends a run as Ctrl-C does: one line, the lock released (so a
@@ -173,6 +179,7 @@ def test_sigterm_and_ctrl_c_keep_finished_prompts_release_the_lock_and_say_inter
     assert info["status"] == "complete" and "reason" not in info and read_table(out, "prompts")["index"].nunique() == 3
 
 
+@pytest.mark.slow
 def test_a_failed_write_is_one_line_and_the_run_resumes_once_space_is_back(tmp_path, monkeypatch):
     """Disk full (or a permission, or a vanished folder) while writing a part: one line naming the path and the
     cause, run.json "failed" with it, the finished prompt kept, and --resume continues."""
@@ -314,6 +321,7 @@ def test_warm_up_never_uses_a_scored_prompt_and_long_prompts_are_refused(tmp_pat
     assert not (tmp_path / "l").exists()  # nothing decoded, nothing left to be told "exists" about
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["eagle3", "dflash", "dart", "confu", "sps", "flashhead"])
 def test_committed_drafters_are_lossless_and_beat_a_random_one(multi_turn, tmp_path, method):
     """The project's trained drafters (drafters/smollm2-135m/*, found without --drafter) on a two-turn prompt.
@@ -331,6 +339,7 @@ def test_committed_drafters_are_lossless_and_beat_a_random_one(multi_turn, tmp_p
         assert trained.accepted.sum() > 2 * read_table(multi_turn[method], "rounds").accepted.sum()
 
 
+@pytest.mark.slow
 def test_report_over_real_runs_is_lossless_and_complete(multi_turn, tmp_path, drawn):
     """`report` over the multi-turn runs: every method identical to baseline, speedups against that baseline."""
     root = next(iter(multi_turn.values())).parent
@@ -350,6 +359,7 @@ def test_report_over_real_runs_is_lossless_and_complete(multi_turn, tmp_path, dr
     assert {label.split("[")[0] for label in drawn["per_subtask_spec-bench"]["legend"]} >= drafting
 
 
+@pytest.mark.slow
 def test_profile_phases_and_head(tmp_path, drawn):
     phases = CliRunner().invoke(app, ["profile", "--phases", "--method", "suffix", *COMMON, "--limit", "1",
                                       "--max-new-tokens", "24", "--warmup", "0", "--out", str(tmp_path / "p")])
@@ -365,12 +375,14 @@ def test_profile_phases_and_head(tmp_path, drawn):
     assert list(frame.variant) == ["dense", "FlashHead"] * 2 and (frame.mean_ms > 0).all()
 
 
+@pytest.mark.slow
 def test_whiflash_switches_on_the_real_model(multi_turn):
     rounds = read_table(multi_turn["whiflash-entropy"], "rounds")
     assert set(rounds.proposer) == {"eagle3", "dflash"} and rounds.entropy.notna().all()
     assert (rounds[rounds.proposer == "eagle3"].backlog > 1).any()  # a lazy catch-up after a DFlash stretch
 
 
+@pytest.mark.slow
 def test_hvd_routes_on_the_real_model(multi_turn):
     from methods.hvd import FEATURES
 
@@ -402,6 +414,7 @@ def neural_router(tmp_path_factory):
     return root / "cal"
 
 
+@pytest.mark.slow
 def test_chain_1_oracle_writes_replay_drafts_and_oracle_rows(oracle_dir):
     replay = pd.read_parquet(oracle_dir / "replay.parquet")
     assert set(replay.drafter) == {"eagle3", "suffix"} and (replay.accepted >= 0).all()
@@ -411,6 +424,7 @@ def test_chain_1_oracle_writes_replay_drafts_and_oracle_rows(oracle_dir):
     assert json.loads((oracle_dir / "run.json").read_text())["status"] == "complete"
 
 
+@pytest.mark.slow
 def test_chain_2_calibrate_writes_a_router_card_and_its_sweep(neural_router):
     card = json.loads((neural_router / "config.json").read_text())
     assert card["train_pairs"] > 0 and card["latency"]["eagle3_round_ms"] > 0
@@ -422,12 +436,14 @@ def test_chain_2_calibrate_writes_a_router_card_and_its_sweep(neural_router):
     assert sweep.tokens_per_s.notna().all() and round(card["threshold"], 4) in set(sweep.threshold.round(4))  # what was drawn
 
 
+@pytest.mark.slow
 def test_chain_3_run_loads_the_calibrated_router(neural_router, tmp_path):
     run_cli("--method", "whiflash-neural", "--drafter", f"whiflash-neural={neural_router}", "--limit", "1",
             "--max-new-tokens", "24", "--warmup", "0", "--out", str(tmp_path / "wn"))
     assert read_table(tmp_path / "wn", "rounds").router_score.notna().all()
 
 
+@pytest.mark.slow
 def test_hvd_calibration_makes_a_predictor_run_loads(tmp_path):
     from methods.hvd import FEATURES
 

@@ -64,6 +64,7 @@ def chi_square_table(observed: dict, expected: dict, n: int) -> float:
     return chi_square_p([observed.get(k, 0) for k in expected], [n * p for p in expected.values()])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["chain", "tree", "chain-with-q"])
 def test_speculative_sampling_matches_target_distribution(kind):
     rng, gen, n = random.Random(0), torch.Generator().manual_seed(0), 6000

@@ -47,6 +47,7 @@ def test_a_run_at_one_request_only_makes_no_load_tables(tmp_path):
     assert scaling.tables(load([tmp_path])) == []
 
 
+@pytest.mark.slow
 def test_the_load_figure_is_written(tmp_path):
     from specbench_cli.analysis.report import figures
 
@@ -55,6 +56,7 @@ def test_the_load_figure_is_written(tmp_path):
     assert tmp_path / "figs" / "throughput_vs_concurrency.png" in written
 
 
+@pytest.mark.slow
 def test_a_batch_size_sweep_has_its_own_table_and_figure(tmp_path):
     """Our engine's --batch-size runs: their own table (DART Tables 5-7) and figure, kept out of the concurrency
     ones; each level divided by the baseline at the same batch size."""

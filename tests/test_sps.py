@@ -54,6 +54,7 @@ def test_multi_turn_is_lossless(setup):
     assert_multi_turn_lossless(target, make(SpS, target, root / "noisy"), random_prompt(30, seed=5))
 
 
+@pytest.mark.slow
 def test_sampling_keeps_the_target_distribution(setup):
     target, root = setup
     if target.config.model_type != "llama":
@@ -79,6 +80,7 @@ def test_flashhead_is_lossless_and_caches_its_clustering(setup, cache):
     assert torch.equal(again.flash.members, method.flash.members)
 
 
+@pytest.mark.slow
 def test_flashhead_sampling_stays_lossless_in_distribution(setup, cache):
     target, root = setup
     if target.config.model_type != "llama":

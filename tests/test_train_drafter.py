@@ -39,6 +39,7 @@ def sample(data: Corpus, recipe, i: int = 0) -> Sample:
                   data.prompt_lens[i], *data.topk(i))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["dflash", "dart", "sps", "confu"])
 def test_each_recipe_learns_and_loads_back_lossless(corpus, tmp_path, method):
     target, data = corpus
@@ -109,6 +110,7 @@ def test_topk_kl_is_zero_for_the_same_distribution_and_positive_otherwise():
     assert abs(float(same)) < 1e-6 and float(other) > 0
 
 
+@pytest.mark.slow
 def test_eagle3_training_learns_and_loads_back(corpus, tmp_path):
     target, data = corpus
     settings = TrainSettings(steps=240, lr=3e-3, warmup=10, ttt=3, draft_vocab=64, intermediate=128, eval_every=80,
@@ -385,6 +387,7 @@ def test_teacher_passes_over_several_sequences_give_what_one_pass_each_gives(cor
         assert np.allclose(p.astype(np.float32), p1.astype(np.float32), atol=1e-3)
 
 
+@pytest.mark.slow
 def test_a_grown_corpus_holds_what_a_build_of_all_its_prompts_holds(embedded, tmp_path):
     """`--prompts` past a corpus' size answers only the new prompts; the grown folder must hold what building
     all of them at once gives (the batches line up), its first rows untouched, and its old top-k files gone."""
@@ -408,6 +411,7 @@ def test_a_grown_corpus_holds_what_a_build_of_all_its_prompts_holds(embedded, tm
         distill.extend(embedded, grown, training_prompts(5)[::-1], max_new_tokens=6, batch_size=2)
 
 
+@pytest.mark.slow
 def test_a_killed_build_resumes_from_its_answers_and_a_shipped_corpus_is_not_generated_again(embedded, tmp_path,
                                                                                            monkeypatch):
     """Finished answer batches are logged, so a killed build generates only the rest (a batch cut mid-write

@@ -70,6 +70,7 @@ def test_unknown_method_and_missing_record_are_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "no tuned budget for suffix" in result.output
 
 
+@pytest.mark.slow
 @needs_embedded
 def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch, drawn):
     """A small real tune of suffix on the embedded model: baseline, costs, a replay per candidate, the live

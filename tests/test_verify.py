@@ -62,6 +62,7 @@ def test_commit_keeps_exactly_the_accepted_path(tiny):
     torch.testing.assert_close(logits[0], plain_logits(tiny, seq), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_compiled_path_gives_the_eager_logits(tiny):
     """Padded to a bucket and attending over the whole buffer, a verify gives the eager verify's logits."""
     rng = random.Random(2)

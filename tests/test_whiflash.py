@@ -77,6 +77,7 @@ def test_multi_turn_is_lossless(setup, median_entropy):
     assert_multi_turn_lossless(target, entropy_method(setup, threshold=median_entropy), corpus[1][:24])
 
 
+@pytest.mark.slow
 def test_sampling_keeps_the_target_distribution(setup, median_entropy):
     target, corpus, _ = setup
     small = Eagle3.Options(depth=3, top_k=4, total_token=10)

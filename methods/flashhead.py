@@ -186,7 +186,7 @@ class FlashHead(SpS):
 
     def _assets(self, weight: torch.Tensor) -> Clustering:
         vocab, hidden = weight.shape
-        for ref in (self.drafters.get("flashhead"), self.model.spec.drafters.get("flashhead"), self.drafter_ref("sps")):
+        for ref in (self.given_drafter("flashhead"), self.drafter_ref("sps")):
             if ref:
                 found = load_assets(locate(ref, "flashhead"), vocab, hidden)
                 if found is not None:

@@ -94,7 +94,7 @@ class WhiFlash(RoutedMethod):
         """The policy's calibration card (config.json of its artifact folder), {} when none is needed."""
         if not self.reads_calibration(self.options):
             return {}
-        ref = self.drafters.get(self.calibration) or self.model.spec.drafters.get(self.calibration)
+        ref = self.given_drafter(self.calibration)
         if not ref:
             raise CheckpointError(f"{self.name} has no calibration for model {self.model.spec.name}: run `specbench "
                                   f"calibrate --method {self.name} --model {self.model.spec.name}`"

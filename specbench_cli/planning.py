@@ -13,7 +13,7 @@ import torch
 from methods.checkpoints import weights_id
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.kernels import packs
-from specbench_cli.core.method import OwnLoop, drafter_ref
+from specbench_cli.core.method import Method, OwnLoop
 from specbench_cli.options import parse_options
 from specbench_cli.datasets import Prompt
 from specbench_cli.engines import plan_for_engine
@@ -112,3 +112,15 @@ def loaded_target(plan: Plan, model: LoadedModel | None, split: bool = False) ->
     if model is not None and (model.dtype, model.device.type) != (plan.dtype, plan.device.type):
         raise RuntimeError(f"a {model.dtype} target on {model.device} handed to a {plan.dtype} run on {plan.device}")
     return model if model is not None else load_model(plan.spec, plan.device, plan.dtype, split)
+
+
+def drafter_ref(cls: type[Method], spec, overrides: dict[str, str], name: str) -> str:
+    """The checkpoint of drafter `name` for a run of method `cls` on model `spec`: the run's --drafter first, then
+    the model registry's; a missing one in one line that says why it is missing and how to make it."""
+    if name in overrides:
+        return overrides[name]
+    if name in spec.drafters:
+        return spec.drafters[name]
+    missing = spec.missing_drafters.get(name) or cls.how_to_make.get(name, "").format(model=spec.name)
+    why = f" ({missing})" if missing else ""
+    raise UsageError(f"no {name} drafter is registered for model {spec.name}{why}; pass --drafter {name}=PATH_OR_HUB_ID")

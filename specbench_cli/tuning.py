@@ -38,7 +38,6 @@ import pandas as pd
 import torch
 
 from specbench_cli.analysis.oracles import round_starts
-from specbench_cli.core.attention import attends_by_matmul
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.target import Target
 from specbench_cli.core.timing import sync

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 class LoadedModel(Protocol):
     """What a method may read about the loaded target (the commands' loader fills it; core never loads)."""
 
-    spec: object  # the model registry entry: .name, .drafters (name -> checkpoint), .missing_drafters
+    spec: object  # the model as the commands registered it: .name, .drafters (drafter name -> checkpoint)
     model: torch.nn.Module
     tokenizer: object
     stop_ids: frozenset[int]
@@ -157,9 +157,21 @@ class Method(Proposer):
         self.model = model
         self.drafters = drafters or {}
 
+    def given_drafter(self, name: str) -> str | None:
+        """The checkpoint of drafter `name` if the run or the loaded model names one, else None (an optional one)."""
+        return self.drafters.get(name) or getattr(self.model.spec, "drafters", {}).get(name)
+
     def drafter_ref(self, name: str) -> str:
-        """The checkpoint of drafter `name`: `--drafter` first, then the model registry."""
-        return drafter_ref(type(self), self.model.spec, self.drafters, name)
+        """The checkpoint of drafter `name`: the run's `--drafter` first, then the one the loaded model names
+        (`LoadedModel.spec.drafters`). Which is used, and why a missing one is missing, the commands work out and
+        report before anything loads (`planning.drafter_ref`); this only reads what they handed over."""
+        ref = self.given_drafter(name)
+        if ref is None:
+            model = getattr(self.model.spec, "name", "this model")
+            how = self.how_to_make.get(name, "").format(model=model)
+            raise UsageError(f"no {name} drafter for {model}{f' ({how})' if how else ''}; pass --drafter "
+                             f"{name}=PATH_OR_HUB_ID")
+        return ref
 
 
 
@@ -193,13 +205,3 @@ class Route:
     proposer: Proposer
     also: tuple[Proposer, ...] = ()  # idle proposers to bring up to date too (the always-in-sync ablation)
     extras: dict[str, Signal] = field(default_factory=dict)
-
-
-def drafter_ref(cls: type[Method], spec, overrides: dict[str, str], name: str) -> str:
-    if name in overrides:
-        return overrides[name]
-    if name in spec.drafters:
-        return spec.drafters[name]
-    missing = spec.missing_drafters.get(name) or cls.how_to_make.get(name, "").format(model=spec.name)
-    why = f" ({missing})" if missing else ""
-    raise UsageError(f"no {name} drafter is registered for model {spec.name}{why}; pass --drafter {name}=PATH_OR_HUB_ID")

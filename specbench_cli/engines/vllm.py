@@ -38,7 +38,7 @@ from specbench_cli.engines.vllm_routed import Decisions
 from specbench_cli.engines.vllm_methods import TESTED_VERSIONS, engine_method
 from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel, checkpoint_location, load_text
-from specbench_cli.planning import check_lengths, drafter_weights
+from specbench_cli.planning import check_lengths, drafter_ref, drafter_weights
 from specbench_cli.records import run_parts
 from specbench_cli.run_folder import RunFailed, RunInfo, Start, new_session
 from specbench_cli.core.dtypes import dtype_name
@@ -86,8 +86,6 @@ def launch(plan: Plan, env: dict[str, str]) -> Launch:
 
 
 def _local(plan: Plan, name: str) -> str:
-    from specbench_cli.core.method import drafter_ref
-
     ref = drafter_ref(plan.method_cls, plan.spec, plan.drafters, name)
     if not Path(ref).is_dir():
         raise UsageError(f"--engine vllm needs drafter '{name}' as a local folder (got {ref})")
@@ -210,11 +208,11 @@ class Worker:
         return self._read("done", None)
 
     def absorb(self, output_ids: list[int]) -> bool:
-        """A finished output into the engine's suffix cache (the worker's "absorb"); True. An engine whose drafter
-        keeps none is a bug of the caller (only methods with cross-request state absorb)."""
+        """A finished output into the engine's suffix cache, where its drafter keeps one (the worker's "absorb";
+        WhiFlash's drafters keep none, and there is nothing to fill); True: the engine holds what an uninterrupted
+        run's would."""
         self._send({"op": "absorb", "output_ids": output_ids})
-        if not self._read("absorbed", 60.0)["cached"]:
-            raise EngineDied(f"the vLLM drafter keeps no suffix cache to take a finished output (its log: {self.log})")
+        self._read("absorbed", 60.0)
         return True
 
     def _send(self, message: dict) -> None:

@@ -25,14 +25,14 @@ import pandas as pd
 import pyarrow as pa
 from rich.console import Console
 
-from specbench_cli.core.method import Method, OwnLoop, Router, drafter_ref
+from specbench_cli.core.method import Method, OwnLoop, Router
 from specbench_cli.options import options_record, parse_options
 from specbench_cli.core.errors import UsageError
 from specbench_cli.datasets import dataset_slug
 from specbench_cli.models import checkpoint_ref
 from specbench_cli.oracle.replay import Trace, replay_turn
 from specbench_cli.inputs import Plan, RunConfig
-from specbench_cli.planning import loaded_target, plan
+from specbench_cli.planning import drafter_ref, loaded_target, plan
 from specbench_cli.registry import method_class
 from specbench_cli.run_folder import OneAtATime, RunFolder, RunInfo, Start, new_session, record
 from specbench_cli.runner import Runner

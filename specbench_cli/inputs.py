@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.options import options_record
-from specbench_cli.engines import ENGINES, EnginePlan, engine_python, parse_engine_args
+from specbench_cli.engines import EnginePlan, engine_entry, engine_python, parse_engine_args
 from specbench_cli.engines.vllm_methods import MAPPINGS
 from specbench_cli.datasets import Prompt, dataset_slug, load_dataset, parse_shard, select, warmup_prompts
 from specbench_cli.models import ModelSpec, get_model_spec
@@ -164,8 +164,7 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
 def check_engine(config: RunConfig, env: dict[str, str]) -> EnginePlan | None:
     """--engine and what goes with it; returns the engine's plan so far (parsed --engine-arg, the engine's
     Python), None for our engine."""
-    if config.engine not in ENGINES:
-        raise unknown("engine", config.engine, ENGINES)
+    engine_entry(config.engine)  # an unknown engine: one line with the known ones
     at_least("--concurrency", config.concurrency, 1)
     at_least("--batch-size", config.batch_size, 1)
     if config.engine == "specbench":

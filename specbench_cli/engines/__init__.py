@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specbench_cli.core.errors import UsageError, unknown
+from specbench_cli.registry import load
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class EngineEntry:
     about: str = ""
 
     def make_job(self, plan, console, model=None):
-        return _load(self.job)(plan, console, model)
+        return load(self.job)(plan, console, model)
 
 
 @dataclass
@@ -58,14 +59,8 @@ def plan_for_engine(plan):
     """The checked plan with what its engine adds (the vLLM speculative config, its Python), before anything
     starts."""
     entry = engine_entry(plan.config.engine)
-    return plan if entry.plan is None else _load(entry.plan)(plan)
+    return plan if entry.plan is None else load(entry.plan)(plan)
 
-
-def _load(ref: str):
-    import importlib
-
-    module, attribute = ref.split(":")
-    return getattr(importlib.import_module(module), attribute)
 
 
 def parse_engine_args(pairs: list[str]) -> dict:

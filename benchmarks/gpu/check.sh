@@ -15,6 +15,8 @@
 #   runs      Spec-Bench, bf16 eager: baseline, suffix, eagle3 on the invariant target, then baseline and eagle3
 #             on the plain one, run one after another; report (lossless table) per target; CUDA-event phase
 #             sums against host wall time per round (benchmarks/gpu/phase_check.py)
+#   compiled  benchmarks/engine.py bf16 compiled (reduce-overhead on CUDA): c(n) at a few sizes and decode tok/s
+#             against eager and generate() with a static cache (last: it compiles one graph per size)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE=${DEVICE:-cuda}
@@ -28,11 +30,11 @@ mkdir -p "$OUT" "$WORK"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 if [ "$SMALL" = 1 ]; then   # rehearsal sizes: every command runs, nothing is worth timing
-  REPS=2 NEW=16 LIMIT=2 TOKENS=16 BATCHES=1,2 BLIMIT=2 SIZES=1,4
+  REPS=2 NEW=16 LIMIT=2 TOKENS=16 BATCHES=1,2 BLIMIT=2 SIZES=1,4 CSIZES=1
 else
   # sized from the H100 call of 2026-11-26: eager forwards there are host-bound (~21 ms for 30 layers), so the
   # eager runs of 8 x 128 tokens took 8 minutes and left no time for the batches; half that now
-  REPS=10 NEW=128 LIMIT=6 TOKENS=64 BATCHES=1,8,32 BLIMIT=32 SIZES=1,2,4,8,16,32,64
+  REPS=10 NEW=128 LIMIT=6 TOKENS=64 BATCHES=1,8,32 BLIMIT=32 SIZES=1,2,4,8,16,32,64 CSIZES=1,8,32
 fi
 
 log() { echo "== $(date +%T) $*"; }  # each stage is tee'd into $OUT/check.log
@@ -90,6 +92,12 @@ stage_runs() {
   tar czf "$OUT/runs.tgz" -C "$WORK" runs report_inv report_plain 2>/dev/null
 }
 
+stage_compiled() {
+  log "engine: bf16 compiled, sizes $CSIZES"
+  timeout 200 $PY benchmarks/engine.py --device "$DEVICE" --dtype bfloat16 --compile --reps $REPS --new $NEW \
+      --sizes $CSIZES --json "$OUT/engine_compiled.json" 2>&1 | grep -v -e "Converting" -e "^W11" | tee "$OUT/engine_compiled.txt"
+}
+
 stage_batches() {
   log "batches: compiled baseline at B = $BATCHES"
   timeout 240 $PY -m specbench_cli.cli run --method baseline --model smollm2-135m --dataset spec-bench --limit $BLIMIT --max-new-tokens 32 \
@@ -126,6 +134,7 @@ case "${1:-}" in
     stage_engine 2>&1 | tee -a "$OUT/check.log"
     stage_batches 2>&1 | tee -a "$OUT/check.log"
     stage_runs 2>&1 | tee -a "$OUT/check.log"
+    stage_compiled 2>&1 | tee -a "$OUT/check.log"
     log "done" ;;
   *) sed -n 2,20p "$0"; exit 2 ;;
 esac

@@ -67,7 +67,7 @@ Threads = Annotated[Optional[int], typer.Option(help="CPU threads for torch. Def
 
 @app.command()
 def run(
-    method: Method = "baseline",
+    method: Annotated[str, typer.Option(help="Decoding method (see run --list), or a comma list (baseline,suffix,eagle3) decoded side by side on one loaded target: each prompt by every method in turn, the order rotated prompt by prompt, each method into <out>/<method>; `report` then pairs them (intervals in every speed figure). baseline,baseline is the A/A run that measures the machine's noise. In a list every --opt names its method: --opt eagle3.depth=4.")] = "baseline",
     model: Model = "smollm2-135m",
     dataset: Dataset = "spec-bench",
     category: Categories = None,
@@ -96,6 +96,7 @@ def run(
     batch_size: Annotated[str, typer.Option(help="Our engine: sequences decoded together, one target forward per round over all of them; a finished sequence's slot takes the next prompt at once (continuous batching; a conversation keeps its slot for all its turns). A comma list (1,2,4,8,16) runs one size after another, each its own run (folder ..._b<N>, or <out>/b<N> with --out); `report` then shows throughput and speedup against batch size (DART Tables 5-7). Methods: baseline, pld, suffix, eagle3, dflash, dart and the routed whiflash-*, hvd, hvd-freq (each sequence routed on its own). At most the number of prompts selected. Default: 1.")] = "1",
     engine_url: Annotated[Optional[str], typer.Option(help="--engine vllm: measure a vLLM server already running (http://HOST:PORT; a multi-GPU or multi-node deployment), started with the method's --speculative-config and --per-request-spec-decode-metrics detailed (specbench prints the matching `vllm serve` command if it does not match). Waited for 30 s. Default: specbench starts the engine.")] = None,
     engine_serve: Annotated[bool, typer.Option(help="--engine vllm: start `vllm serve` on 127.0.0.1 (the engine's Python, the run's engine arguments) and reach it over HTTP, as a deployment is measured; stopped at the end. Default: off (vLLM's engine loop in a process of its own, no HTTP).")] = False,
+    repeat: Annotated[int, typer.Option(help="Passes over the selection, interleaved with the other methods of a --method list; each pass's rows carry its number (column repeat) and start from fresh cross-prompt state (a suffix cache). More passes narrow the intervals `report` prints. Default: 1.")] = 1,
     list_: Annotated[bool, typer.Option("--list", help="List methods, models and datasets, then exit.")] = False,
 ) -> None:
     """Decode a dataset with one method and write rounds.parquet, prompts.parquet and run.json."""
@@ -112,7 +113,7 @@ def run(
                        device=device, warmup=warmup, out=out, resume=resume, opts=opt or [], target=target,
                        drafters=drafter or [], compile=compile, compile_buckets=compile_buckets,
                        batch_invariant=batch_invariant, tuned=tuned, engine=engine, engine_args=engine_arg or [],
-                       engine_python=engine_python, engine_url=engine_url, engine_serve=engine_serve, threads=threads)
+                       engine_python=engine_python, engine_url=engine_url, engine_serve=engine_serve, threads=threads, repeat=repeat)
     execute_levels(config, concurrency, batch_size, threads, console)
 
 
@@ -365,8 +366,8 @@ def report(
     results_dirs: Annotated[list[Path], typer.Argument(help="Run directories, or folders searched for them (shards and repeats of one experiment are merged).", show_default=False)],
     out: Annotated[Optional[Path], typer.Option(help="Where tables (.md/.csv/.tex) and plots (.png/.pdf) go. Default: <first RESULTS_DIR>/report.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace the files of an existing report folder.")] = False,
-    compare: Annotated[Optional[Path], typer.Option(help="Reference results: exit 1 if τ or speedup of any (model, dataset, method) fell by more than --max-regression.")] = None,
-    max_regression: Annotated[float, typer.Option(help="Tolerated drop, in percent, for --compare.")] = 5.0,
+    compare: Annotated[Optional[Path], typer.Option(help="Reference results (a nightly gate): at temperature 0 any changed output or fallen τ per prompt fails (exit 1, naming the prompt and round); a speedup fails only where the 95% interval of now/reference lies wholly below 1 - --max-regression, and where the interval straddles that floor the verdict is inconclusive (exit 3, with the --repeat that would decide it). Runs of other settings or hardware than the reference's are refused.")] = None,
+    max_regression: Annotated[float, typer.Option(help="Tolerated speedup drop, in percent, for --compare.")] = 5.0,
     along: Annotated[Optional[list[str]], typer.Option(help="Methods (labels as in the tables) for the τ-along-the-response plot (repeatable). Default: the first two drafting methods.")] = None,
     plots: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
     classify: Annotated[bool, typer.Option(help="Classify each temperature-0 divergence from the baseline as a numeric tie of the run's dtype or a mismatch, by recomputing the target's logits there in float32 on the CPU (loads each target once; a mismatch fails --compare).")] = True,
@@ -378,12 +379,14 @@ def report(
     optional regression and parity gates."""
     from specbench_cli import reporting
 
-    problems = reporting.execute(console, results_dirs, out, overwrite, compare, max_regression, along, plots,
-                                 classify, expect)
-    for line in problems:
+    problems, undecided = reporting.execute(console, results_dirs, out, overwrite, compare, max_regression, along,
+                                            plots, classify, expect)
+    for line in (*problems, *undecided):
         err_console.print(line, highlight=False, soft_wrap=True, markup=False)
-    if problems:
-        raise typer.Exit(1)
+    if problems or undecided:
+        from specbench_cli.analysis.gate import INCONCLUSIVE_EXIT
+
+        raise typer.Exit(1 if problems else INCONCLUSIVE_EXIT)
 
 
 @app.command()

@@ -65,6 +65,7 @@ class RunConfig:
     engine_url: str | None = None  # a running vLLM server to measure (engines/vllm_server.py)
     engine_serve: bool = False  # start `vllm serve` and reach it over HTTP instead of the in-process engine
     threads: int | None = None  # --threads: an engine process's CPU threads too
+    repeat: int = 1  # passes over the selection (`run --repeat`), interleaved with the other methods of a list
 
 
 @dataclass
@@ -102,6 +103,7 @@ class Plan:
                 "warmup": [p.id for p in self.warmup], "batch_invariant": self.batch_invariant,
                 "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)},
                 **({"batch_size": c.batch_size} if c.batch_size > 1 else {}),
+                **({"repeat": c.repeat} if c.repeat > 1 else {}),
                 **({"prepacked": True} if self.prepacked else {}), **self.engine_settings()}
 
     def engine_settings(self) -> dict:
@@ -200,7 +202,7 @@ LOADS = {"concurrency": ("c", "--concurrency"), "batch_size": ("b", "--batch-siz
 def parse_levels(text: str, option: str = "--concurrency") -> list[int]:
     """A load option: one level or a comma list (`1,2,4,8`), each a positive whole number, in the order given."""
     try:
-        levels = [int(part) for part in text.split(",") if part.strip()]
+        levels = [int(part) for part in text.split(",")]  # an empty part ("1,,2") is bad input, not skipped
     except ValueError:
         levels = []
     if not levels or min(levels) < 1 or len(set(levels)) < len(levels):

@@ -62,6 +62,7 @@ class RoundRecord(Identity):
     batch_slot: int = 0
     batch_size: int = 1
     batch_round: int = -1
+    repeat: int = 0  # which pass over the selection (`run --repeat`); 0 in a run of one pass
     # The method's own per-round signals (`Route.extras`: a router's inputs and score, the catch-up backlog),
     # each written as a column of its own after the fixed ones; a vector as comma-separated text.
     extras: dict = field(default_factory=dict)
@@ -87,6 +88,7 @@ class PromptRecord(Identity):
     # numeric tie from a mismatch
     prompt_ids: list[int] = field(default_factory=list)
     engine: str = "specbench"  # which engine decoded it (engines/: specbench, vllm)
+    repeat: int = 0  # which pass over the selection (`run --repeat`); 0 in a run of one pass
 
 
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "list[int]": pa.list_(pa.int64())}
@@ -148,8 +150,8 @@ def read_table(run_dir: Path, name: str) -> pd.DataFrame:
 
 
 # Columns added after records were first written, with what they mean in an older part (NaN: not measured).
-_LATER = {PromptRecord: {"engine": "specbench"},
-          RoundRecord: {"engine": "specbench", "batch_slot": 0, "batch_size": 1, "batch_round": -1}}
+_LATER = {PromptRecord: {"engine": "specbench", "repeat": 0},
+          RoundRecord: {"engine": "specbench", "batch_slot": 0, "batch_size": 1, "batch_round": -1, "repeat": 0}}
 
 
 def _with_fixed_types(table: pa.Table, fixed: pa.Schema, later: dict) -> pa.Table:

@@ -12,8 +12,9 @@ from specbench_cli.core.errors import UsageError
 
 def execute(console: Console, results_dirs: list[Path], out: Path | None, overwrite: bool, compare: Path | None,
             max_regression: float, along: list[str] | None, plots: bool, classify: bool,
-            expect: Path | None) -> list[str]:
-    """The report; returns one line per regression or missed published value (the command exits 1 on any)."""
+            expect: Path | None) -> tuple[list[str], list[str]]:
+    """The report; returns (one line per regression or missed published value: the command exits 1 on any, one
+    line per comparison the gate could not decide: exit 3 if nothing failed)."""
     from specbench_cli.analysis import report as rep
     from specbench_cli.core.errors import unknown
     from specbench_cli.inputs import at_least
@@ -29,6 +30,13 @@ def execute(console: Console, results_dirs: list[Path], out: Path | None, overwr
     expectations = load_expectations(expect) if expect else []
     results = load(results_dirs)
     reference = load([compare]) if compare else None
+    if reference is not None:
+        from specbench_cli.analysis.gate import check_comparable, key
+
+        now = {key(g): g for g in results.groups}
+        for ref in reference.groups:  # settings that differ: one line before any table is written
+            if key(ref) in now:
+                check_comparable(now[key(ref)], ref)
     labels = [g.label for g in results.groups]
     for label in along or []:
         if label not in labels:
@@ -46,15 +54,32 @@ def execute(console: Console, results_dirs: list[Path], out: Path | None, overwr
         table.write(folder)
     written = rep.figures(results, folder, along) if plots else []
     console.print(f"wrote {len(tables)} tables (.md .csv .tex) and {len(written) // 2} figures (.png .pdf) to {folder}")
-    problems = []
+    problems: list[str] = []
+    undecided: list[str] = []
     if reference is not None:
-        lossless_table = next((t for t in tables if t.name == "lossless"), None)
-        problems += [f"regression: {line}" for line in rep.regressions(results, reference, max_regression, lossless_table)]
-        if not problems:
-            console.print(f"no regression beyond {max_regression:g}% against {compare}")
+        problems, undecided = gate(console, results, reference, max_regression, tables, folder, compare)
     if expectations:
         problems += parity(results, expectations, folder, console)
-    return problems
+    return problems, undecided
+
+
+def gate(console: Console, results, reference, max_regression: float, tables: list, folder: Path,
+         compare: Path) -> tuple[list[str], list[str]]:
+    """--compare: outputs and τ exactly, speed against its noise (`analysis/gate.py`); its table in the
+    terminal and the report folder."""
+    from specbench_cli.analysis import gate as regression_gate
+
+    lossless_table = next((t for t in tables if t.name == "lossless"), None)
+    verdict = regression_gate.compare(results, reference, max_regression, lossless_table)
+    table = regression_gate.table(verdict, max_regression)
+    if len(table.frame):
+        console.print(table.rich())
+        table.write(folder)
+    for line in (*verdict.passed, *verdict.notes):
+        console.print(line, highlight=False, soft_wrap=True)
+    if not verdict.failed and not verdict.inconclusive:
+        console.print(f"no regression beyond {max_regression:g}% against {compare}")
+    return [f"regression: {line}" for line in verdict.failed], [f"inconclusive: {line}" for line in verdict.inconclusive]
 
 
 def parity(results, expectations, folder: Path, console: Console) -> list[str]:

@@ -19,6 +19,11 @@ def execute_levels(config: RunConfig, concurrency: str, batch_size: str, threads
     one starts."""
     from specbench_cli.inputs import check_run, level_configs, parse_levels
 
+    if "," in config.method or config.repeat != 1:
+        from specbench_cli.interleave import execute as execute_interleaved
+
+        execute_interleaved(config, batch_size, concurrency, threads, console)
+        return
     engines, batches = parse_levels(concurrency, "--concurrency"), parse_levels(batch_size, "--batch-size")
     if len(engines) > 1 and len(batches) > 1:
         raise UsageError("sweep --concurrency or --batch-size, not both at once")

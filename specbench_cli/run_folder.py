@@ -21,7 +21,7 @@ import datetime as dt
 import json
 import signal
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -39,7 +39,7 @@ from specbench_cli.folders import claim, write_atomically
 from specbench_cli.progress import record_progress
 
 # What a setting meant in runs written before it existed (a resume compares it as this).
-LEGACY_SETTINGS = {"compile": None, "batch_invariant": False, "prepacked": False}
+LEGACY_SETTINGS = {"compile": None, "batch_invariant": False, "prepacked": False, "repeat": 1}
 # Environment facts that change what a timing means: a resume of a timed run must keep them.
 MEASURED = ("device", "cpu", "gpu", "torch_threads")
 
@@ -162,10 +162,11 @@ class RunFolder:
             tmp.unlink()
         return done
 
-    def finished_outputs(self) -> list[list[int]]:
-        """The finished prompts' output ids, turn by turn, in selection order (what a resume replays)."""
+    def finished_outputs(self, among: range | None = None) -> list[list[int]]:
+        """The finished prompts' output ids, turn by turn, in selection order (what a resume replays); `among`:
+        only the parts with these indices (one pass of `run --repeat`)."""
         folder = self.path / f"{self.tables[-1]}.parquet"
-        parts = sorted(folder.glob("part-*.parquet"))
+        parts = sorted(p for p in folder.glob("part-*.parquet") if among is None or _index(p) in among)
         if not parts:
             return []
         frame = pd.concat([pq.read_table(p, columns=["index", "turn", "output_ids"]).to_pandas() for p in parts])
@@ -275,35 +276,118 @@ class OneAtATime:
             finished(index, prompt, self.decode(index, prompt))
 
 
-def record(folder: RunFolder, job: PromptJob, prompts: list[Prompt], warmup: list[Prompt], resume: bool,
-           console: Console, label: str) -> None:
-    """Run `job` over the folder (inside `folder.session`): every prompt of the selection not yet finished is
-    decoded and written as it finishes. Warm-up prompts come first, then the finished prompts' outputs are
-    replayed into the job's cross-prompt state (`absorb`), so that it holds what an uninterrupted run's would."""
+@dataclass
+class Opened:
+    """A job whose session has begun on its folder: run.json as written, and the prompts already finished."""
+
+    folder: RunFolder
+    job: PromptJob
+    info: RunInfo
+    done: set[int]
+
+    def save(self) -> None:
+        self.folder.write_info(self.info)
+
+
+def open_job(folder: RunFolder, job: PromptJob, resume: bool, more: dict | None = None) -> Opened:
+    """Check a resume against the job's settings, load what it needs (`prepare`; a prompt past the model's
+    context is refused here, before the run starts), and begin its session. `more`: keys a new run's run.json
+    gets besides the job's own."""
     start = job.begin()
     resumed = (folder.resumed(start.settings, start.session["environment"], start.measured, start.weights)
                if resume else None)
     done = folder.finished() if resumed else set()
-    more = job.prepare()  # a prompt past the model's context is refused here, before the run starts
+    prepared = job.prepare()
     info = resumed or RunInfo(start.settings, start.session["started"], start.session["environment"], start.kind,
-                              more=more)
+                              more={**prepared, **(more or {})})
     folder.start(info, start.session)
-    todo = [(i, p) for i, p in enumerate(prompts) if i not in done]
-    with job.running(info, lambda: folder.write_info(info)):
-        if warmup and warmup[0].dataset == "builtin":
-            console.print("warm-up: every prompt of the dataset is scored, so a built-in prompt warms up",
-                          highlight=False)
-        for prompt in warmup:
-            job.warm_up(prompt)
-        for ids in folder.finished_outputs():
-            job.absorb(ids)
+    return Opened(folder, job, info, done)
+
+
+def catch_up(run: Opened, warmup: list[Prompt], among: range | None = None) -> None:
+    """Warm-up prompts first, then the finished prompts' outputs (those whose index is in `among`, default all)
+    replayed into the job's cross-prompt state, so that it holds what an uninterrupted run's would."""
+    for prompt in warmup:
+        run.job.warm_up(prompt)
+    for ids in run.folder.finished_outputs(among):
+        run.job.absorb(ids)
+
+
+def _builtin_warmup_note(warmup: list[Prompt], console: Console) -> None:
+    if warmup and warmup[0].dataset == "builtin":
+        console.print("warm-up: every prompt of the dataset is scored, so a built-in prompt warms up", highlight=False)
+
+
+def record(folder: RunFolder, job: PromptJob, prompts: list[Prompt], warmup: list[Prompt], resume: bool,
+           console: Console, label: str) -> None:
+    """Run `job` over the folder (inside `folder.session`): every prompt of the selection not yet finished is
+    decoded and written as it finishes."""
+    run = open_job(folder, job, resume)
+    todo = [(i, p) for i, p in enumerate(prompts) if i not in run.done]
+    with job.running(run.info, run.save):
+        _builtin_warmup_note(warmup, console)
+        catch_up(run, warmup)
         with record_progress(console, len(prompts), todo, label) as advance:
             def finished(index: int, prompt: Prompt, tables: dict) -> None:
                 folder.write_prompt(index, tables)
                 advance(prompt, job.stats())
 
             job.decode_all(todo, finished)
-    folder.complete(info, prompts=len(todo), **job.facts(info))
+    folder.complete(run.info, prompts=len(todo), **job.facts(run.info))
+
+
+class Interleavable(PromptJob, Protocol):
+    """A job that decodes one prompt when asked (`OneAtATime.decode`) and can start a pass over the selection
+    afresh (`new_pass`): what `record_interleaved` needs."""
+
+    def decode(self, index: int, prompt: Prompt) -> dict:
+        """One prompt's tables."""
+
+    def new_pass(self) -> None:
+        """Drop cross-prompt state (a suffix cache) so that the next pass starts as a new run would."""
+
+
+def record_interleaved(members: list[tuple[RunFolder, Interleavable, bool]], prompts: list[Prompt],
+                       warmup: list[Prompt], passes: int, console: Console, label: str, pairing: dict) -> None:
+    """Several jobs over the same prompts, each into its own folder, taken in turn prompt by prompt with the
+    order rotated one place per prompt, so that a drift of the machine touches every job alike (`run --method
+    a,b,c`); `passes` times over the selection (`--repeat`), each pass's rows marked with its `repeat` and written
+    as parts `pass * len(prompts) + index`. Every pass starts each job's cross-prompt state afresh (a suffix cache
+    holding the last pass's answers would accept them whole). `pairing` goes into each new run.json (with the
+    member's name), so that `report` knows whose measurements were taken side by side. A member's flag says
+    whether its folder is resumed."""
+    opened = [open_job(folder, job, resume, {"pairing": {**pairing, "member": folder.path.name}})
+              for folder, job, resume in members]
+    n = len(prompts)
+    units = [(p, p * n + i, prompt) for p in range(passes) for i, prompt in enumerate(prompts)]
+    todo = [(index, prompt) for run in opened for _, index, prompt in units if index not in run.done]
+    with ExitStack() as stack:
+        for run in opened:
+            stack.enter_context(run.job.running(run.info, run.save))
+        _builtin_warmup_note(warmup, console)
+        with record_progress(console, len(units) * len(opened), todo, label) as advance:
+            for p in range(passes):
+                for run in opened:
+                    if p:
+                        run.job.new_pass()
+                    catch_up(run, warmup, range(p * n, (p + 1) * n))
+                for _, index, prompt in units[p * n:(p + 1) * n]:
+                    turn = index % len(opened)
+                    for run in opened[turn:] + opened[:turn]:
+                        if index not in run.done:
+                            run.folder.write_prompt(index, {name: _marked(table, p)
+                                                            for name, table in run.job.decode(index, prompt).items()})
+                            advance(prompt, f"{run.folder.path.name}: {run.job.stats()}")
+    for run in opened:
+        todo_here = sum(index not in run.done for _, index, _ in units)
+        run.folder.complete(run.info, prompts=todo_here, **run.job.facts(run.info))
+
+
+def _marked(table: pa.Table, repeat: int) -> pa.Table:
+    """A table's rows marked as decoded in pass `repeat`."""
+    column = pa.array([repeat] * len(table), pa.int64())
+    at = table.schema.get_field_index("repeat")
+    return table.set_column(at, "repeat", column) if at >= 0 else table.append_column("repeat", column)
 
 
 def new_session(device, telemetry: dict | None = None) -> dict:

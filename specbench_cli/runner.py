@@ -169,6 +169,12 @@ class RunJob(OneAtATime):
     def absorb(self, output_ids: list[int]) -> None:
         self.runner.method.absorb(output_ids)
 
+    def new_pass(self) -> None:
+        """A new pass over the selection (`run --repeat`) starts from a new method, so no cross-prompt state (a
+        suffix cache) carries the previous pass's answers to the same prompts."""
+        plan = self.plan
+        self.runner.method = plan.method_cls(plan.options, self.runner.model, plan.drafters)
+
     def decode_all(self, todo: list[tuple[int, Prompt]], finished: Callable[[int, Prompt, dict], None]) -> None:
         self.gpu.start()  # energy counts the recorded prompts only
         super().decode_all(todo, finished)

@@ -1,5 +1,5 @@
 """What `specbench tune` does: the baseline live, the verify cost curve, a trace replay per candidate budget,
-the choice, and live runs of it (the model behind the choice is `tuning.py`).
+the choice, and live runs of it interleaved with a baseline (the model behind the choice is `tuning.py`).
 
 The tune folder is held for the whole tune (`folders.claim`: one writer; an existing folder is continued, each
 run inside it resuming where it stopped), and its records are written whole or not at all
@@ -19,9 +19,11 @@ import pandas as pd
 from rich.table import Table as RichTable
 
 from specbench_cli import tuning
+from specbench_cli.analysis import intervals
 from specbench_cli.core.attention import attends_by_matmul
 from specbench_cli.core.target import Target
 from specbench_cli.folders import claim, write_atomically
+from specbench_cli.interleave import record_plans
 from specbench_cli.loading import load_model
 from specbench_cli.oracle import command as oracle_run
 from specbench_cli.oracle.command import OracleConfig
@@ -74,33 +76,33 @@ def _tune(config: TuneConfig, console) -> tuning.TuneRecord:
         predictions.append(tuning.predict(candidate, walks, costs, base_ms, reverifies))
     paper, best = predictions[0], tuning.choose(predictions)
 
-    measured = {}
+    measured: dict[str, intervals.Interval] = {}
     if config.check:
-        for p in [best] + ([paper] if paper is not best else []):  # the paper budget too, when not the best
-            folder = out / f"live_{predictions.index(p)}"  # candidate i's live run (0: the paper default)
-            record_run(plan(dataclasses.replace(run, method=method, out=folder, resume=_exists(folder),
-                                                opts=[*p.opts]), dict(os.environ)), console, model)
-            measured[p.candidate] = base_ms / per_token_ms(read_table(folder, "prompts"))
+        measured = live_check(config, [best] + ([paper] if paper is not best else []), predictions, model, console)
 
     frame = pd.DataFrame([asdict(p) for p in predictions]).drop(columns="opts")
-    frame["measured_speedup"] = frame.candidate.map(measured)
+    frame["measured_speedup"] = frame.candidate.map({k: v.value for k, v in measured.items()})
+    frame["measured_low"] = frame.candidate.map({k: v.low for k, v in measured.items()})
+    frame["measured_high"] = frame.candidate.map({k: v.high for k, v in measured.items()})
     frame.to_csv(out / "candidates.csv", index=False)
     from specbench_cli.analysis import plots
 
     plots.save(plots.tune_candidates(frame, f"tune {method}: {where}"), out, "candidates")
     table = RichTable(title=f"tune {method} on {where}: baseline {1e3 / base_ms:.1f} tok/s", show_lines=False,
-                      caption="ms per round; × = speedup over the baseline; * = chosen (the most predicted tokens/s)")
+                      caption="ms per round; × = speedup over the baseline; * = chosen (the most predicted tokens/s); "
+                              "meas. ×: run live interleaved with a baseline, prompt by prompt, with its 95% interval")
     table.add_column("candidate", overflow="fold")
     for col in ("τ", "nodes", "draft", "verify", "round", "pred. ×", "meas. ×"):
         table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     for p in predictions:
         table.add_row(("* " if p is best else "  ") + p.candidate, f"{p.tau:.2f}", f"{p.mean_draft:.1f}",
                       f"{p.draft_ms:.1f}", f"{p.verify_ms:.1f}", f"{p.round_ms:.1f}", f"{p.speedup:.2f}",
-                      f"{measured[p.candidate]:.2f}" if p.candidate in measured else "—")
+                      measured[p.candidate].text() if p.candidate in measured else "—")
     console.print(table)
 
-    record = tuning.TuneRecord(run.model, method, machine, list(best.opts), best.speedup, measured.get(best.candidate),
-                        paper.speedup, measured.get(paper.candidate), str(out), command_line(),
+    live = {k: v.value for k, v in measured.items()}
+    record = tuning.TuneRecord(run.model, method, machine, list(best.opts), best.speedup, live.get(best.candidate),
+                        paper.speedup, live.get(paper.candidate), str(out), command_line(),
                         dt.datetime.now().isoformat(timespec="seconds"), frame.to_dict("records"))
     text = json.dumps(asdict(record), indent=1, default=str)
     write_atomically(out / "tune.json", lambda tmp: tmp.write_text(text))
@@ -108,9 +110,24 @@ def _tune(config: TuneConfig, console) -> tuning.TuneRecord:
     registered.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(registered, lambda tmp: tmp.write_text(text))  # `run --tuned` never reads half a record
     console.print(f"chosen: {best.candidate} (predicted {best.speedup:.2f}×"
-                  + (f", measured {measured[best.candidate]:.2f}×" if best.candidate in measured else "")
+                  + (f", measured {measured[best.candidate].text()}×" if best.candidate in measured else "")
                   + f"); `specbench run --method {method} --tuned` uses it ({registered})", highlight=False, soft_wrap=True)
     return record
+
+
+def live_check(config: TuneConfig, chosen: list, predictions: list, model, console) -> dict[str, intervals.Interval]:
+    """The chosen budget (and the paper's) run live, interleaved prompt by prompt with a baseline of their own
+    (`interleave.record_plans`), so the measured speedups share the machine's drift with their baseline; each
+    with its paired 95 % interval (`analysis/intervals.py`)."""
+    run, out = config.run, config.run.out
+    folders = [out / "live_baseline", *(out / f"live_{predictions.index(p)}" for p in chosen)]  # i: candidate i
+    configs = [dataclasses.replace(run, method="baseline", out=folders[0], resume=_exists(folders[0])),
+               *(dataclasses.replace(run, method=config.method, out=f, resume=_exists(f), opts=[*p.opts])
+                 for f, p in zip(folders[1:], chosen))]
+    record_plans([plan(c, dict(os.environ)) for c in configs], model, 1, console)
+    base = read_table(folders[0], "prompts")
+    return {p.candidate: intervals.speedup_interval(read_table(f, "prompts"), base, paired=True)
+            for f, p in zip(folders[1:], chosen)}
 
 
 def per_token_ms(prompts: pd.DataFrame) -> float:

@@ -130,6 +130,20 @@ BAD = [
     (["report", "no_settings"], "has no 'settings'"),
     # a sweep whose [run] value has the wrong type
     (["sweep", "limit.toml"], "[run] limit = 'many' must be an integer"),
+    # paired runs (issue 50): a comma list of methods and --repeat
+    (["run", "--method", "suffix,suffix"], "names suffix more than once; only baseline may appear twice"),
+    (["run", "--method", "baseline,baseline,baseline"], "names baseline more than once"),
+    (["run", "--method", "baseline,,suffix"], "an empty name in the list"),
+    (["run", "--method", "baseline,sufix"], "did you mean 'suffix'"),
+    (["run", "--repeat", "0"], "--repeat must be at least 1"),
+    (["run", "--repeat", "-2"], "--repeat must be at least 1"),
+    (["run", "--method", "baseline,eagle3", "--opt", "depth=4"], "each --opt names its method first, e.g. --opt eagle3.KEY=VALUE"),
+    (["run", "--method", "baseline,eagle3", "--opt", "eagle3.top_k=0"], "top_k=0 is out of range for eagle3"),
+    (["run", "--method", "baseline,suffix", "--drafter", "eagle3=x"], "none of baseline, suffix takes a drafter named 'eagle3'"),
+    (["run", "--method", "baseline,suffix", "--engine", "vllm"], "--engine vllm runs one method per run"),
+    (["run", "--method", "baseline,suffix", "--batch-size", "2"], "run each --batch-size on its own"),
+    (["run", "--batch-size", "1,,2"], "--batch-size '1,,2': expected distinct positive whole numbers"),
+    (["run", "--method", "baseline,suffix", "--out", "fake"], "results directory fake/baseline exists"),
 ]
 
 
@@ -172,6 +186,11 @@ def _safetensors() -> bytes:
     """A real safetensors file of one float32 tensor of 4 values."""
     header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
     return len(header).to_bytes(8, "little") + header + bytes(16)
+
+
+def test_a_repeat_that_is_not_a_number_is_refused():
+    result = CliRunner().invoke(app, ["run", "--repeat", "x"])
+    assert result.exit_code == 2 and "Invalid value for '--repeat'" in result.output
 
 
 @pytest.mark.parametrize("args,message", BAD)

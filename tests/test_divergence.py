@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from specbench_cli.analysis import report
+from specbench_cli.analysis import gate, report
 from specbench_cli.core import engine
 from specbench_cli.core.acceptance import Acceptance
 from specbench_cli.core.target import Target
@@ -89,7 +89,7 @@ def test_report_counts_ties_and_gates_on_mismatches(tmp_path):
     r = table.frame.set_index("method").loc["pld"]
     assert (r["numeric ties"], r["mismatches"], r["inherited"], r["unclassified"]) == (1, 1, 1, 0)
     assert ([1, 2, 3, 5, 6, 7], 8, 99) in seen  # the prompt, then the baseline's output up to the divergence
-    problems = report.regressions(results, results, 5.0, table)
+    problems = gate.compare(results, results, 5.0, table).failed
     assert len(problems) == 1 and "B/0@2 MISMATCH" in problems[0]
     assert report.lossless(results).frame.set_index("method").loc["pld", "unclassified"] == 2  # no classifier
 

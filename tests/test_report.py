@@ -182,16 +182,34 @@ def test_report_writes_tables_and_figures(root, tmp_path):
 
 
 def test_regression_gate_exit_codes(root, tmp_path):
+    """Outputs and τ exactly, speed against its interval: 0 pass, 1 regression, 3 inconclusive, 2 refused."""
+    assert invoke(root, "--out", tmp_path / "r0", "--compare", root, "--no-plots").exit_code == 0
+    # τ of prompt B falls from 4 to 19/6 (the same 20 tokens and speed): an exact change, whatever the threshold
     worse = tmp_path / "worse"
     write_run(worse / "base", "baseline", baseline_turns(TURNS, 100.0))
-    write_run(worse / "fast", "suffix", [Turn("A", "qa", [1] * 5, 500.0), Turn("B", "rag", [2, 3, 3, 3, 3, 0], 500.0)])
-    # τ falls from 3.0 to 30/11 = 2.73 (9.1%); the speedup stays 3.0.
-    assert invoke(root, "--out", tmp_path / "r0", "--compare", root, "--no-plots").exit_code == 0
-    failing = invoke(worse, "--out", tmp_path / "r1", "--compare", root, "--max-regression", "5", "--no-plots")
-    assert failing.exit_code == 1 and "tiny/spec-bench/suffix: τ 3.000 -> 2.727 (9.1% worse" in failing.output
-    assert invoke(worse, "--out", tmp_path / "r2", "--compare", root, "--max-regression", "10", "--no-plots").exit_code == 0
+    write_run(worse / "fast", "suffix", [TURNS[0], Turn("B", "rag", [2, 3, 3, 3, 3, 0], 500.0, ids=list(range(21)))])
+    failing = invoke(worse, "--out", tmp_path / "r1", "--compare", root, "--max-regression", "50", "--no-plots")
+    assert failing.exit_code == 1, failing.output
+    assert "tiny/spec-bench/suffix: prompt B turn 0: τ 4.000 -> 3.333, first at round 0 (accepted 3 -> 2)" in failing.output
+    # the same outputs at half the speed on both prompts: a regression whatever the noise
+    slow = tmp_path / "slow"
+    write_run(slow / "base", "baseline", baseline_turns(TURNS, 100.0))
+    write_run(slow / "fast", "suffix", [Turn(t.prompt_id, t.subtask, t.accepted, 2 * t.decode_ms) for t in TURNS])
+    halved = invoke(slow, "--out", tmp_path / "r2", "--compare", root, "--no-plots")
+    assert halved.exit_code == 1 and "a regression" in halved.output, halved.output
+    # 3 % slower on one prompt, 3 % faster on the other: inside a 5 % floor, but two prompts cannot show it
+    noisy = tmp_path / "noisy"
+    write_run(noisy / "base", "baseline", baseline_turns(TURNS, 100.0))
+    write_run(noisy / "fast", "suffix", [Turn("A", "qa", [1] * 5, 500.0 / 0.7), Turn("B", "rag", [3] * 5, 500.0 / 1.2)])
+    unsure = invoke(noisy, "--out", tmp_path / "r3", "--compare", root, "--no-plots")
+    assert unsure.exit_code == 3 and "inconclusive" in unsure.output, unsure.output
+    other = tmp_path / "other"
+    write_run(other / "base", "baseline", baseline_turns(TURNS, 100.0), max_new_tokens=64)
+    write_run(other / "fast", "suffix", TURNS, max_new_tokens=64)
+    refused = invoke(other, "--out", tmp_path / "r4", "--compare", root, "--no-plots")
+    assert refused.exit_code == 2 and "max_new_tokens 128 -> 64" in refused.output, refused.output
     (worse / "fast" / "run.json").unlink()
-    missing = invoke(worse, "--out", tmp_path / "r3", "--compare", root, "--no-plots")
+    missing = invoke(worse, "--out", tmp_path / "r5", "--compare", root, "--no-plots")
     assert missing.exit_code == 1 and "tiny/spec-bench/suffix: missing" in missing.output
 
 

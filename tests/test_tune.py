@@ -89,8 +89,16 @@ def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch, dr
     assert record["opts"] == ([] if chosen.candidate == "paper default" else ["max_spec_tokens=4"])
     assert record["measured_speedup"] > 0 and record["machine"] == "float32-cpu-2t"
     assert (tmp_path / "cache" / "tune" / "smollm2-135m" / "suffix-float32-cpu-2t.json").exists()
-    assert set(drawn["candidates"]["legend"]) == {"predicted", "measured"}  # a bar per candidate, a point per live one
-    assert drawn["candidates"]["points"][-1] == 2 and (tmp_path / "tune" / "candidates.png").exists()
+    # a bar per candidate, a point per live one, with its interval
+    assert set(drawn["candidates"]["legend"]) == {"predicted", "measured (95% interval)"}
+    assert 2 in drawn["candidates"]["points"] and (tmp_path / "tune" / "candidates.png").exists()
+    live = frame.dropna(subset=["measured_speedup"])
+    assert len(live) == 2 and (live.measured_low <= live.measured_speedup).all()
+    assert (live.measured_speedup <= live.measured_high).all()
+    # the live runs were interleaved with a baseline of their own, prompt by prompt
+    pairing = {json.loads((tmp_path / "tune" / f / "run.json").read_text())["pairing"]["id"]
+               for f in ("live_baseline", "live_0", "live_1")}
+    assert len(pairing) == 1
 
     result = CliRunner().invoke(app, ["run", "--method", "suffix", "--tuned", *common, "--out", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output

@@ -6,9 +6,10 @@
   τ is the one every table leads with; `tau_turn_mean` is the other convention in use, the unweighted
   mean over prompt turns of each turn's τ (specdec_bench's Average_AL): long turns weigh less in it.
 - tokens/s of a prompt = its decode tokens / its decode seconds, all turns summed; a group's tokens/s is
-  the unweighted mean over prompts (Spec-Bench `speed.py`).
+  the unweighted mean over prompts (Spec-Bench `speed.py`). With `run --repeat` a prompt counts once per pass.
 - speedup = mean over shared prompts of the method's tokens/s / the same mean of the baseline's
-  (Spec-Bench's ratio of means, not a mean of ratios), on the prompts both runs finished.
+  (Spec-Bench's ratio of means, not a mean of ratios), on the prompts (and passes) both runs finished.
+  `analysis/intervals.py` gives it a bootstrap confidence interval.
 - TTFT = prefill + first token, mean over turns.
 """
 
@@ -31,9 +32,14 @@ def tau_turn_mean(prompts: pd.DataFrame) -> float:
     return sum(per_turn) / len(per_turn) if per_turn else NAN
 
 
+UNIT = ["prompt_id", "repeat"]  # what a speedup pairs: a prompt in one pass over the selection (`run --repeat`)
+
+
 def per_prompt(prompts: pd.DataFrame) -> pd.DataFrame:
-    """One row per prompt (turns summed)."""
-    g = prompts.groupby(["prompt_id", "subtask", "category"], sort=False)
+    """One row per prompt and pass (turns summed)."""
+    if "repeat" not in prompts:
+        prompts = prompts.assign(repeat=0)
+    g = prompts.groupby([*UNIT, "subtask", "category"], sort=False)
     out = g.agg(decode_tokens=("decode_tokens", "sum"), rounds=("rounds", "sum"), decode_ms=("decode_ms", "sum"),
                 ttft_ms=("ttft_ms", "mean"), turns=("turn", "count")).reset_index()
     out["tokens_per_s"] = (out.decode_tokens / (out.decode_ms / 1e3)).where(out.decode_ms > 0)
@@ -43,17 +49,18 @@ def per_prompt(prompts: pd.DataFrame) -> pd.DataFrame:
 def summarise(prompts: pd.DataFrame, by: str, baseline: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per-group rows plus an `overall` row: prompts, τ, tokens/s, TTFT, rounds per prompt, speedup."""
     mine = per_prompt(prompts)
-    base = per_prompt(baseline).set_index("prompt_id") if baseline is not None and len(baseline) else None
+    base = per_prompt(baseline).set_index(UNIT) if baseline is not None and len(baseline) else None
     groups = [(str(k), g) for k, g in mine.groupby(by, sort=False)] + [("overall", mine)]
     rows = []
     for name, g in groups:
-        row = {by: name, "prompts": len(g), "tau": tau(g.decode_tokens.sum(), g.rounds.sum()),
+        row = {by: name, "prompts": g.prompt_id.nunique(), "tau": tau(g.decode_tokens.sum(), g.rounds.sum()),
                "tokens_per_s": g.tokens_per_s.mean(), "ttft_ms": g.ttft_ms.mean(), "rounds": g.rounds.mean(),
                "speedup": float("nan")}
         if base is not None:
-            shared = g[g.prompt_id.isin(base.index)]
+            shared = g[pd.MultiIndex.from_frame(g[UNIT]).isin(base.index)]
             if len(shared):
-                row["speedup"] = shared.tokens_per_s.mean() / base.loc[shared.prompt_id, "tokens_per_s"].mean()
+                row["speedup"] = (shared.tokens_per_s.mean()
+                                  / base.loc[pd.MultiIndex.from_frame(shared[UNIT]), "tokens_per_s"].mean())
         rows.append(row)
     return pd.DataFrame(rows)
 

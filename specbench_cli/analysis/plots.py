@@ -236,12 +236,17 @@ def switching(frame: pd.DataFrame, clock: str) -> plt.Figure:
 
 def tune_candidates(frame: pd.DataFrame, title: str) -> plt.Figure:
     """`specbench tune`: each candidate budget's predicted speedup (bars) and, where it was run live, the measured
-    one (points), against the baseline's 1×."""
+    one (points, with their 95 % interval where known), against the baseline's 1×."""
     fig, ax = plt.subplots(figsize=(8, 3.8))
     x = np.arange(len(frame))
     ax.bar(x, frame.speedup, color="#9ecae1", label="predicted")
     live = frame.measured_speedup.notna().to_numpy()
-    ax.plot(x[live], frame.measured_speedup[live], "o", color="#d62728", label="measured")
+    measured = frame.measured_speedup[live].to_numpy()
+    spread = None
+    if "measured_low" in frame:
+        spread = np.vstack([measured - frame.measured_low[live].to_numpy(), frame.measured_high[live].to_numpy() - measured])
+    ax.errorbar(x[live], measured, yerr=spread, fmt="o", color="#d62728", capsize=3,
+                label="measured (95% interval)" if spread is not None else "measured")
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xticks(x, [c.replace(" ", "\n") for c in frame.candidate], fontsize=7)
     ax.set_ylabel("speedup over the baseline")

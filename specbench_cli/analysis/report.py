@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from specbench_cli.analysis import cross_engine
+from specbench_cli.analysis import cross_engine, intervals
 from specbench_cli.analysis import oracles as oracle
 from specbench_cli.analysis import scaling
 from specbench_cli.datasets import dataset_slug
@@ -33,8 +33,9 @@ def in_dataset(results: Results, dataset: str) -> list[RunGroup]:
 
 
 def _speedup_source(results: Results, group: RunGroup) -> tuple[pd.DataFrame | None, str]:
-    """The baseline prompts to divide by, and a note saying where they came from (or why there are none)."""
-    if group.method == "baseline":
+    """The baseline prompts to divide by, and a note saying where they came from (or why there are none). The
+    second baseline of an A/A pair is divided by the first: its "speedup" is the machine's noise."""
+    if group.method == "baseline" and group.label == "baseline":
         return None, "—"
     base = results.baseline_for(group)
     if base is not None:
@@ -46,20 +47,51 @@ def _speedup_source(results: Results, group: RunGroup) -> tuple[pd.DataFrame | N
 
 
 def overview(results: Results) -> Table:
-    """One row per run group: overall τ, tokens/s, TTFT, speedup, and the baseline used."""
+    """One row per run group: overall τ, tokens/s and speedup with their 95 % intervals, TTFT, the baseline used;
+    the note says how the intervals were made and how much noise the records show."""
     rows = []
     for g in results.groups:
         base, source = _speedup_source(results, g)
         total = summarise(g.prompts, group_column(g.prompts), base).iloc[-1]
+        rate = intervals.mean_interval(g.prompts)
+        partner = results.baseline_for(g) if base is not None else None
+        paired = partner is not None and results.paired(g, partner)
+        speedup = intervals.speedup_interval(g.prompts, base, paired) if base is not None else intervals.NOTHING
         s = g.info["settings"]
         rows.append({"dataset": s["dataset"], "model": s["model"], "method": g.label, "prompts": int(total.prompts),
+                     "passes": int(g.prompts.repeat.nunique()) if len(g.prompts) else 0,
                      "τ": total.tau, "τ turn-mean": tau_turn_mean(g.prompts), "tokens/s": total.tokens_per_s,
-                     "TTFT ms": total.ttft_ms,
-                     "speedup": total.speedup, "baseline": source, "clock": g.info.get("clock", "?"),
-                     "hardware": g.hardware})
+                     "tokens/s 95% CI": rate.range(1),
+                     "TTFT ms": total.ttft_ms, "speedup": total.speedup,
+                     "speedup 95% CI": (f"{speedup.range()} {'paired' if paired else 'unpaired'}"
+                                        if speedup.prompts else "—"),
+                     "baseline": source, "clock": g.info.get("clock", "?"), "hardware": g.hardware})
     return Table("overview", "Overall per run (τ = mean acceptance length, bonus included; decode tokens/s)",
                  pd.DataFrame(rows), "τ: Σ decoded tokens / Σ rounds (vLLM, SGLang, Spec-Bench); τ turn-mean: the mean "
-                 "of each prompt turn's τ (specdec_bench's Average_AL)")
+                 "of each prompt turn's τ (specdec_bench's Average_AL); τ has no interval: at temperature 0 it is "
+                 "fixed by the engine, dtype and weights. 95% CI: bootstrap over prompts (each with all its passes), "
+                 "expanded percentile; paired where the runs were interleaved (run --method a,b), unpaired (wider, "
+                 "blind to drift between the runs) otherwise. " + noise_line(results))
+
+
+def noise_line(results: Results) -> str:
+    """What the records say of the machine's noise: an A/A pair's ratio (baseline-2 over baseline), else a
+    baseline's odd passes over its even ones, as the smallest speedup difference they could detect."""
+    lines = []
+    for g in results.groups:
+        base = results.baseline_for(g) if g.method == "baseline" and g.label != "baseline" else None
+        if base is not None:
+            noise = intervals.speedup_interval(g.prompts, base.prompts, results.paired(g, base))
+            source = f"A/A {g.label}/{base.label} {noise.text(3)}"
+        elif g.label == "baseline" and g.prompts.repeat.nunique() > 1:
+            noise = intervals.noise_from_passes(g.prompts)
+            source = f"{g.label}'s odd/even passes {noise.text(3)}"
+        else:
+            continue
+        lines.append(f"Noise ({g.info['settings']['dataset']}, {source}): speedup differences under "
+                     f"{100 * intervals.detectable(noise):.1f} % are within what this machine's noise allows here.")
+    return " ".join(lines) or ("Noise: not measured (run --method baseline,baseline, or --repeat 2 or more, "
+                               "to measure it).")
 
 
 def by_group(results: Results, dataset: str, by: str) -> Table:
@@ -288,36 +320,6 @@ def all_tables(results: Results, classify: Classifier | None = None) -> list[Tab
     tables += [*scaling.tables(results), cross_engine.table(results), routing(results), hybrid(results), lossless(results, classify), *oracle_tables(results),
                *calibration_tables(results), *wide]
     return [t for t in tables if len(t.frame)]
-
-
-# ---------------------------------------------------------------------------------------------- gate
-def regressions(current: Results, reference: Results, max_regression_pct: float,
-                lossless_table: Table | None = None) -> list[str]:
-    """What got worse than the reference by more than the tolerance: τ and speedup per (model, dataset,
-    method); a reference row missing from the current results counts too; and every temperature-0 divergence
-    from the baseline that is a mismatch rather than a numeric tie."""
-    now = overview(current).frame.set_index(["model", "dataset", "method"])
-    ref = overview(reference).frame.set_index(["model", "dataset", "method"])
-    problems = []
-    for key, r in ref.iterrows():
-        name = "/".join(map(str, key))
-        if key not in now.index:
-            problems.append(f"{name}: missing from the current results")
-            continue
-        for metric in ("τ", "speedup"):
-            old, new = r[metric], now.loc[key, metric]
-            if old == old and old > 0:  # a metric the reference has
-                drop = (old - new) / old * 100 if new == new else float("inf")
-                if drop > max_regression_pct:
-                    problems.append(f"{name}: {metric} {old:.3f} -> {new:.3f} ({drop:.1f}% worse; tolerance "
-                                    f"{max_regression_pct:g}%)")
-    rows = lossless_table.frame.to_dict("records") if lossless_table is not None else []
-    for row in rows:
-        if row.get("mismatches"):
-            problems.append(f"{row['dataset']}/{row['method']}: {row['mismatches']} output(s) diverge from the baseline "
-                            f"where the target had no near-tie (a lossless bug): "
-                            f"{row['first divergences (prompt/turn@token)']}")
-    return problems
 
 
 # ---------------------------------------------------------------------------------------------- figures

@@ -49,6 +49,11 @@ class RunGroup:
     def drafters(self) -> dict[str, str]:
         return drafter_identity(self.info)
 
+    @property
+    def pairing(self) -> str | None:
+        """The id of the interleaved list (`run --method a,b`) this run was measured in, if any."""
+        return self.info.get("pairing", {}).get("id")
+
 
 @dataclass
 class OracleRun:
@@ -73,8 +78,18 @@ class Results:
     calibrations: list[Calibration] = dataclasses.field(default_factory=list)
 
     def baseline_for(self, group: RunGroup) -> RunGroup | None:
-        """The baseline group of the same experiment on the same hardware, if any."""
-        return self.beside(group, "baseline")
+        """The baseline group of the same experiment on the same hardware, if any: the one measured side by side
+        with `group` first (the same `pairing`), and of an A/A pair the first member (`baseline`, not
+        `baseline-2`)."""
+        same = [o for o in self.groups if o.method == "baseline" and o.experiment() == group.experiment()]
+        paired = [o for o in same if o.pairing is not None and o.pairing == group.pairing]
+        found = paired or same
+        return min(found, key=lambda o: o.label != "baseline") if found else None
+
+    @staticmethod
+    def paired(group: RunGroup, base: RunGroup) -> bool:
+        """Whether the two were measured interleaved, prompt by prompt (`run --method a,b`)."""
+        return group.pairing is not None and group.pairing == base.pairing
 
     def beside(self, group: RunGroup, method: str) -> RunGroup | None:
         """The first group of `method` in the same experiment on the same hardware as `group`, if any."""
@@ -119,7 +134,7 @@ def load(paths: list[Path]) -> Results:
         if info.get("kind") == "oracle":
             oracles.append(OracleRun(d, info, pd.read_parquet(d / "replay.parquet")))
             continue
-        key = (method_label(info["settings"]), json.dumps(drafter_identity(info), sort_keys=True), *experiment_key(info))
+        key = (member_label(info), json.dumps(drafter_identity(info), sort_keys=True), *experiment_key(info))
         groups.setdefault(key, []).append((d, info))
     merged = [_merge(key[0], members) for key, members in groups.items()]
     _tell_apart(merged)
@@ -173,13 +188,14 @@ def _drafter_name(group: RunGroup, name: str) -> str:
 
 
 def _merge(label: str, members: list[tuple[Path, dict]]) -> RunGroup:
-    """Concatenate the members' records (oldest first) and keep the newest record of each prompt/turn."""
+    """Concatenate the members' records (oldest first) and keep the newest record of each prompt/turn (and
+    repeat: `run --repeat` records a prompt once per pass)."""
     dirs = [d for d, _ in members]
     prompts = pd.concat([read_table(d, "prompts") for d in dirs], ignore_index=True)
     rounds = pd.concat([read_table(d, "rounds") for d in dirs], ignore_index=True)
-    keep = prompts.drop_duplicates(["prompt_id", "turn"], keep="last")
+    keep = prompts.drop_duplicates(["prompt_id", "turn", "repeat"], keep="last")
     rounds = rounds[rounds.run.isin(keep.run.unique())]
-    rounds = rounds.merge(keep[["run", "prompt_id", "turn"]], on=["run", "prompt_id", "turn"])
+    rounds = rounds.merge(keep[["run", "prompt_id", "turn", "repeat"]], on=["run", "prompt_id", "turn", "repeat"])
     return RunGroup(label, dirs, members[-1][1], keep.reset_index(drop=True), rounds)
 
 
@@ -193,6 +209,13 @@ def experiment_key(info: dict) -> tuple:
     """What a baseline must share with a run for a speedup to mean anything; the hardware comes last."""
     s = info["settings"]
     return (*(json.dumps(s.get(k, BEFORE.get(k))) for k in SAME_EXPERIMENT), hardware_key(info.get("environment", {})))
+
+
+def member_label(info: dict) -> str:
+    """A run's label: its method and options (`method_label`), or for the second of an A/A pair its member name
+    (`baseline-2`), so that the pair stays two groups."""
+    member = info.get("pairing", {}).get("member")
+    return member if member and member != info["settings"]["method"] else method_label(info["settings"])
 
 
 def method_label(settings: dict) -> str:

@@ -1,0 +1,156 @@
+"""`report --compare REF`: the regression gate of a nightly job, which fails for real regressions only.
+
+Per (model, dataset, method) of the reference:
+- **outputs and τ, exactly.** At temperature 0 a run's outputs and τ are fixed by the engine, dtype and weights,
+  so any change is real: a changed output fails, naming the prompt, turn, token and round; a τ that fell fails,
+  naming the first round whose accepted length differs; a τ that rose is reported, not failed.
+- **speed, with its noise.** The ratio current speedup / reference speedup gets a bootstrap interval
+  (`intervals.change_interval`; each speedup paired where its run was interleaved with its baseline). It fails
+  only where the whole interval lies below 1 - threshold, passes where it lies at or above it, and is otherwise
+  *inconclusive*: its own exit code (3), with about how many passes (`run --repeat`) would decide it.
+- a reference row the current results lack fails; a temperature-0 mismatch in the lossless table fails.
+
+Runs whose settings differ from the reference's (dtype, lengths, hardware...) are refused with one line naming
+what differs: their ratio would not mean anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from specbench_cli.analysis import intervals
+from specbench_cli.analysis.results import SAME_EXPERIMENT, BEFORE, Results, RunGroup
+from specbench_cli.analysis.tables import Table
+from specbench_cli.core.errors import UsageError
+
+INCONCLUSIVE_EXIT = 3  # 0 pass, 1 regression, 2 bad input (every command's)
+
+
+@dataclass
+class GateResult:
+    failed: list[str] = field(default_factory=list)
+    inconclusive: list[str] = field(default_factory=list)
+    passed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # changes that are not failures (τ rose)
+    rows: list[dict] = field(default_factory=list)  # the speed table
+
+
+def key(group: RunGroup) -> tuple[str, str, str]:
+    s = group.info["settings"]
+    return s["model"], s["dataset"], group.label
+
+
+def compare(current: Results, reference: Results, threshold_pct: float, lossless: Table | None = None) -> GateResult:
+    now = {key(g): g for g in current.groups}
+    result = GateResult()
+    for ref in reference.groups:
+        name = "/".join(key(ref))
+        mine = now.get(key(ref))
+        if mine is None:
+            result.failed.append(f"{name}: missing from the current results")
+            continue
+        check_comparable(mine, ref)
+        outputs(mine, ref, name, result)
+        speed(current, reference, mine, ref, name, threshold_pct / 100, result)
+    for row in lossless.frame.to_dict("records") if lossless is not None else []:
+        if row.get("mismatches"):
+            result.failed.append(f"{row['dataset']}/{row['method']}: {row['mismatches']} output(s) diverge from the "
+                                 f"baseline where the target had no near-tie (a lossless bug): "
+                                 f"{row['first divergences (prompt/turn@token)']}")
+    return result
+
+
+def check_comparable(mine: RunGroup, ref: RunGroup) -> None:
+    """One line naming every setting (and the hardware) that differs between a run and its reference."""
+    a, b = mine.info["settings"], ref.info["settings"]
+    differ = [f"{k} {json.dumps(b.get(k, BEFORE.get(k)))} -> {json.dumps(a.get(k, BEFORE.get(k)))}"
+              for k in SAME_EXPERIMENT if a.get(k, BEFORE.get(k)) != b.get(k, BEFORE.get(k))]
+    if mine.hardware != ref.hardware:
+        differ.append(f"hardware {ref.hardware} -> {mine.hardware}")
+    if differ:
+        raise UsageError(f"--compare: {'/'.join(key(ref))} was run differently from the reference "
+                         f"({'; '.join(differ)}); compare runs of the same settings on the same machine")
+
+
+def _first_pass(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame.repeat == frame.repeat.min()] if len(frame) else frame
+
+
+def outputs(mine: RunGroup, ref: RunGroup, name: str, result: GateResult) -> None:
+    """Temperature 0 only: each prompt turn's output ids and τ against the reference's (the first pass of each)."""
+    if mine.info["settings"].get("temperature", 0) != 0 or ref.info["settings"].get("temperature", 0) != 0:
+        return
+    now = _first_pass(mine.prompts).set_index(["prompt_id", "turn"])
+    then = _first_pass(ref.prompts).set_index(["prompt_id", "turn"])
+    for (prompt, turn), old in then.iterrows():
+        if (prompt, turn) not in now.index:
+            result.failed.append(f"{name}: prompt {prompt} turn {turn} missing from the current results")
+            continue
+        new = now.loc[(prompt, turn)]
+        a, b = list(old.output_ids), list(new.output_ids)
+        if a != b:
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            result.failed.append(f"{name}: prompt {prompt} turn {turn}: output changed at token {at} "
+                                 f"(round {_round_of(mine, prompt, turn, at)}): {a[at:at + 1]} -> {b[at:at + 1]}")
+        elif old.tau != new.tau:
+            line = (f"{name}: prompt {prompt} turn {turn}: τ {old.tau:.3f} -> {new.tau:.3f}, first at "
+                    f"{_first_round_apart(mine, ref, prompt, turn)}")
+            (result.failed if new.tau < old.tau else result.notes).append(line)
+
+
+def _rounds(group: RunGroup, prompt: str, turn: int) -> pd.DataFrame:
+    r = group.rounds
+    r = r[(r.prompt_id == prompt) & (r.turn == turn)]
+    return _first_pass(r).sort_values("round")
+
+
+def _round_of(group: RunGroup, prompt: str, turn: int, token: int) -> int:
+    """The round that emitted output token `token` (the prefill emits token 0: round -1)."""
+    emitted = 1
+    for r in _rounds(group, prompt, turn).itertuples():
+        emitted += r.emitted
+        if emitted > token:
+            return int(r.round)
+    return -1
+
+
+def _first_round_apart(mine: RunGroup, ref: RunGroup, prompt: str, turn: int) -> str:
+    a, b = _rounds(ref, prompt, turn), _rounds(mine, prompt, turn)
+    for (_, old), (_, new) in zip(a.iterrows(), b.iterrows()):
+        if old.accepted != new.accepted:
+            return f"round {int(new['round'])} (accepted {int(old.accepted)} -> {int(new.accepted)})"
+    return "the last round"
+
+
+def speed(current: Results, reference: Results, mine: RunGroup, ref: RunGroup, name: str, threshold: float,
+          result: GateResult) -> None:
+    """current speedup / reference speedup with its interval, and the verdict."""
+    base_now, base_then = current.baseline_for(mine), reference.baseline_for(ref)
+    if mine.method == "baseline" and mine.label == "baseline" or base_now is None or base_then is None:
+        return
+    change = intervals.change_interval((mine.prompts, base_now.prompts, current.paired(mine, base_now)),
+                                       (ref.prompts, base_then.prompts, reference.paired(ref, base_then)))
+    passes = int(mine.prompts.repeat.nunique()) if len(mine.prompts) else 1
+    verdict = intervals.verdict(change, threshold, passes)
+    line = (f"{name}: speedup now/reference {change.text(3)} (95% CI, {'paired' if change.paired else 'unpaired'} "
+            f"runs, {change.prompts} prompts x {passes} passes) against the floor {1 - threshold:.3f}")
+    result.rows.append({"model": key(ref)[0], "dataset": key(ref)[1], "method": key(ref)[2],
+                        "now / reference": change.value, "low": change.low, "high": change.high,
+                        "verdict": verdict.outcome, "passes needed": verdict.passes_needed})
+    if verdict.outcome == "regression":
+        result.failed.append(f"{line}: a regression")
+    elif verdict.outcome == "pass":
+        result.passed.append(line)
+    else:
+        more = (f"about {verdict.passes_needed} passes (run --repeat {verdict.passes_needed}) would decide it"
+                if verdict.passes_needed else "the estimate sits on the floor: more passes may not decide it")
+        result.inconclusive.append(f"{line}: inconclusive; {more}")
+
+
+def table(result: GateResult, threshold_pct: float) -> Table:
+    return Table("regression_gate", "Speedup against the reference (report --compare)", pd.DataFrame(result.rows),
+                 f"a regression only where the whole 95% interval of now/reference lies below 1 - {threshold_pct:g}%; "
+                 "inconclusive where it straddles that floor")

@@ -128,6 +128,8 @@ def record_plans(plans: list[Plan], model, passes: int, console: Console) -> Non
     from specbench_cli.runner import RunJob
 
     members = [(RunFolder(p.out, RUN_TABLES), RunJob(p, console, model), p.config.resume) for p in plans]
+    for _, job, _ in members[1:]:
+        job.announce_dtype = False  # they share the first one's target: one line says its dtype
     pairing = {"id": secrets.token_hex(6), "members": [p.out.name for p in plans], "passes": passes}
     with ExitStack() as claimed:
         for (folder, _, resume) in members:  # each folder owned for the run (`RunFolder.session`), released in reverse

@@ -124,6 +124,7 @@ class RunJob(OneAtATime):
         self.gpu = GpuTelemetry(plan.device)
         self.generated = self.decode_tokens = self.rounds = 0
         self.decode_s = 0.0
+        self.announce_dtype = True  # the "target in bfloat16 (auto: ...)" line; once for a list of methods
 
     def begin(self) -> Start:
         self.weights = drafter_weights(self.plan)
@@ -145,7 +146,7 @@ class RunJob(OneAtATime):
     @contextmanager
     def running(self, info: RunInfo, save: Callable[[], None]) -> Iterator[None]:
         """Compile before anything is timed (compile time is reported in run.json, never inside a round)."""
-        if self.plan.config.dtype == "auto":
+        if self.plan.config.dtype == "auto" and self.announce_dtype:
             self.console.print(f"target in {dtype_name(self.plan.dtype)} ({self.plan.dtype_reason}; "
                                "--dtype to choose)", highlight=False, soft_wrap=True)
         compiled = self.compile(self.longest)

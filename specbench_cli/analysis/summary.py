@@ -37,6 +37,26 @@ def find_baseline(run_dir: Path, me: dict) -> Path | None:
     return found
 
 
+def _pairing(info: dict) -> str | None:
+    return info.get("pairing", {}).get("id")
+
+
+def with_intervals(frame: pd.DataFrame, prompts: pd.DataFrame, baseline: pd.DataFrame | None,
+                   paired: bool) -> pd.DataFrame:
+    """The summary with the overall row's tokens/s and speedup intervals (the per-group rows hold too few prompts
+    for one to mean much: left blank)."""
+    from specbench_cli.analysis import intervals
+
+    rate = intervals.mean_interval(prompts)
+    speedup = intervals.speedup_interval(prompts, baseline, paired) if baseline is not None and len(baseline) else None
+    overall = frame.index[-1]
+    frame = frame.assign(**{"tokens/s 95% CI": "", "speedup 95% CI": ""})
+    frame.loc[overall, "tokens/s 95% CI"] = rate.range(1)
+    frame.loc[overall, "speedup 95% CI"] = (f"{speedup.range()} {'paired' if paired else 'unpaired'}"
+                                            if speedup is not None else "—")
+    return frame
+
+
 def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
     prompts = read_table(run_dir, "prompts")
     info = json.loads((run_dir / "run.json").read_text())
@@ -49,7 +69,10 @@ def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
             + (f"speedup vs {base_dir}" if base_dir else "speedup: no matching baseline run beside this one")
             + (f"; rounds are {s['engine']} engine steps, whose phase times the engine does not expose (null, not 0)"
                if engine else ""))
-    table = Table("summary", title, summarise(prompts, group_column(prompts), baseline), note)
+    frame = with_intervals(summarise(prompts, group_column(prompts), baseline), prompts, baseline,
+                           paired=base_dir is not None and _pairing(info) is not None
+                           and _pairing(info) == _pairing(json.loads((base_dir / "run.json").read_text())))
+    table = Table("summary", title, frame, note + "; 95% CI of the overall row: analysis/intervals.py (report's overview)")
     console.print(table.rich())
     table.write(run_dir)
     console.print(f"results in {run_dir}: records (rounds.parquet, prompts.parquet), run.json, summary.md/.csv",

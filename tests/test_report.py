@@ -168,8 +168,8 @@ def test_report_writes_tables_and_figures(root, tmp_path):
                   "eagle3_share": [1.0, 0.6, 0.2]}).to_csv(cal / "sweep.csv", index=False)
     result = invoke(root, "--out", out)
     assert result.exit_code == 0, result.output
-    for name in ("overview", "subtasks_spec-bench", "acceptance_positions", "acceptance_histogram", "lossless", "phases",
-                 "environment"):
+    for name in ("overview", "subtasks_spec-bench", "intervals_spec-bench", "acceptance_positions",
+                 "acceptance_histogram", "lossless", "phases", "environment"):
         for ext in ("md", "csv", "tex"):
             assert (out / f"{name}.{ext}").stat().st_size > 0
     assert "threshold sweep (chosen: 0.500)" in (out / "calibration_whiflash-neural_tiny.md").read_text()
@@ -177,6 +177,8 @@ def test_report_writes_tables_and_figures(root, tmp_path):
                 "sensitivity_whiflash-neural_tiny"):
         assert (out / f"{fig}.png").read_bytes()[:4] == b"\x89PNG" and (out / f"{fig}.pdf").read_bytes()[:4] == b"%PDF"
     assert pd.read_csv(out / "overview.csv").set_index("method").loc["suffix", "speedup"] == pytest.approx(3.0)
+    spread = pd.read_csv(out / "intervals_spec-bench.csv").set_index(["method", "subtask"]).loc[("suffix", "overall")]
+    assert spread["speedup low"] <= 3.0 <= spread["speedup high"] and spread["pairing"] == "unpaired"
     again = invoke(root, "--out", out)
     assert again.exit_code == 2 and "--overwrite" in again.output
 

@@ -114,6 +114,29 @@ def by_group(results: Results, dataset: str, by: str) -> Table:
                  "× is left blank where no baseline run of the same settings and hardware exists")
 
 
+def group_intervals(results: Results, dataset: str, by: str) -> Table:
+    """The intervals of the per-subtask (or category) table, long and numeric (files only): per method and group,
+    tokens/s and speedup with their 95 % bounds. A group of two prompts gives a wide interval, honestly."""
+    rows = []
+    for g in in_dataset(results, dataset):
+        base_prompts, _ = _speedup_source(results, g)
+        partner = results.baseline_for(g) if base_prompts is not None else None
+        paired = partner is not None and results.paired(g, partner)
+        for name, mine in [*g.prompts.groupby(by, sort=False), ("overall", g.prompts)]:
+            rate = intervals.mean_interval(mine)
+            base = base_prompts[base_prompts[by] == name] if base_prompts is not None and name != "overall" else base_prompts
+            speedup = intervals.speedup_interval(mine, base, paired) if base is not None and len(base) else intervals.NOTHING
+            rows.append({"model": g.info["settings"]["model"], "method": g.label, by: name, "prompts": rate.prompts,
+                         "tokens/s": rate.value, "tokens/s low": rate.low, "tokens/s high": rate.high,
+                         "speedup": speedup.value, "speedup low": speedup.low, "speedup high": speedup.high,
+                         "pairing": ("paired" if paired else "unpaired") if speedup.prompts else ""})
+    table = Table(f"intervals_{dataset_slug(dataset)}", f"{dataset}: tokens/s and speedup per {by} with 95% intervals",
+                  pd.DataFrame(rows), "bootstrap over prompts, expanded percentile (analysis/intervals.py); paired where "
+                  "the runs were interleaved")
+    table.terminal = False
+    return table
+
+
 def routing(results: Results) -> Table:
     """HVD Table 11's view of every run: target cycles (verify forwards) per 1K decoded tokens, τ, tokens/s,
     and for routed runs the share of rounds each drafter took (columns: drafters seen in a routed run)."""
@@ -314,6 +337,7 @@ def all_tables(results: Results, classify: Classifier | None = None) -> list[Tab
         if prompts.category.nunique() > 1:
             tables.append(by_group(results, ds, "category"))
             tables[-1].terminal = prompts.subtask.nunique() == 1
+        tables.append(group_intervals(results, ds, group_column(prompts)))
     wide = [positions(results), lengths(results), phases(results), environment(results)]  # files only: too wide
     for table in wide:
         table.terminal = False

@@ -39,7 +39,7 @@ from specbench_cli.folders import claim, write_atomically
 from specbench_cli.progress import record_progress
 
 # What a setting meant in runs written before it existed (a resume compares it as this).
-LEGACY_SETTINGS = {"compile": None, "batch_invariant": False, "prepacked": False, "repeat": 1}
+LEGACY_SETTINGS = {"compile": None, "batch_invariant": False, "prepacked": False, "repeat": 1, "batch_size": 1}
 # Environment facts that change what a timing means: a resume of a timed run must keep them.
 MEASURED = ("device", "cpu", "gpu", "torch_threads")
 
@@ -116,7 +116,9 @@ class RunFolder:
         machine facts (`measured`)."""
         info = self.read_info()
         settings = json.loads(json.dumps(settings, default=str))
-        changed = [k for k in settings if info.settings.get(k, LEGACY_SETTINGS.get(k)) != settings[k]]
+        keys = [*settings, *(k for k in LEGACY_SETTINGS if k in info.settings and k not in settings)]
+        changed = [k for k in keys
+                   if info.settings.get(k, LEGACY_SETTINGS.get(k)) != settings.get(k, LEGACY_SETTINGS.get(k))]
         if changed:
             raise UsageError(f"--resume: {self.path} was run with different settings ({', '.join(changed)})")
         recorded = info.more.get("drafter_weights", weights)  # runs written before weights were recorded: not checked
@@ -355,7 +357,7 @@ def record_interleaved(members: list[tuple[RunFolder, Interleavable, bool]], pro
     as parts `pass * len(prompts) + index`. Every pass starts each job's cross-prompt state afresh (a suffix cache
     holding the last pass's answers would accept them whole). `pairing` goes into each new run.json (with the
     member's name), so that `report` knows whose measurements were taken side by side. A member's flag says
-    whether its folder is resumed."""
+    whether its folder is resumed. Energy is not recorded per member: they share the machine's time."""
     opened = [open_job(folder, job, resume, {"pairing": {**pairing, "member": folder.path.name}})
               for folder, job, resume in members]
     n = len(prompts)
@@ -367,13 +369,16 @@ def record_interleaved(members: list[tuple[RunFolder, Interleavable, bool]], pro
         _builtin_warmup_note(warmup, console)
         with record_progress(console, len(units) * len(opened), todo, label) as advance:
             for p in range(passes):
+                this_pass = range(p * n, (p + 1) * n)
+                if all(index in run.done for run in opened for index in this_pass):
+                    continue  # a resumed pass every member finished: the next one starts afresh anyway
                 for run in opened:
                     if p:
                         run.job.new_pass()
-                    catch_up(run, warmup, range(p * n, (p + 1) * n))
+                    catch_up(run, warmup, this_pass)
                 for _, index, prompt in units[p * n:(p + 1) * n]:
-                    turn = index % len(opened)
-                    for run in opened[turn:] + opened[:turn]:
+                    shift = index % len(opened)  # the order rotated one place per prompt
+                    for run in opened[shift:] + opened[:shift]:
                         if index not in run.done:
                             run.folder.write_prompt(index, {name: _marked(table, p)
                                                             for name, table in run.job.decode(index, prompt).items()})

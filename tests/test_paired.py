@@ -92,9 +92,21 @@ def test_a_resumed_list_decodes_only_what_each_member_lacks(tmp_path):
             (tmp_path / "b" / f"{table}.parquet" / f"part-{index:05d}.parquet").unlink(missing_ok=True)
     log = interleave(tmp_path, ["a", "b"], passes=2, resume=True)
     assert [(who, i) for who, what, *i in log if what == "decode"] == [("b", [4]), ("b", [5])]
-    # each pass's state is rebuilt from that pass's finished answers only (pass 1: p0's, part 3, ids [3, 3])
-    mine = [e[1:] for e in log if e[0] == "b" and e[1] in ("absorb", "new pass")]
-    assert mine == [("absorb", (0, 0)), ("absorb", (1, 1)), ("absorb", (2, 2)), ("new pass",), ("absorb", (3, 3))]
+    # pass 1's state is rebuilt from that pass's finished answers only (p0's, part 3, ids [3, 3])
+    mine = [e[1:] for e in log if e[0] == "b" and e[1] in ("absorb", "new pass", "warm")]
+    assert mine == [("new pass",), ("warm", "w"), ("absorb", (3, 3))]  # pass 0, finished by both, is skipped
+
+
+def test_a_resume_without_the_passes_a_run_had_is_refused(tmp_path):
+    from specbench_cli.core.errors import UsageError
+    from specbench_cli.run_folder import RunInfo
+
+    folder = RunFolder(tmp_path / "r", RUN_TABLES)
+    folder.path.mkdir()
+    folder.start(RunInfo({"method": "suffix", "repeat": 3}, "now", {}), {"started": "now", "environment": {}})
+    with pytest.raises(UsageError, match="different settings \\(repeat\\)"):
+        folder.resumed({"method": "suffix"}, {})  # run again without --repeat: the key is missing, not equal
+    assert folder.resumed({"method": "suffix", "repeat": 3}, {}).settings["repeat"] == 3
 
 
 TINY = ["--model", "smollm2-135m", "--threads", "2", "--dtype", "float32", "--max-new-tokens", "16", "--limit", "2",

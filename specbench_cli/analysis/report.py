@@ -148,7 +148,8 @@ def routing(results: Results) -> Table:
         total = summarise(g.prompts, group_column(g.prompts)).iloc[-1]
         row = {"dataset": g.info["settings"]["dataset"], "method": g.label, "rounds": len(g.rounds),
                "cycles / 1K tokens": 1e3 * g.rounds.target_forwards.sum() / tokens if tokens else NAN,
-               "τ": total.tau, "tokens/s": total.tokens_per_s}
+               "τ": total.tau, "tokens/s": total.tokens_per_s,
+               "tokens/s 95% CI": intervals.mean_interval(g.prompts).range(1)}
         shares = g.rounds.proposer.value_counts(normalize=True)
         known = set(shares.index) <= set(drafters)
         row.update({f"{d} %": 100 * shares.get(d, 0.0) if known else NAN for d in drafters})
@@ -176,6 +177,9 @@ def hybrid(results: Results) -> Table:
             mine = summarise(g.prompts, group_column(g.prompts), part.prompts if part else None).iloc[-1]
             row[f"{name} τ"] = summarise(part.prompts, group_column(part.prompts)).iloc[-1].tau if part else NAN
             row[f"× {name}"] = mine.speedup
+            paired = part is not None and results.paired(g, part)
+            row[f"× {name} 95% CI"] = (f"{intervals.speedup_interval(g.prompts, part.prompts, paired).range()} "
+                                       f"{'paired' if paired else 'unpaired'}" if part is not None else "—")
         row["cache steps %"] = 100 * (g.rounds.proposer == "suffix").mean()
         rows.append(row)
     return Table("hybrid", "Hybrid Verified Decoding against its two drafters (HVD Table 3's form)", pd.DataFrame(rows),

@@ -135,7 +135,7 @@ def speed(current: Results, reference: Results, mine: RunGroup, ref: RunGroup, n
                                        (ref.prompts, base_then.prompts, reference.paired(ref, base_then)))
     passes = int(mine.prompts.repeat.nunique()) if len(mine.prompts) else 1
     verdict = intervals.verdict(change, threshold, passes)
-    line = (f"{name}: speedup now/reference {change.text(3)} (95% CI, {'paired' if change.paired else 'unpaired'} "
+    line = (f"{name}: speedup now/reference {change.text(3)} (95% CI, {change.pairing} "
             f"runs, {change.prompts} prompts x {passes} passes) against the floor {1 - threshold:.3f}")
     result.rows.append({"model": key(ref)[0], "dataset": key(ref)[1], "method": key(ref)[2],
                         "now / reference": change.value, "low": change.low, "high": change.high,

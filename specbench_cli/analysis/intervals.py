@@ -55,6 +55,14 @@ class Interval:
         return "—" if self.low != self.low else f"[{self.low:.{digits}f}, {self.high:.{digits}f}]"
 
     @property
+    def pairing(self) -> str:
+        return "paired" if self.paired else "unpaired"
+
+    def labelled(self, digits: int = 2) -> str:
+        """"[1.10, 1.31] paired" (a speedup's interval, saying how it was made); "—" with nothing to estimate."""
+        return f"{self.range(digits)} {self.pairing}" if self.prompts else "—"
+
+    @property
     def half_width(self) -> float:
         """The larger distance from the estimate to a bound, relative to the estimate."""
         return max(self.value - self.low, self.high - self.value) / self.value if self.value else math.nan

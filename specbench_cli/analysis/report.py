@@ -32,18 +32,19 @@ def in_dataset(results: Results, dataset: str) -> list[RunGroup]:
     return [g for g in results.groups if g.info["settings"]["dataset"] == dataset]
 
 
-def _speedup_source(results: Results, group: RunGroup) -> tuple[pd.DataFrame | None, str]:
-    """The baseline prompts to divide by, and a note saying where they came from (or why there are none). The
-    second baseline of an A/A pair is divided by the first: its "speedup" is the machine's noise."""
+def _speedup_source(results: Results, group: RunGroup) -> tuple[pd.DataFrame | None, str, bool]:
+    """The baseline prompts to divide by, a note saying where they came from (or why there are none), and whether
+    they were measured interleaved with the group's (`Results.paired`). The second baseline of an A/A pair is
+    divided by the first: its "speedup" is the machine's noise."""
     if group.method == "baseline" and group.label == "baseline":
-        return None, "—"
+        return None, "—", False
     base = results.baseline_for(group)
     if base is not None:
-        return base.prompts, ", ".join(f"{d.parent.name}/{d.name}" for d in base.dirs)
+        return base.prompts, ", ".join(f"{d.parent.name}/{d.name}" for d in base.dirs), results.paired(group, base)
     elsewhere = results.baseline_elsewhere(group)
     if elsewhere is not None:
-        return None, f"baseline only on other hardware ({elsewhere.hardware}): not compared"
-    return None, "no baseline run of the same settings"
+        return None, f"baseline only on other hardware ({elsewhere.hardware}): not compared", False
+    return None, "no baseline run of the same settings", False
 
 
 def overview(results: Results) -> Table:
@@ -51,11 +52,9 @@ def overview(results: Results) -> Table:
     the note says how the intervals were made and how much noise the records show."""
     rows = []
     for g in results.groups:
-        base, source = _speedup_source(results, g)
+        base, source, paired = _speedup_source(results, g)
         total = summarise(g.prompts, group_column(g.prompts), base).iloc[-1]
         rate = intervals.mean_interval(g.prompts)
-        partner = results.baseline_for(g) if base is not None else None
-        paired = partner is not None and results.paired(g, partner)
         speedup = intervals.speedup_interval(g.prompts, base, paired) if base is not None else intervals.NOTHING
         s = g.info["settings"]
         rows.append({"dataset": s["dataset"], "model": s["model"], "method": g.label, "prompts": int(total.prompts),
@@ -63,8 +62,7 @@ def overview(results: Results) -> Table:
                      "τ": total.tau, "τ turn-mean": tau_turn_mean(g.prompts), "tokens/s": total.tokens_per_s,
                      "tokens/s 95% CI": rate.range(1),
                      "TTFT ms": total.ttft_ms, "speedup": total.speedup,
-                     "speedup 95% CI": (f"{speedup.range()} {'paired' if paired else 'unpaired'}"
-                                        if speedup.prompts else "—"),
+                     "speedup 95% CI": speedup.labelled(),
                      "baseline": source, "clock": g.info.get("clock", "?"), "hardware": g.hardware})
     return Table("overview", "Overall per run (τ = mean acceptance length, bonus included; decode tokens/s)",
                  pd.DataFrame(rows), "τ: Σ decoded tokens / Σ rounds (vLLM, SGLang, Spec-Bench); τ turn-mean: the mean "
@@ -100,7 +98,7 @@ def by_group(results: Results, dataset: str, by: str) -> Table:
     rows = []
     order: list[str] = []
     for g in in_dataset(results, dataset):
-        base, _ = _speedup_source(results, g)
+        base, _, _ = _speedup_source(results, g)
         table = summarise(g.prompts, by, base)
         order += [k for k in table[by] if k not in order]
         row = {"model": g.info["settings"]["model"], "method": g.label}
@@ -119,9 +117,7 @@ def group_intervals(results: Results, dataset: str, by: str) -> Table:
     tokens/s and speedup with their 95 % bounds. A group of two prompts gives a wide interval, honestly."""
     rows = []
     for g in in_dataset(results, dataset):
-        base_prompts, _ = _speedup_source(results, g)
-        partner = results.baseline_for(g) if base_prompts is not None else None
-        paired = partner is not None and results.paired(g, partner)
+        base_prompts, _, paired = _speedup_source(results, g)
         for name, mine in [*g.prompts.groupby(by, sort=False), ("overall", g.prompts)]:
             rate = intervals.mean_interval(mine)
             base = base_prompts[base_prompts[by] == name] if base_prompts is not None and name != "overall" else base_prompts
@@ -129,7 +125,7 @@ def group_intervals(results: Results, dataset: str, by: str) -> Table:
             rows.append({"model": g.info["settings"]["model"], "method": g.label, by: name, "prompts": rate.prompts,
                          "tokens/s": rate.value, "tokens/s low": rate.low, "tokens/s high": rate.high,
                          "speedup": speedup.value, "speedup low": speedup.low, "speedup high": speedup.high,
-                         "pairing": ("paired" if paired else "unpaired") if speedup.prompts else ""})
+                         "pairing": speedup.pairing if speedup.prompts else ""})
     table = Table(f"intervals_{dataset_slug(dataset)}", f"{dataset}: tokens/s and speedup per {by} with 95% intervals",
                   pd.DataFrame(rows), "bootstrap over prompts, expanded percentile (analysis/intervals.py); paired where "
                   "the runs were interleaved")
@@ -177,9 +173,8 @@ def hybrid(results: Results) -> Table:
             mine = summarise(g.prompts, group_column(g.prompts), part.prompts if part else None).iloc[-1]
             row[f"{name} τ"] = summarise(part.prompts, group_column(part.prompts)).iloc[-1].tau if part else NAN
             row[f"× {name}"] = mine.speedup
-            paired = part is not None and results.paired(g, part)
-            row[f"× {name} 95% CI"] = (f"{intervals.speedup_interval(g.prompts, part.prompts, paired).range()} "
-                                       f"{'paired' if paired else 'unpaired'}" if part is not None else "—")
+            row[f"× {name} 95% CI"] = (intervals.speedup_interval(g.prompts, part.prompts, results.paired(g, part))
+                                       .labelled() if part is not None else "—")
         row["cache steps %"] = 100 * (g.rounds.proposer == "suffix").mean()
         rows.append(row)
     return Table("hybrid", "Hybrid Verified Decoding against its two drafters (HVD Table 3's form)", pd.DataFrame(rows),

@@ -52,8 +52,7 @@ def with_intervals(frame: pd.DataFrame, prompts: pd.DataFrame, baseline: pd.Data
     overall = frame.index[-1]
     frame = frame.assign(**{"tokens/s 95% CI": "", "speedup 95% CI": ""})
     frame.loc[overall, "tokens/s 95% CI"] = rate.range(1)
-    frame.loc[overall, "speedup 95% CI"] = (f"{speedup.range()} {'paired' if paired else 'unpaired'}"
-                                            if speedup is not None else "—")
+    frame.loc[overall, "speedup 95% CI"] = speedup.labelled() if speedup is not None else "—"
     return frame
 
 

@@ -53,25 +53,34 @@ class Conversation:
 
 class Throughput:
     """Output tokens of all requests over the wall time of the recorded part of the run (what a server's
-    throughput is), beside the per-request rates the prompts table holds."""
+    throughput is), beside the per-request rates the prompts table holds. The time counted runs from `start`
+    to `stop` (or to now), summed over such spans: a job of an interleaved list counts its own prompts' time,
+    not the other members'."""
 
     def __init__(self, clock: str = "perf_counter (specbench)") -> None:
         self.tokens = self.requests = 0
         self.clock = clock
-        self.started = time.perf_counter()
+        self.spent = 0.0  # seconds of the spans that have stopped
+        self.started: float | None = time.perf_counter()
 
     def start(self) -> None:
         self.started = time.perf_counter()
+
+    def stop(self) -> None:
+        self.spent, self.started = self.seconds(), None
+
+    def seconds(self) -> float:
+        return self.spent + (time.perf_counter() - self.started if self.started is not None else 0.0)
 
     def add(self, conv: Conversation) -> None:
         self.tokens += sum(len(r.output_ids) for _, r in conv.turns)
         self.requests += len(conv.turns)
 
     def line(self) -> str:
-        return f"{self.tokens / max(time.perf_counter() - self.started, 1e-9):.1f} tok/s output"
+        return f"{self.tokens / max(self.seconds(), 1e-9):.1f} tok/s output"
 
     def summary(self) -> dict:
-        seconds = time.perf_counter() - self.started
+        seconds = self.seconds()
         return {"output_tokens": self.tokens, "requests": self.requests, "seconds": round(seconds, 3),
                 "output_tokens_per_s": round(self.tokens / max(seconds, 1e-9), 3),
                 "requests_per_s": round(self.requests / max(seconds, 1e-9), 4), "clock": self.clock}

@@ -7,9 +7,15 @@ folder, `<out>/<method>` (an A/A pair `baseline,baseline` writes `baseline` and 
 of that method alone would, plus run.json's `pairing` (the list's id and members) and a `repeat` column; resume,
 report and shards read them as any run.
 
+With `--engine vllm` each method runs in an engine of its own (a vLLM engine serves one speculative config),
+all of them started before the first prompt and alive together (about 1.5 GB each for a small model on the
+CPU), and every prompt goes to each engine in turn the same way; a new pass empties each engine's suffix and
+prefix caches (the worker's "forget").
+
 What a list refuses, in one line before anything loads: a method twice (but baseline, for the A/A run), an
-`--opt` that does not name its method (`--opt eagle3.depth=4`), --batch-size > 1 and --engine vllm (a list
-runs our engine at batch 1; see the README's "Paired runs").
+`--opt` that does not name its method (`--opt eagle3.depth=4`), --batch-size or --concurrency above 1 (a list
+decodes one sequence at a time), and --engine-url/--engine-serve (a server runs one method; see the README's
+"Paired runs").
 """
 
 from __future__ import annotations
@@ -67,9 +73,9 @@ def member_configs(config: RunConfig, batch_size: str, concurrency: str) -> list
     """The run of each method of the list, into `<out>/<member>`; everything a list refuses is refused here."""
     methods = parse_methods(config.method)
     at_least("--repeat", config.repeat, 1)
-    if config.engine != "specbench":
-        raise UsageError(f"--engine {config.engine} runs one method per run: a comma list of methods and --repeat "
-                         "are our engine's (run the vLLM methods one after another; README, 'Paired runs')")
+    if config.engine_url or config.engine_serve:
+        raise UsageError("a vLLM server runs one method: a comma list of methods and --repeat start an engine of "
+                         "their own per method (drop --engine-url/--engine-serve)")
     if batch_size.strip() != "1" or concurrency.strip() != "1":
         raise UsageError("a comma list of methods and --repeat run one sequence at a time; run each --batch-size "
                          "on its own")
@@ -114,21 +120,24 @@ def execute(config: RunConfig, batch_size: str, concurrency: str, threads: int |
     _same_target(plans)
     for line in dict.fromkeys(line for p in plans for line in p.notes):
         console.print(line, highlight=False, soft_wrap=True)
-    record_plans(plans, loaded_target(plans[0], None, False), config.repeat, console)
+    ours = config.engine == "specbench"  # a vLLM engine loads its own target
+    record_plans(plans, loaded_target(plans[0], None, False) if ours else None, config.repeat, console)
     root = plans[0].out.parent if len(plans) > 1 else plans[0].out
     _print_overview(root, console)
     return root
 
 
 def record_plans(plans: list[Plan], model, passes: int, console: Console) -> None:
-    """Record planned runs of our engine interleaved (`run_folder.record_interleaved`) on one loaded target; each
-    folder is resumed where its plan says so. Also what `tune`'s live check runs."""
+    """Record planned runs interleaved (`run_folder.record_interleaved`), our engine's on one loaded target
+    (`model`), vLLM's each in its engine; each folder is resumed where its plan says so. Also what `tune`'s live
+    check runs."""
+    from specbench_cli.engines import engine_entry
     from specbench_cli.records import RUN_TABLES
     from specbench_cli.run_folder import RunFolder, record_interleaved
-    from specbench_cli.runner import RunJob
 
-    members = [(RunFolder(p.out, RUN_TABLES), RunJob(p, console, model), p.config.resume) for p in plans]
-    for _, job, _ in members[1:]:
+    members = [(RunFolder(p.out, RUN_TABLES), engine_entry(p.config.engine).make_job(p, console, model),
+                p.config.resume) for p in plans]
+    for _, job, _ in members[1:] if model is not None else []:
         job.announce_dtype = False  # they share the first one's target: one line says its dtype
     pairing = {"id": secrets.token_hex(6), "members": [p.out.name for p in plans], "passes": passes}
     with ExitStack() as claimed:

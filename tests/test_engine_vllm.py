@@ -297,35 +297,42 @@ def test_an_engine_that_dies_mid_run_keeps_finished_prompts_and_resume_finishes(
 
 
 @pytest.mark.slow
-def test_a_resumed_suffix_run_drafts_from_the_finished_prompts_outputs(engine_python, tmp_path):
-    """vLLM resumes by absorbing, as our engine does: the finished prompts' outputs go into the engine's suffix cache
-    (the worker's "absorb"), so a prompt that repeats a finished one is drafted as in the uninterrupted run (its
-    output is the first's at T = 0, and the cache hands it over whole)."""
+def test_a_paired_list_in_vllm_repeats_from_fresh_caches_and_a_resume_absorbs_its_pass(engine_python, tmp_path):
+    """`run --engine vllm --method baseline,suffix --repeat 2`: an engine per method, each prompt to both in turn.
+    Within a pass the suffix cache carries a prompt's answer to the next prompt (b repeats a, and is drafted from
+    a's cached output); a new pass starts from empty caches (the worker's "forget"), so pass 1 drafts as pass 0
+    did; and vLLM resumes by absorbing, as our engine does: a member resumed after losing pass 1's b takes in
+    pass 1's finished outputs only, and drafts b as the uninterrupted run did."""
     import shutil
 
     data = tmp_path / "twice.jsonl"
     text = "Write a short poem about the sea."
     data.write_text("".join(json.dumps({"question_id": q, "turns": [text]}) + "\n" for q in ("a", "b")))
     args = ["run", "--model", "smollm2-135m", "--dataset", str(data), "--max-new-tokens", "32", "--warmup", "0",
-            "--dtype", "float32", "--threads", "1", "--method", "suffix", *ENGINE, "--engine-python", engine_python]
-    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    result = CliRunner().invoke(app, [*args, "--out", str(whole)])
-    assert result.exit_code == 0, result.output
-    shutil.copytree(whole, resumed)
-    for table in ("rounds", "prompts"):  # the run killed after prompt a
-        (resumed / f"{table}.parquet" / "part-00001.parquet").unlink()
-    info = json.loads((resumed / "run.json").read_text())
-    (resumed / "run.json").write_text(json.dumps({**info, "status": "interrupted"}))
-    result = CliRunner().invoke(app, [*args, "--out", str(resumed), "--resume"])
+            "--dtype", "float32", "--threads", "1", "--repeat", "2", *ENGINE, "--engine-python", engine_python]
+    whole = tmp_path / "whole"
+    result = CliRunner().invoke(app, [*args, "--method", "baseline,suffix", "--out", str(whole)])
     assert result.exit_code == 0, result.output
 
     def accepted(run_dir) -> dict:
         rounds = pd.read_parquet(run_dir / "rounds.parquet")
-        return {p: list(g.sort_values("round").accepted) for p, g in rounds.groupby("prompt_id")}
+        return {k: list(g.sort_values("round").accepted) for k, g in rounds.groupby(["repeat", "prompt_id"])}
 
-    before, after = accepted(whole), accepted(resumed)
-    assert after["b"] == before["b"]
-    assert len(before["b"]) < len(before["a"])  # b was drafted from a's cached output: the check is not vacuous
+    info = json.loads((whole / "suffix" / "run.json").read_text())
+    assert info["pairing"]["members"] == ["baseline", "suffix"] and info["pairing"]["passes"] == 2
+    before = accepted(whole / "suffix")
+    assert len(before[(0, "b")]) < len(before[(0, "a")])  # b was drafted from a's cached output within the pass
+    assert before[(1, "a")] == before[(0, "a")] and before[(1, "b")] == before[(0, "b")]  # pass 1 from empty caches
+    assert outputs(whole / "suffix") == outputs(whole / "baseline")
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(whole / "suffix", resumed)
+    for table in ("rounds", "prompts"):  # killed after pass 1's a (part pass * 2 + index)
+        (resumed / f"{table}.parquet" / "part-00003.parquet").unlink()
+    (resumed / "run.json").write_text(json.dumps({**info, "status": "interrupted"}))
+    result = CliRunner().invoke(app, [*args, "--method", "suffix", "--out", str(resumed), "--resume"])
+    assert result.exit_code == 0, result.output
+    assert accepted(resumed) == before
 
 
 @pytest.mark.parametrize("max_depth, factor, min_prob", [(64, 1.0, 0.1), (8, 2.0, 0.0)])

@@ -132,3 +132,33 @@ def test_a_real_list_is_lossless_paired_and_measures_its_noise(embedded, tmp_pat
     assert table.loc["suffix", "speedup 95% CI"].endswith("paired")
     assert table.loc["baseline-2", "speedup"] > 0  # the A/A ratio
     assert "A/A baseline-2/baseline" in (out / "overview.md").read_text()
+    from specbench_cli.analysis.report import lossless
+    from specbench_cli.analysis.results import load
+
+    check = lossless(load([out])).frame.set_index("method")
+    assert check.loc["suffix", "identical"] == 1.0 and check.loc["suffix", "turns compared"] == len(runs["suffix"])
+
+
+@pytest.mark.parametrize("engine", ["specbench", "vllm"])
+def test_the_second_baseline_of_an_a_a_pair_is_known_by_its_member_name_in_every_engine(tmp_path, engine):
+    """The A/A pair's first baseline is the baseline (no speedup of its own), its second the noise; a vLLM pair's
+    labels carry the engine as every vLLM run's do."""
+    from specbench_cli.analysis.report import overview
+    from specbench_cli.analysis.results import load
+    from tests.fake_runs import Turn, write_run
+
+    settings = {} if engine == "specbench" else {"engine": "vllm", "concurrency": 1}
+    for member, ms in (("baseline", 10.0), ("baseline-2", 11.0)):
+        turns = [Turn(f"p{i}", "writing", [0] * 9, ms * (1 + i % 3), depth=0) for i in range(6)]
+        write_run(tmp_path / member, "baseline", turns, settings=settings,
+                  more={"pairing": {"id": "x", "members": ["baseline", "baseline-2"], "member": member}})
+    results = load([tmp_path])
+    prefix = "" if engine == "specbench" else "vllm:"
+    first, second = sorted(results.groups, key=lambda g: g.second_of_pair)
+    assert (first.label, second.label) == (f"{prefix}baseline", f"{prefix}baseline-2")
+    assert results.baseline_for(second) is first
+    table = overview(results)
+    rows = table.frame.set_index("method")
+    assert rows.loc[f"{prefix}baseline", "speedup 95% CI"] == "—"
+    assert rows.loc[f"{prefix}baseline-2", "speedup"] == pytest.approx(10 / 11)
+    assert f"A/A {prefix}baseline-2/{prefix}baseline" in table.note

@@ -40,6 +40,26 @@ def test_the_throughput_table_divides_by_the_baseline_of_the_same_level(tmp_path
     assert frame.loc[1, "eagle3 τ"] == pytest.approx((4 + 2 + 1 + 3 + 3 * 3) / 7)
     latency = scaling.latency_table(load([tmp_path]), "concurrency").frame
     assert latency[latency.method == "vllm:eagle3"]["requests/s"].tolist() == [1.0, 1.0]  # 2 requests in 2 s
+    low, high = (float(x) for x in frame.loc[4, "eagle3 × 95% CI"].strip("[]").split(","))
+    assert low <= frame.loc[4, "eagle3 ×"] <= high
+
+
+def test_throughput_and_its_speedup_carry_intervals_from_how_the_requests_vary(tmp_path):
+    """A run whose requests all run at one rate has nothing to resample (its interval is the point); one whose
+    requests differ gets an interval around its throughput; the speedup's interval holds the ratio."""
+    from specbench_cli.analysis import intervals
+
+    even = [Turn(f"p{i}", "writing", [0] * 9, 90.0, depth=0) for i in range(6)]  # 10 tokens in 100 ms each
+    uneven = [Turn(f"p{i}", "writing", [0] * 9, 40.0 * (i + 1), depth=0) for i in range(6)]
+    write_run(tmp_path / "even", "baseline", even)
+    write_run(tmp_path / "uneven", "eagle3", uneven)
+    groups = {g.method: g for g in load([tmp_path]).groups}
+    flat = intervals.throughput_interval(groups["baseline"].prompts, 100.0)
+    assert (flat.low, flat.value, flat.high) == pytest.approx((100.0, 100.0, 100.0))
+    spread = intervals.throughput_interval(groups["eagle3"].prompts, 50.0)
+    assert spread.low < 50.0 < spread.high and spread.prompts == 6
+    ratio = intervals.throughput_ratio_interval(groups["eagle3"].prompts, 50.0, groups["baseline"].prompts, 100.0)
+    assert ratio.low < 0.5 < ratio.high and not ratio.paired
 
 
 def test_a_run_at_one_request_only_makes_no_load_tables(tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from specbench_cli.analysis.metrics import first_pass
 from specbench_cli.analysis.results import BEFORE, Results, RunGroup, drafter_identity
 from specbench_cli.analysis.tables import Table
 
@@ -60,10 +61,10 @@ def known_cause(theirs: RunGroup) -> str:
 
 
 def compare(ours: RunGroup, theirs: RunGroup) -> pd.DataFrame:
-    """One row per prompt turn both runs finished."""
+    """One row per prompt turn both runs finished (the first pass of each, `run --repeat`)."""
     rows = []
-    mine = ours.prompts.set_index(["prompt_id", "turn"])
-    for t in theirs.prompts.itertuples():
+    mine = first_pass(ours.prompts).set_index(["prompt_id", "turn"])
+    for t in first_pass(theirs.prompts).itertuples():
         if (t.prompt_id, t.turn) not in mine.index:
             continue
         o = mine.loc[(t.prompt_id, t.turn)]
@@ -81,7 +82,7 @@ def compare(ours: RunGroup, theirs: RunGroup) -> pd.DataFrame:
 
 
 def _accepted(rounds: pd.DataFrame, prompt_id: str, turn: int) -> list[int]:
-    mine = rounds[(rounds.prompt_id == prompt_id) & (rounds.turn == turn)].sort_values("round")
+    mine = first_pass(rounds[(rounds.prompt_id == prompt_id) & (rounds.turn == turn)]).sort_values("round")
     return mine.accepted.astype(int).tolist()
 
 

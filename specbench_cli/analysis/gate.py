@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from specbench_cli.analysis import intervals
+from specbench_cli.analysis.metrics import first_pass
 from specbench_cli.analysis.results import SAME_EXPERIMENT, BEFORE, Results, RunGroup
 from specbench_cli.analysis.tables import Table
 from specbench_cli.core.errors import UsageError
@@ -75,16 +76,12 @@ def check_comparable(mine: RunGroup, ref: RunGroup) -> None:
                          f"({'; '.join(differ)}); compare runs of the same settings on the same machine")
 
 
-def _first_pass(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[frame.repeat == frame.repeat.min()] if len(frame) else frame
-
-
 def outputs(mine: RunGroup, ref: RunGroup, name: str, result: GateResult) -> None:
     """Temperature 0 only: each prompt turn's output ids and τ against the reference's (the first pass of each)."""
     if mine.info["settings"].get("temperature", 0) != 0 or ref.info["settings"].get("temperature", 0) != 0:
         return
-    now = _first_pass(mine.prompts).set_index(["prompt_id", "turn"])
-    then = _first_pass(ref.prompts).set_index(["prompt_id", "turn"])
+    now = first_pass(mine.prompts).set_index(["prompt_id", "turn"])
+    then = first_pass(ref.prompts).set_index(["prompt_id", "turn"])
     for (prompt, turn), old in then.iterrows():
         if (prompt, turn) not in now.index:
             result.failed.append(f"{name}: prompt {prompt} turn {turn} missing from the current results")
@@ -104,7 +101,7 @@ def outputs(mine: RunGroup, ref: RunGroup, name: str, result: GateResult) -> Non
 def _rounds(group: RunGroup, prompt: str, turn: int) -> pd.DataFrame:
     r = group.rounds
     r = r[(r.prompt_id == prompt) & (r.turn == turn)]
-    return _first_pass(r).sort_values("round")
+    return first_pass(r).sort_values("round")
 
 
 def _round_of(group: RunGroup, prompt: str, turn: int, token: int) -> int:

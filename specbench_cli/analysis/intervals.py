@@ -158,6 +158,44 @@ def speedup_interval(prompts: pd.DataFrame, baseline: pd.DataFrame, paired: bool
     return Interval(value, *bounds(samples, n), paired, n, units)
 
 
+# ---------------------------------------------------------------------------------------------- throughput
+def _request_rate_samples(prompts: pd.DataFrame, rng: np.random.Generator) -> tuple[float, np.ndarray, int, int]:
+    """Σ output tokens / Σ request time (TTFT + decode) over a run's prompts, with its bootstrap samples, prompts
+    resampled with all their passes. Returns (value, samples, prompts, units)."""
+    frame = prompts if "repeat" in prompts else prompts.assign(repeat=0)
+    units = frame.assign(seconds=(frame.ttft_ms + frame.decode_ms) / 1e3).groupby(UNIT, sort=False).agg(
+        tokens=("new_tokens", "sum"), seconds=("seconds", "sum")).reset_index()
+    units = units[units.seconds > 0]
+    if units.empty:
+        return math.nan, np.full(RESAMPLES, math.nan), 0, 0
+    order = list(dict.fromkeys(units.prompt_id))
+    tokens, _ = _by_prompt(units.assign(rate=units.tokens), order)
+    seconds, _ = _by_prompt(units.assign(rate=units.seconds), order)
+    draw = _draws(len(order), rng)
+    return tokens.sum() / seconds.sum(), tokens[draw].sum(axis=1) / seconds[draw].sum(axis=1), len(order), len(units)
+
+
+def throughput_interval(prompts: pd.DataFrame, throughput: float) -> Interval:
+    """A run's throughput (output tokens over the run's wall time, `scaling.throughput`) with an interval from
+    how its requests vary: the bootstrap spread of Σ tokens / Σ request time over its prompts, relative to its
+    value, applied to the throughput. With a level's requests in flight together each request holds its share
+    of the wall time while it runs, so the two rates move together; one run's wall time has no spread of its own
+    to resample. Unpaired: each level is a run of its own."""
+    value, samples, n, units = _request_rate_samples(prompts, np.random.default_rng(SEED))
+    return Interval(throughput, *bounds(throughput * samples / value, n), False, n, units)
+
+
+def throughput_ratio_interval(mine: pd.DataFrame, mine_throughput: float, base: pd.DataFrame,
+                              base_throughput: float) -> Interval:
+    """The ratio of two runs' throughputs (a speedup at one load level) with its unpaired interval: each run's
+    relative spread (`throughput_interval`) drawn on its own."""
+    rng = np.random.default_rng(SEED)
+    value, samples, n, units = _request_rate_samples(mine, rng)
+    value_b, samples_b, n_b, _ = _request_rate_samples(base, rng)
+    ratio = mine_throughput / base_throughput
+    return Interval(ratio, *bounds(ratio * (samples / value) / (samples_b / value_b), min(n, n_b)), False, n, units)
+
+
 # ---------------------------------------------------------------------------------------------- noise
 def noise_from_passes(baseline: pd.DataFrame) -> Interval:
     """Without an A/A pair, a baseline of several passes measures the noise against itself: the odd passes over

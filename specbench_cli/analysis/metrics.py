@@ -35,6 +35,12 @@ def tau_turn_mean(prompts: pd.DataFrame) -> float:
 UNIT = ["prompt_id", "repeat"]  # what a speedup pairs: a prompt in one pass over the selection (`run --repeat`)
 
 
+def first_pass(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a run's first pass over the selection (`run --repeat`): what a per-turn comparison of two runs
+    reads, one record per prompt turn."""
+    return frame[frame.repeat == frame.repeat.min()] if len(frame) else frame
+
+
 def per_prompt(prompts: pd.DataFrame) -> pd.DataFrame:
     """One row per prompt and pass (turns summed)."""
     if "repeat" not in prompts:

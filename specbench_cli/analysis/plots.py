@@ -100,7 +100,7 @@ def tau_along_response(series: dict[str, pd.DataFrame], bin_tokens: int = 16, mi
 
 def _along(rounds: pd.DataFrame, bin_tokens: int, min_share: float) -> pd.DataFrame:
     """Per position bin: mean, quartiles and count over turns of each turn's mean tokens per round."""
-    turn = [c for c in ("run", "prompt_id", "turn") if c in rounds]
+    turn = [c for c in ("run", "prompt_id", "turn", "repeat") if c in rounds]
     ordered = rounds.sort_values([*turn, "round"])
     emitted = ordered.accepted + 1
     position = emitted.groupby([ordered[c] for c in turn]).cumsum() - emitted
@@ -257,7 +257,7 @@ def tune_candidates(frame: pd.DataFrame, title: str) -> plt.Figure:
 
 def against_load(series: dict[str, pd.DataFrame], level: str, unit: str, context: str = "") -> plt.Figure:
     """Throughput, speedup over the same level's baseline, and τ against the load (DART Tables 6-7 as curves):
-    one line per method, the load on a log2 axis."""
+    one line per method, the load on a log2 axis, throughput and speedup with their 95 % intervals as bars."""
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     panels = (("throughput", "output tokens/s (all requests)"), ("speedup", "speedup over the baseline (×)"),
               ("tau", "τ (mean acceptance length)"))
@@ -266,6 +266,10 @@ def against_load(series: dict[str, pd.DataFrame], level: str, unit: str, context
             shown = frame.dropna(subset=[column])
             if len(shown) and not (column != "throughput" and label.split(":")[-1] == "baseline"):
                 ax.plot(shown[level], shown[column], marker="o", label=label, color=colour(i, len(series)))
+                if f"{column}_low" in shown:  # the 95 % interval as error bars
+                    ax.errorbar(shown[level], shown[column], yerr=[(shown[column] - shown[f"{column}_low"]).clip(0),
+                                                                   (shown[f"{column}_high"] - shown[column]).clip(0)],
+                                fmt="none", ecolor=colour(i, len(series)), capsize=3, linewidth=1)
     levels = sorted({n for frame in series.values() for n in frame[level]})
     for ax, (column, name) in zip(axes, panels):
         ax.set_xscale("log", base=2)

@@ -15,7 +15,7 @@ from specbench_cli.analysis import cross_engine, intervals
 from specbench_cli.analysis import oracles as oracle
 from specbench_cli.analysis import scaling
 from specbench_cli.datasets import dataset_slug
-from specbench_cli.analysis.metrics import (first_divergence, group_column, histogram, position_acceptance, summarise,
+from specbench_cli.analysis.metrics import (first_divergence, first_pass, group_column, histogram, position_acceptance, summarise,
                                    tau_turn_mean)
 from specbench_cli.analysis.phases import PARTS, split
 from specbench_cli.analysis.results import Results, RunGroup
@@ -36,7 +36,7 @@ def _speedup_source(results: Results, group: RunGroup) -> tuple[pd.DataFrame | N
     """The baseline prompts to divide by, a note saying where they came from (or why there are none), and whether
     they were measured interleaved with the group's (`Results.paired`). The second baseline of an A/A pair is
     divided by the first: its "speedup" is the machine's noise."""
-    if group.method == "baseline" and group.label == "baseline":
+    if group.method == "baseline" and not group.second_of_pair:
         return None, "—", False
     base = results.baseline_for(group)
     if base is not None:
@@ -77,11 +77,11 @@ def noise_line(results: Results) -> str:
     baseline's odd passes over its even ones, as the smallest speedup difference they could detect."""
     lines = []
     for g in results.groups:
-        base = results.baseline_for(g) if g.method == "baseline" and g.label != "baseline" else None
+        base = results.baseline_for(g) if g.method == "baseline" and g.second_of_pair else None
         if base is not None:
             noise = intervals.speedup_interval(g.prompts, base.prompts, results.paired(g, base))
             source = f"A/A {g.label}/{base.label} {noise.text(3)}"
-        elif g.label == "baseline" and g.prompts.repeat.nunique() > 1:
+        elif g.method == "baseline" and not g.second_of_pair and g.prompts.repeat.nunique() > 1:
             noise = intervals.noise_from_passes(g.prompts)
             source = f"{g.label}'s odd/even passes {noise.text(3)}"
         else:
@@ -222,6 +222,9 @@ def _ids(value) -> list[int]:
     return [] if value is None or isinstance(value, float) else [int(t) for t in value]
 
 
+PASS_TURN = ["prompt_id", "turn", "repeat"]
+
+
 def lossless(results: Results, classify: Classifier | None = None) -> Table:
     """For every method group: the share of prompt turns whose output ids equal the baseline's, where the first
     differing ones diverge (Spec-Bench #6: a boolean hides late numeric drift) and, at temperature 0, whether
@@ -231,15 +234,17 @@ def lossless(results: Results, classify: Classifier | None = None) -> Table:
         base = results.baseline_for(g)
         if g.method == "baseline" or base is None:
             continue
-        theirs = base.prompts.set_index(["prompt_id", "turn"])
+        theirs = base.prompts.drop_duplicates(PASS_TURN).set_index(PASS_TURN)
+        first = first_pass(base.prompts).set_index(["prompt_id", "turn"])
         temperature = g.info["settings"]["temperature"]
         exact = _exact_pair(g.info["settings"], base.info["settings"])
         diverged, kinds, shared = [], [], 0
         for r in g.prompts.itertuples(index=False):
-            if (r.prompt_id, r.turn) not in theirs.index:
+            key = (r.prompt_id, r.turn, r.repeat)  # the baseline's turn of the same pass, else of its first pass
+            if key not in theirs.index and key[:2] not in first.index:
                 continue
             shared += 1
-            reference = theirs.loc[(r.prompt_id, r.turn)]
+            reference = theirs.loc[key] if key in theirs.index else first.loc[key[:2]]
             ours, expected = list(r.output_ids), list(reference.output_ids)
             at = first_divergence(ours, expected)
             if at is None:

@@ -54,6 +54,12 @@ class RunGroup:
         """The id of the interleaved list (`run --method a,b`) this run was measured in, if any."""
         return self.info.get("pairing", {}).get("id")
 
+    @property
+    def second_of_pair(self) -> bool:
+        """Whether this is the second baseline of an A/A pair (`baseline-2`), whose "speedup" is the noise."""
+        member = self.info.get("pairing", {}).get("member")
+        return bool(member) and member != self.method
+
 
 @dataclass
 class OracleRun:
@@ -84,7 +90,7 @@ class Results:
         same = [o for o in self.groups if o.method == "baseline" and o.experiment() == group.experiment()]
         paired = [o for o in same if o.pairing is not None and o.pairing == group.pairing]
         found = paired or same
-        return min(found, key=lambda o: o.label != "baseline") if found else None
+        return min(found, key=lambda o: o.second_of_pair) if found else None
 
     @staticmethod
     def paired(group: RunGroup, base: RunGroup) -> bool:
@@ -214,8 +220,11 @@ def experiment_key(info: dict) -> tuple:
 def member_label(info: dict) -> str:
     """A run's label: its method and options (`method_label`), or for the second of an A/A pair its member name
     (`baseline-2`), so that the pair stays two groups."""
-    member = info.get("pairing", {}).get("member")
-    return member if member and member != info["settings"]["method"] else method_label(info["settings"])
+    member, settings = info.get("pairing", {}).get("member"), info["settings"]
+    if not member or member == settings["method"]:
+        return method_label(settings)
+    engine = settings.get("engine", BEFORE["engine"])
+    return member if engine == BEFORE["engine"] else f"{engine}:{member}"
 
 
 def method_label(settings: dict) -> str:

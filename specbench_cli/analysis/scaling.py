@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from specbench_cli.analysis import intervals
 from specbench_cli.analysis.metrics import tau
 from specbench_cli.analysis.results import BEFORE, Results, RunGroup, method_label
 from specbench_cli.analysis.tables import Table
@@ -65,19 +66,24 @@ def throughput_table(results: Results, load: str) -> Table:
             engine = g.info["settings"].get("engine", BEFORE["engine"])
             row = rows.setdefault((model, dataset, engine, n), {"model": model, "dataset": dataset, "engine": engine,
                                                                  load: n, "baseline tok/s": float("nan")})
+            rate = intervals.throughput_interval(g.prompts, throughput(g))
             if g.method == "baseline":
-                row["baseline tok/s"] = throughput(g)
+                row["baseline tok/s"], row["baseline 95% CI"] = rate.value, rate.range(1)
                 continue
             name = label.split(":", 1)[-1]
             base = results.baseline_for(g)
-            row[f"{name} tok/s"] = throughput(g)
-            row[f"{name} ×"] = throughput(g) / throughput(base) if base is not None else float("nan")
+            speedup = (intervals.throughput_ratio_interval(g.prompts, rate.value, base.prompts, throughput(base))
+                       if base is not None else intervals.NOTHING)
+            row[f"{name} tok/s"], row[f"{name} tok/s 95% CI"] = rate.value, rate.range(1)
+            row[f"{name} ×"], row[f"{name} × 95% CI"] = speedup.value, speedup.range()
             row[f"{name} τ"] = tau(g.prompts.decode_tokens.sum(), g.prompts.rounds.sum())
     frame = pd.DataFrame(sorted(rows.values(), key=lambda r: (r["model"], r["dataset"], r["engine"], r[load])))
     return Table(f"throughput_vs_{load}", f"Throughput and speedup against {load.replace('_', ' ')} (output tokens/s "
                  "of all requests over the run's wall time)", frame,
                  "× = the method's throughput / the same engine's baseline at the same level (— where that run is "
-                 "missing); τ = mean acceptance length, bonus included")
+                 "missing); τ = mean acceptance length, bonus included. 95% CI, unpaired (each level is a run of its "
+                 "own): the bootstrap spread over prompts of Σ tokens / Σ request time, relative to its value, "
+                 "applied to the run's throughput (for ×, each run's drawn on its own; expanded percentile)")
 
 
 def latency_table(results: Results, load: str) -> Table:
@@ -112,7 +118,8 @@ def context(results: Results) -> str:
 
 
 def figure_series(results: Results, load: str) -> dict[str, pd.DataFrame]:
-    """Per line of the figure (model · dataset · method when several), its levels with throughput, speedup, τ."""
+    """Per line of the figure (model · dataset · method when several), its levels with throughput and speedup (each
+    with its 95 % bounds, `_low`/`_high`) and τ."""
     series = _series(results, load)
     many = len({k[:2] for k in series}) > 1
     out = {}
@@ -120,8 +127,11 @@ def figure_series(results: Results, load: str) -> dict[str, pd.DataFrame]:
         rows = []
         for n, g in sorted(levels.items()):
             base = results.baseline_for(g)
-            rows.append({load: n, "throughput": throughput(g),
-                         "speedup": throughput(g) / throughput(base) if base is not None else float("nan"),
+            rate = intervals.throughput_interval(g.prompts, throughput(g))
+            speedup = (intervals.throughput_ratio_interval(g.prompts, rate.value, base.prompts, throughput(base))
+                       if base is not None else intervals.NOTHING)
+            rows.append({load: n, "throughput": rate.value, "throughput_low": rate.low, "throughput_high": rate.high,
+                         "speedup": speedup.value, "speedup_low": speedup.low, "speedup_high": speedup.high,
                          "tau": tau(g.prompts.decode_tokens.sum(), g.prompts.rounds.sum())})
         out[f"{label} · {model} · {dataset}" if many else label] = pd.DataFrame(rows)
     return out

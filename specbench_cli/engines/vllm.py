@@ -215,6 +215,11 @@ class Worker:
         self._read("absorbed", 60.0)
         return True
 
+    def forget(self) -> None:
+        """The engine's suffix cache and prefix cache emptied (the worker's "forget")."""
+        self._send({"op": "forget"})
+        self._read("forgotten", 60.0)
+
     def _send(self, message: dict) -> None:
         try:
             self.process.stdin.write(json.dumps(message) + "\n")
@@ -330,8 +335,9 @@ class ClosedLoop:
 
 class VllmJob:
     """`run --engine vllm`'s rows: the run's prompts decoded by the engine (`ClosedLoop`, `--concurrency` in
-    flight), recorded as our engine's are; `run_folder.record` does the folder's life. On `--resume` the finished
-    prompts' outputs go into the engine's suffix cache, where the method has one (`Worker.absorb`)."""
+    flight), recorded as our engine's are; `run_folder.record` does the folder's life, or, a member of a list of
+    methods, `run_folder.record_interleaved` (one prompt at a time: `decode`, `new_pass`). On `--resume` the
+    finished prompts' outputs go into the engine's suffix cache, where the method has one (`Worker.absorb`)."""
 
     def __init__(self, plan: Plan, console: Console, model: LoadedModel | None = None) -> None:
         if model is not None:
@@ -403,14 +409,27 @@ class VllmJob:
                                highlight=False, soft_wrap=True)
 
     def decode_all(self, todo: list[tuple[int, Prompt]], finished: Callable[[int, Prompt, dict], None]) -> None:
-        def write(conv: Conversation) -> None:
-            rounds, rows = turn_records(self.plan, self.plan.out.name, self.clock, self.text.decode, conv.index,
-                                        conv.prompt, conv.turns, engine="vllm")
-            self.stats_.add(conv)
-            finished(conv.index, conv.prompt, run_parts(rounds, rows))
-
         self.stats_.start()
-        self.loop.run(todo, self.plan.config.concurrency, write)
+        self.loop.run(todo, self.plan.config.concurrency,
+                      lambda conv: finished(conv.index, conv.prompt, self._tables(conv)))
+
+    def decode(self, index: int, prompt: Prompt) -> dict:
+        """One prompt alone (a member of `run --method a,b --engine vllm`: `run_folder.record_interleaved`)."""
+        tables: dict = {}
+        self.stats_.start()
+        self.loop.run([(index, prompt)], 1, lambda conv: tables.update(self._tables(conv)))
+        self.stats_.stop()  # the throughput counts this member's prompts, not the time the others took
+        return tables
+
+    def new_pass(self) -> None:
+        """A new pass of `--repeat`: the engine's suffix and prefix caches emptied, as a newly started engine's."""
+        self.worker.forget()
+
+    def _tables(self, conv: Conversation) -> dict:
+        rounds, rows = turn_records(self.plan, self.plan.out.name, self.clock, self.text.decode, conv.index,
+                                    conv.prompt, conv.turns, engine="vllm")
+        self.stats_.add(conv)
+        return run_parts(rounds, rows)
 
     def stats(self) -> str:
         return self.stats_.line()

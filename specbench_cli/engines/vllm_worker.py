@@ -11,7 +11,9 @@ Protocol. stdin, first line: {"engine_args": {...}} (keyword arguments of `vllm.
 unchanged). Then one line per command: {"op": "add", "id", "prompt_ids", "max_tokens", "temperature", "seed",
 "stop_ids", "extra_args", "ignore_eos" (optional)}, {"op": "absorb", "output_ids"} (a finished output into the
 drafter's suffix cache, as if a request had just produced it: a resumed run's finished prompts; answered
-{"event": "absorbed", "cached": whether the drafter has such a cache}) or {"op": "close"}
+{"event": "absorbed", "cached": whether the drafter has such a cache}), {"op": "forget"} (the suffix and prefix
+caches emptied, as a newly started engine's are: a new pass of `run --repeat`; answered {"event": "forgotten"})
+or {"op": "close"}
 (`extra_args` go to SamplingParams unchanged: what a routed proposer reads per request, e.g. the category). stdout: {"event": "ready", "version", "speculative_config"} once the engine is
 up, then {"event": "done", ...} per finished request (`_done`), or {"event": "error", "message"} before exiting
 with status 1. Everything vLLM itself prints goes to stderr (the run folder's engine.log).
@@ -78,6 +80,20 @@ def _absorb(wrapper, output_ids: list[int], request: str) -> bool:
     return True
 
 
+def _forget(wrapper) -> bool:
+    """Run inside the engine's worker (`collective_rpc`): the drafter's suffix cache (see `_absorb`) replaced by an
+    empty one of the same depth and size, as the proposer built it at start-up."""
+    runner = getattr(getattr(wrapper, "worker", wrapper), "model_runner", None)
+    drafter = getattr(runner, "drafter", None)
+    for name in ("suffix_cache", "cache"):
+        cache = getattr(drafter, name, None)
+        if cache is not None and hasattr(cache, "add_active_response"):
+            setattr(drafter, name, type(cache)(max_tree_depth=cache.max_tree_depth,
+                                               max_cached_requests=cache.max_cached_requests))
+            return True
+    return False
+
+
 def serve(out) -> None:
     from vllm import EngineArgs, LLMEngine, SamplingParams, __version__
 
@@ -103,6 +119,11 @@ def serve(out) -> None:
                 absorbed += 1
                 cached = engine.collective_rpc(_absorb, args=(command["output_ids"], f"absorbed-{absorbed}"))
                 out.write(json.dumps({"event": "absorbed", "cached": bool(cached and cached[0])}) + "\n")
+                continue
+            if command["op"] == "forget":
+                engine.collective_rpc(_forget)
+                engine.reset_prefix_cache()
+                out.write(json.dumps({"event": "forgotten"}) + "\n")
                 continue
             params = SamplingParams(max_tokens=command["max_tokens"], temperature=command["temperature"],
                                     seed=command.get("seed"), stop_token_ids=command["stop_ids"], detokenize=False,

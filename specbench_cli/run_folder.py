@@ -348,6 +348,10 @@ class Interleavable(PromptJob, Protocol):
     def new_pass(self) -> None:
         """Drop cross-prompt state (a suffix cache) so that the next pass starts as a new run would."""
 
+    def starting(self) -> AbstractContextManager:
+        """Start in the background what `running` will wait for (a vLLM engine), so that the members' engines
+        boot side by side; stop it on the way out if `running` never took it over."""
+
 
 def record_interleaved(members: list[tuple[RunFolder, Interleavable, bool]], prompts: list[Prompt],
                        warmup: list[Prompt], passes: int, console: Console, label: str, pairing: dict) -> None:
@@ -364,6 +368,8 @@ def record_interleaved(members: list[tuple[RunFolder, Interleavable, bool]], pro
     units = [(p, p * n + i, prompt) for p in range(passes) for i, prompt in enumerate(prompts)]
     todo = [(index, prompt) for run in opened for _, index, prompt in units if index not in run.done]
     with ExitStack() as stack:
+        for run in opened:
+            stack.enter_context(run.job.starting())
         for run in opened:
             stack.enter_context(run.job.running(run.info, run.save))
         _builtin_warmup_note(warmup, console)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import pyarrow as pa
@@ -175,6 +175,9 @@ class RunJob(OneAtATime):
         suffix cache) carries the previous pass's answers to the same prompts."""
         plan = self.plan
         self.runner.method = plan.method_cls(plan.options, self.runner.model, plan.drafters)
+
+    def starting(self) -> AbstractContextManager:
+        return nullcontext()  # nothing boots in the background: the target is loaded in `prepare`
 
     def decode_all(self, todo: list[tuple[int, Prompt]], finished: Callable[[int, Prompt, dict], None]) -> None:
         self.gpu.start()  # energy counts the recorded prompts only

@@ -38,18 +38,29 @@ CROSS = ("eagle3", "dflash")  # run in both engines for the step-by-step check
 LEVELS = "2"  # a second concurrency level (2 prompts: at most 2 in flight) for baseline and eagle3
 
 
+def in_list(*methods: str) -> list[str]:
+    """METHODS' options as a list of methods takes them: each --opt names its method (`--opt eagle3.top_k=1`)."""
+    return [a for m in methods for opt in METHODS.get(m, [])[1::2] for a in ("--opt", f"{m}.{opt}")]
+
+
+# the vLLM methods as lists (an engine each, booted side by side): three engines at a time stay under ~8 GB
+VLLM_LISTS = (("baseline", "pld", "suffix"), ("eagle3", "dflash", "sps"))
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, engine_python, embedded) -> dict:
+    """Our engine's baseline, hf-generate and the CROSS methods as one list on one loaded target; vLLM's mapped
+    methods as two lists; baseline and eagle3 again at two requests in flight. "root" holds them all."""
     root = tmp_path_factory.mktemp("engine_runs")
-    run("--method", "baseline", "--out", str(root / "ours"))
-    run("--method", "hf-generate", "--out", str(root / "hf-generate"))
-    out = {"ours": root / "ours", "hf-generate": root / "hf-generate"}
-    for method in CROSS:
-        out[f"ours-{method}"] = root / f"ours-{method}"
-        run("--method", method, *METHODS[method], "--out", str(out[f"ours-{method}"]))
-    for method, opts in METHODS.items():
-        out[method] = root / f"vllm-{method}"
-        run("--method", method, *ENGINE, "--engine-python", engine_python, *opts, "--out", str(out[method]))
+    ours = ("baseline", "hf-generate", *CROSS)
+    run("--method", ",".join(ours), *in_list(*ours), "--out", str(root / "ours"))
+    out = {"root": root, "ours": root / "ours" / "baseline", "hf-generate": root / "ours" / "hf-generate",
+           **{f"ours-{m}": root / "ours" / m for m in CROSS}}
+    for methods in VLLM_LISTS:
+        folder = root / f"vllm-{methods[0]}"
+        run("--method", ",".join(methods), *ENGINE, "--engine-python", engine_python, *in_list(*methods),
+            "--out", str(folder))
+        out |= {m: folder / m for m in methods}
     for method in ("baseline", "eagle3"):
         out[f"{method}-c{LEVELS}"] = root / f"vllm-{method}-c{LEVELS}"
         run("--method", method, *ENGINE, "--engine-python", engine_python, *METHODS[method], "--concurrency", LEVELS,
@@ -97,22 +108,10 @@ def test_the_engine_run_records_what_ran(runs):
 
 
 @pytest.mark.slow
-def test_the_target_as_its_own_draft_model_has_every_draft_accepted(tmp_path, engine_python):
-    from specbench_cli.loading import embedded_folder
-
-    out = tmp_path / "self"
-    run("--method", "sps", *ENGINE, "--engine-python", engine_python, "--opt", "k=3",
-        "--drafter", f"sps={embedded_folder()}", "--out", str(out))
-    rounds = pd.read_parquet(out / "rounds.parquet")
-    last = rounds.groupby(["prompt_id", "turn"])["round"].transform("max") == rounds["round"]
-    assert (rounds[~last].accepted == 3).all() and (rounds.tree_size[~last] == 3).all()  # AL = k + 1
-
-
-@pytest.mark.slow
 def test_report_puts_vllm_runs_beside_ours_with_their_own_baseline(runs):
     from specbench_cli.analysis.results import load
 
-    results = load([runs["ours"].parent])
+    results = load([runs["root"]])
     groups = {g.label: g for g in results.groups}
     # two concurrency levels of vllm:baseline and vllm:eagle3: their labels say which
     assert {"baseline", "vllm:baseline (concurrency=1)", "vllm:baseline (concurrency=2)", "vllm:dflash"} <= set(groups)
@@ -124,7 +123,7 @@ def cross_engine_rows(runs, method: str):
     from specbench_cli.analysis import cross_engine
     from specbench_cli.analysis.results import load
 
-    frame = cross_engine.table(load([runs["ours"].parent])).frame
+    frame = cross_engine.table(load([runs["root"]])).frame
     return frame[frame.method.str.startswith(method)]
 
 
@@ -165,7 +164,7 @@ def test_the_concurrency_tables_and_figure(runs, tmp_path):
     from specbench_cli.analysis.report import figures
     from specbench_cli.analysis.results import load
 
-    results = load([runs["ours"].parent])
+    results = load([runs["root"]])
     frame = scaling.throughput_table(results, "concurrency").frame
     vllm = frame[frame.engine == "vllm"].set_index("concurrency")
     assert list(vllm.index) == [1, int(LEVELS)]
@@ -298,12 +297,15 @@ def test_an_engine_that_dies_mid_run_keeps_finished_prompts_and_resume_finishes(
 
 @pytest.mark.slow
 def test_a_paired_list_in_vllm_repeats_from_fresh_caches_and_a_resume_absorbs_its_pass(engine_python, tmp_path):
-    """`run --engine vllm --method baseline,suffix --repeat 2`: an engine per method, each prompt to both in turn.
-    Within a pass the suffix cache carries a prompt's answer to the next prompt (b repeats a, and is drafted from
-    a's cached output); a new pass starts from empty caches (the worker's "forget"), so pass 1 drafts as pass 0
-    did; and vLLM resumes by absorbing, as our engine does: a member resumed after losing pass 1's b takes in
-    pass 1's finished outputs only, and drafts b as the uninterrupted run did."""
+    """`run --engine vllm --method baseline,suffix,sps --repeat 2`: an engine per method, each prompt to every one in
+    turn. Within a pass the suffix cache carries a prompt's answer to the next prompt (b repeats a, and is drafted
+    from a's cached output); a new pass starts from empty caches (the worker's "forget"), so pass 1 drafts as pass
+    0 did; and vLLM resumes by absorbing, as our engine does: a member resumed after losing pass 1's b takes in
+    pass 1's finished outputs only, and drafts b as the uninterrupted run did. The third member runs the target as
+    its own draft model: every draft accepted."""
     import shutil
+
+    from specbench_cli.loading import embedded_folder
 
     data = tmp_path / "twice.jsonl"
     text = "Write a short poem about the sea."
@@ -311,7 +313,8 @@ def test_a_paired_list_in_vllm_repeats_from_fresh_caches_and_a_resume_absorbs_it
     args = ["run", "--model", "smollm2-135m", "--dataset", str(data), "--max-new-tokens", "32", "--warmup", "0",
             "--dtype", "float32", "--threads", "1", "--repeat", "2", *ENGINE, "--engine-python", engine_python]
     whole = tmp_path / "whole"
-    result = CliRunner().invoke(app, [*args, "--method", "baseline,suffix", "--out", str(whole)])
+    result = CliRunner().invoke(app, [*args, "--method", "baseline,suffix,sps", "--drafter", f"sps={embedded_folder()}",
+                                      "--opt", "sps.k=3", "--out", str(whole)])
     assert result.exit_code == 0, result.output
 
     def accepted(run_dir) -> dict:
@@ -319,11 +322,14 @@ def test_a_paired_list_in_vllm_repeats_from_fresh_caches_and_a_resume_absorbs_it
         return {k: list(g.sort_values("round").accepted) for k, g in rounds.groupby(["repeat", "prompt_id"])}
 
     info = json.loads((whole / "suffix" / "run.json").read_text())
-    assert info["pairing"]["members"] == ["baseline", "suffix"] and info["pairing"]["passes"] == 2
+    assert info["pairing"]["members"] == ["baseline", "suffix", "sps"] and info["pairing"]["passes"] == 2
     before = accepted(whole / "suffix")
     assert len(before[(0, "b")]) < len(before[(0, "a")])  # b was drafted from a's cached output within the pass
     assert before[(1, "a")] == before[(0, "a")] and before[(1, "b")] == before[(0, "b")]  # pass 1 from empty caches
-    assert outputs(whole / "suffix") == outputs(whole / "baseline")
+    assert outputs(whole / "suffix") == outputs(whole / "baseline") == outputs(whole / "sps")
+    rounds = pd.read_parquet(whole / "sps" / "rounds.parquet")
+    last = rounds.groupby(["repeat", "prompt_id", "turn"])["round"].transform("max") == rounds["round"]
+    assert (rounds[~last].accepted == 3).all() and (rounds.tree_size[~last] == 3).all()  # AL = k + 1
 
     resumed = tmp_path / "resumed"
     shutil.copytree(whole / "suffix", resumed)

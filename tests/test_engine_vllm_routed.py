@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.embedded]
 # summarisation and RAG prompts copy from their context, where the cache draft wins; an MT-Bench prompt gives
 # two turns and open-ended text, where EAGLE-3 does
 SELECTION = ["--model", "smollm2-135m", "--dataset", "spec-bench", "--category", "writing", "--category",
-             "summarization", "--category", "rag", "--limit", "4", "--max-new-tokens", "48", "--dtype", "float32",
+             "summarization", "--category", "rag", "--limit", "4", "--max-new-tokens", "48", "--warmup", "0", "--dtype", "float32",
              "--threads", "1"]
 # what vLLM runs of hvd (engines/vllm_methods.py, _hybrid): EAGLE-3 and the suffix draft as chains, catch-up each step
 AS_VLLM = ["--opt", "eagle3.top_k=1", "--opt", "suffix.tree=false", "--opt", "lazy_catchup=false"]
@@ -47,19 +47,28 @@ def run(*args: str) -> None:
     assert result.exit_code == 0, result.output
 
 
+def in_list(method: str, opts: list[str]) -> list[str]:
+    """A method's options as a list of methods takes them: each --opt names its method (`--opt hvd.eagle3.top_k=1`)."""
+    return [a for opt in opts[1::2] for a in ("--opt", f"{method}.{opt}")]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, engine_python, embedded) -> dict[str, Path]:
+    """Our baseline and our routed methods run as vLLM runs them, one list on one loaded target; the routed methods
+    in vLLM as two lists of two (an engine each, booted side by side); hvd and whiflash-entropy again at two
+    requests in flight."""
     root = tmp_path_factory.mktemp("hvd_runs")
-    out = {name: root / name for name in ("ours", "ours-hvd", *(f"ours-{m}" for m in WHIFLASH),
-                                          *(f"vllm-{m}" for m in VLLM), *(f"vllm-{m}-c2" for m in IN_FLIGHT))}
-    run("--method", "baseline", "--out", str(out["ours"]))
-    run("--method", "hvd", *AS_VLLM, "--out", str(out["ours-hvd"]))
-    for method in WHIFLASH:
-        run("--method", method, *WHIFLASH_AS_VLLM, *WHIFLASH_THRESHOLD[method], "--out", str(out[f"ours-{method}"]))
-    for method in VLLM:
-        run("--method", method, *ENGINE, *WHIFLASH_THRESHOLD.get(method, []), "--engine-python", engine_python,
-            "--out", str(out[f"vllm-{method}"]))
+    ours = {"baseline": [], "hvd": AS_VLLM, **{m: [*WHIFLASH_AS_VLLM, *WHIFLASH_THRESHOLD[m]] for m in WHIFLASH}}
+    run("--method", ",".join(ours), *(a for m, opts in ours.items() for a in in_list(m, opts)),
+        "--out", str(root / "ours"))
+    out = {"ours": root / "ours" / "baseline", **{f"ours-{m}": root / "ours" / m for m in ours if m != "baseline"}}
+    for methods in (("hvd", "hvd-freq"), WHIFLASH):
+        folder = root / f"vllm-{methods[0]}"
+        run("--method", ",".join(methods), *ENGINE, "--engine-python", engine_python,
+            *(a for m in methods for a in in_list(m, WHIFLASH_THRESHOLD.get(m, []))), "--out", str(folder))
+        out |= {f"vllm-{m}": folder / m for m in methods}
     for method in IN_FLIGHT:  # two requests in one engine step: each routed on its own
+        out[f"vllm-{method}-c2"] = root / f"vllm-{method}-c2"
         run("--method", method, *ENGINE, *WHIFLASH_THRESHOLD.get(method, []), "--engine-python", engine_python,
             "--concurrency", "2", "--out", str(out[f"vllm-{method}-c2"]))
     return out

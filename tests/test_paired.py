@@ -30,6 +30,9 @@ class Stand:
     def prepare(self) -> dict:
         return {}
 
+    def starting(self):
+        return contextlib.nullcontext()
+
     def running(self, info, save):
         return contextlib.nullcontext()
 

@@ -181,23 +181,33 @@ class Worker:
         self.process: subprocess.Popen | None = None
         self.ready: dict = {}
 
-    def __enter__(self) -> Worker:
+    def launch(self) -> None:
+        """Start the engine process without waiting for it (once): the engines of a list boot side by side."""
+        if self.process is not None:
+            return
         env = {**os.environ, **self.spec.env}
         with self.log.open("a") as log:  # the engine's own output; new session: Ctrl-C reaches us, and we stop it
             self.process = subprocess.Popen([self.spec.python, str(WORKER)], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=log, text=True, env=env,
                                             start_new_session=True)
         self._send({"engine_args": self.spec.engine_args})
+
+    def __enter__(self) -> Worker:
+        self.launch()
         self.ready = self._read("ready", START_TIMEOUT_S)
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.process is None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Close the engine (killed if it does not end within 30 s); nothing if it has ended or never started."""
+        if self.process is None or self.process.poll() is not None:
             return
         try:
             self._send({"op": "close"})
             self.process.wait(timeout=30)
-        except (OSError, ValueError, subprocess.TimeoutExpired):
+        except (OSError, ValueError, subprocess.TimeoutExpired, EngineDied):
             self.process.kill()
             self.process.wait()
 
@@ -393,6 +403,19 @@ class VllmJob:
                                     f"to load or refused this vLLM version; see {plan.out / 'engine.log'})")
             self.loop = ClosedLoop(worker, plan, self.text, self.decisions)
             yield
+
+    @contextmanager
+    def starting(self) -> Iterator[None]:
+        """The engine process started in the background (a member of a list: `run_folder.record_interleaved` starts
+        every member's before it waits for any, so they boot side by side); stopped on the way out if `running`
+        never took it over (a member before it failed). A server is started by `running` alone."""
+        if isinstance(self.engine, Worker):
+            self.engine.launch()
+        try:
+            yield
+        finally:
+            if isinstance(self.engine, Worker):
+                self.engine.stop()
 
     def warm_up(self, prompt: Prompt) -> None:
         self.loop.run([(self.warmed, prompt)], 1, lambda conv: None, tag="warmup-")

@@ -372,6 +372,7 @@ def report(
     plots: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
     classify: Annotated[bool, typer.Option(help="Classify each temperature-0 divergence from the baseline as a numeric tie of the run's dtype or a mismatch, by recomputing the target's logits there in float32 on the CPU (loads each target once; a mismatch fails --compare).")] = True,
     expect: Annotated[Optional[Path], typer.Option(help="Published values to reproduce (TOML [[expect]] entries, e.g. benchmarks/parity/*.toml): exit 1 naming every τ or per-position rate outside its stated tolerance, or with no matching run.")] = None,
+    export: Annotated[Optional[tuple[str, Path]], typer.Option(help="FORMAT DIR: the runs' records also in a layout another tool reads. spec-bench: one answer jsonl per method as Spec-Bench's eval.py writes them, which its evaluation/speed.py reads (new_tokens and wall_time hold decode tokens and seconds, so its tokens/s and mean accepted tokens are ours). specdec-bench: a folder per method with NVIDIA specdec_bench's acceptance_rate.json, timing.json and speculation_profile.json. Default: none.", show_default=False)] = None,
 ) -> None:
     """Tables and plots from results directories: τ, per-position acceptance, tokens/s, TTFT, speedup per
     subtask and category, lossless check, oracle rows, phases, environment; throughput, speedup and latency
@@ -380,7 +381,7 @@ def report(
     from specbench_cli import reporting
 
     problems, undecided = reporting.execute(console, results_dirs, out, overwrite, compare, max_regression, along,
-                                            plots, classify, expect)
+                                            plots, classify, expect, export)
     for line in (*problems, *undecided):
         err_console.print(line, highlight=False, soft_wrap=True, markup=False)
     if problems or undecided:

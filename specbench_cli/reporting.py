@@ -12,7 +12,7 @@ from specbench_cli.core.errors import UsageError
 
 def execute(console: Console, results_dirs: list[Path], out: Path | None, overwrite: bool, compare: Path | None,
             max_regression: float, along: list[str] | None, plots: bool, classify: bool,
-            expect: Path | None) -> tuple[list[str], list[str]]:
+            expect: Path | None, export: tuple[str, Path] | None = None) -> tuple[list[str], list[str]]:
     """The report; returns (one line per regression or missed published value: the command exits 1 on any, one
     line per comparison the gate could not decide: exit 3 if nothing failed)."""
     from specbench_cli.analysis import report as rep
@@ -22,6 +22,10 @@ def execute(console: Console, results_dirs: list[Path], out: Path | None, overwr
     from specbench_cli.analysis.results import load
 
     at_least("--max-regression", max_regression, 0)
+    from specbench_cli.analysis import exports
+
+    if export is not None:
+        exports.check_format(export[0])
     folder = out or results_dirs[0] / "report"
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out {folder} is a file; name a folder for the report")
@@ -37,6 +41,8 @@ def execute(console: Console, results_dirs: list[Path], out: Path | None, overwr
         for ref in reference.groups:  # settings that differ: one line before any table is written
             if key(ref) in now:
                 check_comparable(now[key(ref)], ref)
+    if export is not None:
+        exports.check_exportable(results, export[0])
     labels = [g.label for g in results.groups]
     for label in along or []:
         if label not in labels:
@@ -54,6 +60,9 @@ def execute(console: Console, results_dirs: list[Path], out: Path | None, overwr
         table.write(folder)
     written = rep.figures(results, folder, along) if plots else []
     console.print(f"wrote {len(tables)} tables (.md .csv .tex) and {len(written) // 2} figures (.png .pdf) to {folder}")
+    if export is not None:
+        files = exports.export(results, *export)
+        console.print(f"exported {len(files)} {export[0]} file(s) to {export[1]}", highlight=False)
     problems: list[str] = []
     undecided: list[str] = []
     if reference is not None:

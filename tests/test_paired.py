@@ -141,6 +141,23 @@ def test_a_real_list_is_lossless_paired_and_measures_its_noise(embedded, tmp_pat
     check = lossless(load([out])).frame.set_index("method")
     assert check.loc["suffix", "identical"] == 1.0 and check.loc["suffix", "turns compared"] == len(runs["suffix"])
 
+    # Spec-Bench's answer files of the same runs, read as its speed.py reads them (tests/test_exports.py): the
+    # method's rate is ours; the baseline's, from re-tokenized texts, ours within the stop tokens the texts drop
+    from transformers import AutoTokenizer
+
+    from specbench_cli.analysis import exports
+    from specbench_cli.loading import embedded_folder
+    from tests.test_exports import answers, speed_py_rate
+
+    files = {p.name.removeprefix("smollm2-135m-").removesuffix("-float32-temperature-0.0.jsonl"): answers(p)
+             for p in exports.export(load([out]), "spec-bench", tmp_path / "x")}
+    assert len(files["suffix"]) == 2 * 2  # a line per prompt and pass
+    assert speed_py_rate(files["suffix"]) == pytest.approx(table.loc["suffix", "tokens/s"])
+    tokenizer = AutoTokenizer.from_pretrained(str(embedded_folder()))
+    rates = [sum(len(tokenizer(t).input_ids) - 1 for t in a["choices"][0]["turns"]) / sum(a["choices"][0]["wall_time"])
+             for a in files["baseline"]]
+    assert sum(rates) / len(rates) == pytest.approx(table.loc["baseline", "tokens/s"], rel=0.1)
+
 
 @pytest.mark.parametrize("engine", ["specbench", "vllm"])
 def test_the_second_baseline_of_an_a_a_pair_is_known_by_its_member_name_in_every_engine(tmp_path, engine):

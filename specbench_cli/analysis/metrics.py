@@ -114,3 +114,19 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def along_response(rounds: pd.DataFrame, bin_tokens: int = 16, min_share: float = 0.25) -> pd.DataFrame:
+    """Acceptance by position in the response: per `bin_tokens`-token bin of the tokens a turn had emitted before
+    the round, the mean, quartiles and count over turns of each turn's mean tokens per round (accepted + 1);
+    bins reached by fewer than `min_share` of the turns are left out (their mean is a few turns')."""
+    turn = [c for c in ("run", "prompt_id", "turn", "repeat") if c in rounds]
+    ordered = rounds.sort_values([*turn, "round"])
+    emitted = ordered.accepted + 1
+    position = emitted.groupby([ordered[c] for c in turn]).cumsum() - emitted
+    per_turn = emitted.groupby([*(ordered[c] for c in turn), (position // bin_tokens * bin_tokens).rename("bin")]).mean()
+    by_bin = per_turn.groupby(level="bin")
+    stats = pd.DataFrame({"mean": by_bin.mean(), "q25": by_bin.quantile(0.25), "q75": by_bin.quantile(0.75),
+                          "n": by_bin.size()})
+    turns = ordered.groupby(turn).ngroups
+    return stats[stats.n >= max(1, min_share * turns)]

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from specbench_cli.analysis.metrics import histogram, survival  # noqa: E402
+from specbench_cli.analysis.metrics import along_response, histogram, survival  # noqa: E402
 from specbench_cli.analysis.phases import PARTS, split  # noqa: E402
 
 
@@ -83,7 +83,7 @@ def tau_along_response(series: dict[str, pd.DataFrame], bin_tokens: int = 16, mi
     `series` maps a method label to its rounds table."""
     fig, (ax, count_ax) = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     for i, (label, rounds) in enumerate(series.items()):
-        stats = _along(rounds, bin_tokens, min_share)
+        stats = along_response(rounds, bin_tokens, min_share)
         c = colour(i, len(series))
         ax.plot(stats.index, stats["mean"], color=c, label=label)
         ax.fill_between(stats.index, stats.q25, stats.q75, color=c, alpha=0.2, linewidth=0)
@@ -98,18 +98,6 @@ def tau_along_response(series: dict[str, pd.DataFrame], bin_tokens: int = 16, mi
     return fig
 
 
-def _along(rounds: pd.DataFrame, bin_tokens: int, min_share: float) -> pd.DataFrame:
-    """Per position bin: mean, quartiles and count over turns of each turn's mean tokens per round."""
-    turn = [c for c in ("run", "prompt_id", "turn", "repeat") if c in rounds]
-    ordered = rounds.sort_values([*turn, "round"])
-    emitted = ordered.accepted + 1
-    position = emitted.groupby([ordered[c] for c in turn]).cumsum() - emitted
-    per_turn = emitted.groupby([*(ordered[c] for c in turn), (position // bin_tokens * bin_tokens).rename("bin")]).mean()
-    by_bin = per_turn.groupby(level="bin")
-    stats = pd.DataFrame({"mean": by_bin.mean(), "q25": by_bin.quantile(0.25), "q75": by_bin.quantile(0.75),
-                          "n": by_bin.size()})
-    turns = ordered.groupby(turn).ngroups
-    return stats[stats.n >= max(1, min_share * turns)]
 
 
 def phase_bars(series: dict[str, pd.DataFrame], clock: str) -> plt.Figure:

@@ -15,7 +15,7 @@ from specbench_cli.analysis import cross_engine, intervals
 from specbench_cli.analysis import oracles as oracle
 from specbench_cli.analysis import scaling
 from specbench_cli.datasets import dataset_slug
-from specbench_cli.analysis.metrics import (first_divergence, first_pass, group_column, histogram, position_acceptance, summarise,
+from specbench_cli.analysis.metrics import (along_response, first_divergence, first_pass, group_column, histogram, position_acceptance, summarise,
                                    tau_turn_mean)
 from specbench_cli.analysis.phases import PARTS, split
 from specbench_cli.analysis.results import Results, RunGroup
@@ -331,6 +331,23 @@ def _options(info: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in info["settings"].get("options", {}).items()) or "—"
 
 
+def along(results: Results, dataset: str, bin_tokens: int = 16) -> Table:
+    """The numbers of the `tau_along_response` figure for every drafting method of a dataset: per bin of the
+    response, the mean over turns of tokens per round and the turns that reach the bin (files only)."""
+    rows: dict[int, dict] = {}
+    for g in in_dataset(results, dataset):
+        if not g.rounds.tree_size.gt(0).any():
+            continue  # the baseline emits one token a round everywhere
+        for position, r in along_response(g.rounds, bin_tokens).iterrows():
+            row = rows.setdefault(int(position), {"from token": int(position)})
+            row[f"{g.label} tokens/round"], row[f"{g.label} turns"] = r["mean"], int(r["n"])
+    frame = pd.DataFrame([rows[k] for k in sorted(rows)])
+    return Table(f"tau_along_response_{dataset_slug(dataset)}", f"Acceptance along the response ({dataset}): tokens "
+                 f"per round by position in the response, {bin_tokens}-token bins", frame,
+                 "mean over turns of each turn's tokens per round (accepted + 1) in the bin that starts at that token "
+                 "of the response; bins fewer than a quarter of a method's turns reach are left blank", terminal=False)
+
+
 def all_tables(results: Results, classify: Classifier | None = None) -> list[Table]:
     tables = [overview(results)]
     for ds in datasets(results):
@@ -342,6 +359,7 @@ def all_tables(results: Results, classify: Classifier | None = None) -> list[Tab
             tables.append(by_group(results, ds, "category"))
             tables[-1].terminal = prompts.subtask.nunique() == 1
         tables.append(group_intervals(results, ds, group_column(prompts)))
+        tables.append(along(results, ds))
     wide = [positions(results), lengths(results), phases(results), environment(results)]  # files only: too wide
     for table in wide:
         table.terminal = False

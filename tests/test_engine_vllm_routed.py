@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.embedded]
 # summarisation and RAG prompts copy from their context, where the cache draft wins; an MT-Bench prompt gives
 # two turns and open-ended text, where EAGLE-3 does
 SELECTION = ["--model", "smollm2-135m", "--dataset", "spec-bench", "--category", "writing", "--category",
-             "summarization", "--category", "rag", "--limit", "4", "--max-new-tokens", "48", "--warmup", "0", "--dtype", "float32",
+             "summarization", "--category", "rag", "--limit", "4", "--max-new-tokens", "32", "--warmup", "0", "--dtype", "float32",
              "--threads", "1"]
 # what vLLM runs of hvd (engines/vllm_methods.py, _hybrid): EAGLE-3 and the suffix draft as chains, catch-up each step
 AS_VLLM = ["--opt", "eagle3.top_k=1", "--opt", "suffix.tree=false", "--opt", "lazy_catchup=false"]

@@ -8,8 +8,8 @@ of that method alone would, plus run.json's `pairing` (the list's id and members
 report and shards read them as any run.
 
 With `--engine vllm` each method runs in an engine of its own (a vLLM engine serves one speculative config),
-all of them started before the first prompt and alive together (about 1.5 GB each for a small model on the
-CPU), and every prompt goes to each engine in turn the same way; a new pass empties each engine's suffix and
+all of them started side by side before the first prompt and alive together (about 2.5 GB each for the
+embedded model in float32 on the CPU), and every prompt goes to each engine in turn the same way; a new pass empties each engine's suffix and
 prefix caches (the worker's "forget").
 
 What a list refuses, in one line before anything loads: a method twice (but baseline, for the A/A run), an
@@ -78,7 +78,7 @@ def member_configs(config: RunConfig, batch_size: str, concurrency: str) -> list
                          "their own per method (drop --engine-url/--engine-serve)")
     if batch_size.strip() != "1" or concurrency.strip() != "1":
         raise UsageError("a comma list of methods and --repeat run one sequence at a time; run each --batch-size "
-                         "on its own")
+                         "or --concurrency level on its own")
     if config.device == "split":
         raise UsageError("--device split is for acceptance studies of one method; a list of methods times them")
     root = config.out or config.results_root / default_name(

@@ -142,7 +142,7 @@ BAD = [
     (["run", "--method", "baseline,suffix", "--drafter", "eagle3=x"], "none of baseline, suffix takes a drafter named 'eagle3'"),
     (["run", "--method", "baseline,suffix", "--engine", "vllm", "--engine-url", "http://localhost:1"], "a vLLM server runs one method"),
     (["run", "--method", "baseline,suffix", "--engine", "vllm", "--concurrency", "2"], "a comma list of methods and --repeat run one sequence at a time"),
-    (["run", "--method", "baseline,suffix", "--batch-size", "2"], "run each --batch-size on its own"),
+    (["run", "--method", "baseline,suffix", "--batch-size", "2"], "run each --batch-size or --concurrency level on its own"),
     (["run", "--batch-size", "1,,2"], "--batch-size '1,,2': expected distinct positive whole numbers"),
     (["run", "--method", "baseline,suffix", "--out", "fake"], "results directory fake/baseline exists"),
 ]

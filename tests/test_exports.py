@@ -39,7 +39,7 @@ def test_each_method_becomes_an_answer_file_whose_speed_is_ours(tmp_path):
     result = CliRunner().invoke(app, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "report"),
                                       "--no-plots", "--no-classify", "--export", "spec-bench", str(tmp_path / "x")])
     assert result.exit_code == 0, result.output
-    files = {p.name: answers(p) for p in (tmp_path / "x").glob("*.jsonl")}
+    files = {p.name: answers(p) for p in (tmp_path / "x" / "spec-bench").glob("*.jsonl")}
     assert set(files) == {"tiny-eagle3-float32-temperature-0.0.jsonl", "tiny-baseline-float32-temperature-0.0.jsonl"}
     mine = files["tiny-eagle3-float32-temperature-0.0.jsonl"]
     assert [(a["question_id"], a["category"]) for a in mine] == [(81, "writing"), (241, "summarization")]
@@ -64,7 +64,7 @@ def test_specdec_bench_files_hold_its_acceptance_and_timing_and_a_consistent_pro
     result = CliRunner().invoke(app, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "report"),
                                       "--no-plots", "--no-classify", "--export", "specdec-bench", str(tmp_path / "x")])
     assert result.exit_code == 0, result.output
-    folder = tmp_path / "x" / "tiny-eagle3-float32-temperature-0.0"
+    folder = tmp_path / "x" / "spec-bench" / "tiny-eagle3-float32-temperature-0.0"
     (acceptance,) = json.loads((folder / "acceptance_rate.json").read_text())
     assert acceptance["Acceptance_Length_Histogram"] == {"1": 2, "2": 6, "3": 1, "5": 2}
     joint = {int(k): v for k, v in acceptance["Joint_Acceptance_Rate"].items()}
@@ -86,7 +86,7 @@ def test_specdec_bench_files_hold_its_acceptance_and_timing_and_a_consistent_pro
     assert overview.loc["eagle3", "τ"] == pytest.approx(per_step) and overview.loc["eagle3", "τ turn-mean"] == pytest.approx(per_request)
     (timing,) = json.loads((folder / "timing.json").read_text())
     assert float(timing["TTFT Time"]["mean"]) == pytest.approx(0.005)  # the fake turns' 5 ms
-    assert not (tmp_path / "x" / "tiny-baseline-float32-temperature-0.0" / "speculation_profile.json").exists()
+    assert not (tmp_path / "x" / "spec-bench" / "tiny-baseline-float32-temperature-0.0" / "speculation_profile.json").exists()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -109,3 +109,14 @@ def test_runs_without_the_records_an_export_needs_are_named(tmp_path):
                                       "--export", "spec-bench", str(tmp_path / "x")])
     assert result.exit_code == 2 and "has no output_text" in result.output, result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_runs_of_two_datasets_export_into_a_folder_each(tmp_path):
+    from specbench_cli.analysis import exports
+    from specbench_cli.analysis.results import load
+
+    for dataset in ("spec-bench", "mt-bench"):
+        write_run(tmp_path / "runs" / dataset, "suffix", [Turn("1", "writing", [2, 0], 5.0)], dataset=dataset)
+    written = exports.export(load([tmp_path / "runs"]), "spec-bench", tmp_path / "x")
+    assert sorted(p.relative_to(tmp_path / "x").as_posix() for p in written) == [
+        "mt-bench/tiny-suffix-float32-temperature-0.0.jsonl", "spec-bench/tiny-suffix-float32-temperature-0.0.jsonl"]

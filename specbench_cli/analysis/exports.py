@@ -1,7 +1,7 @@
 """`report --export FORMAT DIR`: the runs' records in a layout another tool reads.
 
 **spec-bench**: the answer files Spec-Bench's `evaluation/eval.py` writes (hemingkx/Spec-Bench), one jsonl per run
-group, which its `evaluation/speed.py` reads to print tokens/s, the speedup over a baseline file and the mean
+group (under a folder per dataset), which its `evaluation/speed.py` reads to print tokens/s, the speedup over a baseline file and the mean
 accepted tokens. A line per prompt and pass: `question_id`, `category`, `answer_id`, `model_id`, `tstamp` and
 one choice of `turns` (the answer texts), `decoding_steps`, `new_tokens`, `wall_time` and `accept_lengths`
 (tokens each step added, accepted + 1, as its inference scripts append `input_ids.shape[1] - cur_length`).
@@ -66,8 +66,14 @@ def export(results: Results, fmt: str, folder: Path) -> list[Path]:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"cannot create export folder {folder}: {err.strerror}") from None
+    from specbench_cli.datasets import dataset_slug
+
     write = spec_bench_file if fmt == "spec-bench" else specdec_bench_folder
-    return [write(g, folder) for g in results.groups]
+    written = []
+    for g in results.groups:  # a folder per dataset, as Spec-Bench keeps data/<benchmark>/model_answer/
+        (folder / dataset_slug(g.info["settings"]["dataset"])).mkdir(exist_ok=True)
+        written.append(write(g, folder / dataset_slug(g.info["settings"]["dataset"])))
+    return written
 
 
 def file_name(group: RunGroup) -> str:

@@ -15,8 +15,8 @@ from specbench_cli.analysis import cross_engine, intervals
 from specbench_cli.analysis import oracles as oracle
 from specbench_cli.analysis import scaling
 from specbench_cli.datasets import dataset_slug
-from specbench_cli.analysis.metrics import (along_response, first_divergence, first_pass, group_column, histogram, position_acceptance, summarise,
-                                   tau_turn_mean)
+from specbench_cli.analysis.metrics import (along_response, first_divergence, first_pass, group_column, histogram,
+                                           position_acceptance, summarise, tau_turn_mean)
 from specbench_cli.analysis.phases import PARTS, split
 from specbench_cli.analysis.results import Results, RunGroup
 from specbench_cli.analysis.tables import Table

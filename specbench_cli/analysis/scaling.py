@@ -39,6 +39,16 @@ def throughput(group: RunGroup) -> float:
     return p.new_tokens.sum() / seconds if seconds > 0 else float("nan")
 
 
+def with_intervals(results: Results, group: RunGroup) -> tuple[intervals.Interval, intervals.Interval]:
+    """A run's throughput and its speedup over the same level's baseline (NOTHING without one), each with its
+    unpaired 95 % interval (`intervals.throughput_interval`)."""
+    rate = intervals.throughput_interval(group.prompts, throughput(group))
+    base = results.baseline_for(group)
+    if base is None:
+        return rate, intervals.NOTHING
+    return rate, intervals.throughput_ratio_interval(group.prompts, rate.value, base.prompts, throughput(base))
+
+
 def _series(results: Results, load: str) -> dict[tuple, dict[int, RunGroup]]:
     """Groups of one method (options included), model, dataset and engine, keyed by their level of `load`
     (runs measured at the other load's level 1 only)."""
@@ -66,14 +76,11 @@ def throughput_table(results: Results, load: str) -> Table:
             engine = g.info["settings"].get("engine", BEFORE["engine"])
             row = rows.setdefault((model, dataset, engine, n), {"model": model, "dataset": dataset, "engine": engine,
                                                                  load: n, "baseline tok/s": float("nan")})
-            rate = intervals.throughput_interval(g.prompts, throughput(g))
+            rate, speedup = with_intervals(results, g)
             if g.method == "baseline":
                 row["baseline tok/s"], row["baseline 95% CI"] = rate.value, rate.range(1)
                 continue
             name = label.split(":", 1)[-1]
-            base = results.baseline_for(g)
-            speedup = (intervals.throughput_ratio_interval(g.prompts, rate.value, base.prompts, throughput(base))
-                       if base is not None else intervals.NOTHING)
             row[f"{name} tok/s"], row[f"{name} tok/s 95% CI"] = rate.value, rate.range(1)
             row[f"{name} ×"], row[f"{name} × 95% CI"] = speedup.value, speedup.range()
             row[f"{name} τ"] = tau(g.prompts.decode_tokens.sum(), g.prompts.rounds.sum())
@@ -126,10 +133,7 @@ def figure_series(results: Results, load: str) -> dict[str, pd.DataFrame]:
     for (model, dataset, label), levels in series.items():
         rows = []
         for n, g in sorted(levels.items()):
-            base = results.baseline_for(g)
-            rate = intervals.throughput_interval(g.prompts, throughput(g))
-            speedup = (intervals.throughput_ratio_interval(g.prompts, rate.value, base.prompts, throughput(base))
-                       if base is not None else intervals.NOTHING)
+            rate, speedup = with_intervals(results, g)
             rows.append({load: n, "throughput": rate.value, "throughput_low": rate.low, "throughput_high": rate.high,
                          "speedup": speedup.value, "speedup_low": speedup.low, "speedup_high": speedup.high,
                          "tau": tau(g.prompts.decode_tokens.sum(), g.prompts.rounds.sum())})

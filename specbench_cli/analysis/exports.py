@@ -62,17 +62,17 @@ def check_exportable(results: Results, fmt: str) -> None:
 def export(results: Results, fmt: str, folder: Path) -> list[Path]:
     """Write `results` in format `fmt` under `folder` (checked by `check_exportable`); returns the files, or for
     specdec-bench the folders."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"cannot create export folder {folder}: {err.strerror}") from None
     from specbench_cli.datasets import dataset_slug
 
     write = spec_bench_file if fmt == "spec-bench" else specdec_bench_folder
     written = []
     for g in results.groups:  # a folder per dataset, as Spec-Bench keeps data/<benchmark>/model_answer/
-        (folder / dataset_slug(g.info["settings"]["dataset"])).mkdir(exist_ok=True)
-        written.append(write(g, folder / dataset_slug(g.info["settings"]["dataset"])))
+        where = folder / dataset_slug(g.info["settings"]["dataset"])
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UsageError(f"cannot create export folder {where}: {err.strerror}") from None
+        written.append(write(g, where))
     return written
 
 
@@ -83,14 +83,10 @@ def file_name(group: RunGroup) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", name) + ".jsonl"
 
 
-def _passes(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame if "repeat" in frame else frame.assign(repeat=0)
-
-
 def spec_bench_file(group: RunGroup, folder: Path) -> Path:
     """One group's answer file: a line per prompt and pass, turns in order."""
     path = folder / file_name(group)
-    prompts, rounds = _passes(group.prompts), _passes(group.rounds)
+    prompts, rounds = group.prompts, group.rounds  # loaded records always carry `repeat` (records._LATER)
     steps = {key: list(g.sort_values("round").emitted.astype(int))
              for key, g in rounds.groupby(["prompt_id", "turn", "repeat"], sort=False)}
     lines = []
@@ -129,7 +125,7 @@ def specdec_bench_folder(group: RunGroup, folder: Path) -> Path:
 def acceptance_record(group: RunGroup) -> dict:
     """`AcceptanceRate.out`: per request (prompt, and pass where there are several) and turn the mean tokens per
     step, their mean, the histogram of tokens per step, and its conditional and joint rates by length."""
-    rounds = _passes(group.rounds)
+    rounds = group.rounds
     several = rounds.repeat.nunique() > 1
     per_request: dict[str, dict[str, float]] = {}
     lengths: dict[int, int] = {}
@@ -167,7 +163,7 @@ def timing_record(group: RunGroup) -> dict:
     start), the generation tokens/s after the first token, and the output tokens."""
     from specbench_cli.analysis.scaling import throughput
 
-    prompts, rounds = _passes(group.prompts), _passes(group.rounds)
+    prompts, rounds = group.prompts, group.rounds
     walls = {k: list(g.sort_values("round").wall_ms / 1e3)
              for k, g in rounds.groupby(["prompt_id", "repeat", "turn"], sort=False)}
     steps = [s for r in prompts.itertuples() for s in [r.ttft_ms / 1e3, *walls.get((r.prompt_id, r.repeat, r.turn), [])]]

@@ -162,8 +162,7 @@ def speedup_interval(prompts: pd.DataFrame, baseline: pd.DataFrame, paired: bool
 def _request_rate_samples(prompts: pd.DataFrame, rng: np.random.Generator) -> tuple[float, np.ndarray, int, int]:
     """Σ output tokens / Σ request time (TTFT + decode) over a run's prompts, with its bootstrap samples, prompts
     resampled with all their passes. Returns (value, samples, prompts, units)."""
-    frame = prompts if "repeat" in prompts else prompts.assign(repeat=0)
-    units = frame.assign(seconds=(frame.ttft_ms + frame.decode_ms) / 1e3).groupby(UNIT, sort=False).agg(
+    units = prompts.assign(seconds=(prompts.ttft_ms + prompts.decode_ms) / 1e3).groupby(UNIT, sort=False).agg(
         tokens=("new_tokens", "sum"), seconds=("seconds", "sum")).reset_index()
     units = units[units.seconds > 0]
     if units.empty:

@@ -52,7 +52,7 @@ class RunGroup:
     @property
     def pairing(self) -> str | None:
         """The id of the interleaved list (`run --method a,b`) this run was measured in, if any."""
-        return self.info.get("pairing", {}).get("id")
+        return pairing_id(self.info)
 
     @property
     def second_of_pair(self) -> bool:
@@ -215,6 +215,11 @@ def experiment_key(info: dict) -> tuple:
     """What a baseline must share with a run for a speedup to mean anything; the hardware comes last."""
     s = info["settings"]
     return (*(json.dumps(s.get(k, BEFORE.get(k))) for k in SAME_EXPERIMENT), hardware_key(info.get("environment", {})))
+
+
+def pairing_id(info: dict) -> str | None:
+    """run.json's interleaved-list id (`run --method a,b`), if the run was one of a list."""
+    return info.get("pairing", {}).get("id")
 
 
 def member_label(info: dict) -> str:

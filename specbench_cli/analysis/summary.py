@@ -12,7 +12,7 @@ from rich.console import Console
 
 from specbench_cli.hardware import hardware_key
 from specbench_cli.analysis.metrics import group_column, summarise
-from specbench_cli.analysis.results import BEFORE, SAME_EXPERIMENT
+from specbench_cli.analysis.results import BEFORE, SAME_EXPERIMENT, pairing_id
 from specbench_cli.records import read_table
 from specbench_cli.analysis.tables import Table
 
@@ -35,10 +35,6 @@ def find_baseline(run_dir: Path, me: dict) -> Path | None:
             if best is None or rank > best:
                 best, found = rank, other.parent
     return found
-
-
-def _pairing(info: dict) -> str | None:
-    return info.get("pairing", {}).get("id")
 
 
 def with_intervals(frame: pd.DataFrame, prompts: pd.DataFrame, baseline: pd.DataFrame | None,
@@ -69,8 +65,8 @@ def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
             + (f"; rounds are {s['engine']} engine steps, whose phase times the engine does not expose (null, not 0)"
                if engine else ""))
     frame = with_intervals(summarise(prompts, group_column(prompts), baseline), prompts, baseline,
-                           paired=base_dir is not None and _pairing(info) is not None
-                           and _pairing(info) == _pairing(json.loads((base_dir / "run.json").read_text())))
+                           paired=base_dir is not None and pairing_id(info) is not None
+                           and pairing_id(info) == pairing_id(json.loads((base_dir / "run.json").read_text())))
     table = Table("summary", title, frame, note + "; 95% CI of the overall row: analysis/intervals.py (report's overview)")
     console.print(table.rich())
     table.write(run_dir)

@@ -323,7 +323,7 @@ def calibrate(
 
 @app.command()
 def tune(
-    method: Annotated[str, typer.Option(help="The method whose draft budget is tuned: eagle3 (depth, top_k, total_token), dart (total), dflash (block_size), sps (k), suffix (max_spec_tokens) or pld (num_pred_tokens).")],
+    method: Annotated[str, typer.Option(help="The method whose draft budget is tuned: eagle3 (depth, top_k, total_token), dart (total), dflash (block_size), sps (k), suffix (max_spec_tokens) or pld (num_pred_tokens); with --engine vllm: suffix, pld, sps, eagle3 or dflash (a draft length K, num_speculative_tokens).")],
     model: Model = "smollm2-135m",
     dataset: Dataset = "spec-bench",
     category: Categories = None,
@@ -333,32 +333,29 @@ def tune(
     device: Device = "auto",
     warmup: Warmup = 1,
     threads: Threads = None,
-    check: Annotated[bool, typer.Option(help="Run the chosen budget and the paper's live beside the baseline and print the measured speedups.")] = True,
+    check: Annotated[bool, typer.Option(help="Run the chosen budget and the paper's live beside the baseline and print the measured speedups (with --batch-size they always run: the draft's cost at each size is read from the paper budget's run).")] = True,
     batch_invariant: BatchInvariant = "auto",
-    out: Annotated[Optional[Path], typer.Option(help="Tune folder (baseline, replay_<i> per candidate i, live_<i> for the checked ones, candidates.csv and .png/.pdf, tune.json); an existing one is resumed. Default: results/tune_<model>_<method>.")] = None,
+    batch_size: Annotated[str, typer.Option(help="Our engine: a comma list of batch sizes (1,2,4,8) to choose a budget for each, from the verify cost measured at that size; `run --tuned --batch-size B` applies the choice of the largest level not above B. At most --limit. Default: 1 (one budget).")] = "1",
+    engine: Annotated[str, typer.Option(help="'specbench' (our engine: a cost model over trace replays) or 'vllm' (every candidate K measured in a vLLM engine at each --concurrency level; writes vLLM's num_speculative_tokens_per_batch_size table, which `run --engine vllm --tuned` passes to the engine).")] = "specbench",
+    concurrency: Annotated[str, typer.Option(help="--engine vllm: a comma list of requests kept in flight (1,2,4,8), one choice of K each. Default: 1.")] = "1",
+    engine_python: Annotated[Optional[str], typer.Option(help="--engine vllm: the Python that has vLLM (as run --engine-python).")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option(help="--engine vllm: KEY=VALUE for vllm.EngineArgs, as run --engine-arg (every engine of the tune gets them; `run --tuned` must pass the same).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Tune folder (baseline, replay_<i> per candidate i, live_<i> for the checked ones, candidates.csv and .png/.pdf, tune.json; per level b<N>/ or c<N>/ with the level's runs); an existing one is resumed. Default: results/tune_<model>_<method>[_vllm].")] = None,
     target: TargetRef = None,
     drafter: Drafters = None,
 ) -> None:
     """Choose the draft budget that maximises tokens/s on this machine: the verify cost curve c(n) measured here,
-    each candidate's τ and draft time from trace replay, then the chosen budget run live (run --tuned uses it)."""
-    from specbench_cli.inputs import RunConfig, at_least, check_run
+    each candidate's τ and draft time from trace replay, then the chosen budget run live (run --tuned uses it);
+    per batch size (--batch-size 1,2,4,8), or per concurrency in vLLM (--engine vllm --concurrency 1,2,4,8)."""
+    from specbench_cli.inputs import RunConfig
+    from specbench_cli.tune_command import execute
 
-    at_least("--threads", threads, 1)
-    at_least("--limit", limit, 1)
-    from specbench_cli import tune, tuning
-
-    tuning.check_method(method)
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        max_new_tokens=max_new_tokens, dtype=dtype, device=device, warmup=warmup, target=target,
-                       drafters=drafter or [], batch_invariant=batch_invariant,
-                       out=out or Path("results") / f"tune_{model}_{method}")
-    baseline = config.out / "baseline"  # the first run tune makes: its checks are the selection's
-    check_run(dataclasses.replace(config, method="baseline", out=baseline, resume=(baseline / "run.json").exists()),
-              dict(os.environ))
-    use_threads(threads)
-    import torch
-
-    tune.execute(tune.TuneConfig(method, config, threads or torch.get_num_threads(), check), console)
+                       drafters=drafter or [], batch_invariant=batch_invariant, engine=engine,
+                       engine_python=engine_python, engine_args=engine_arg or [], threads=threads,
+                       out=out or Path("results") / f"tune_{model}_{method}{'_vllm' if engine == 'vllm' else ''}")
+    execute(config, batch_size, concurrency, check, console)
 
 
 @app.command()

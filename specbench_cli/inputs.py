@@ -181,7 +181,7 @@ def check_engine(config: RunConfig, env: dict[str, str]) -> EnginePlan | None:
     if config.method not in MAPPINGS:
         raise UsageError(f"--engine {config.engine} runs {', '.join(MAPPINGS)}; not {config.method}")
     ours = {"--compile": config.compile, "--batch-invariant on": config.batch_invariant == "on",
-            "--tuned": config.tuned, "--device split": config.device == "split"}
+            "--device split": config.device == "split"}
     for flag in (f for f, given in ours.items() if given):
         raise UsageError(f"{flag} is our engine's; with --engine {config.engine} pass engine settings as --engine-arg")
     if config.engine_url is not None:

@@ -43,10 +43,13 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
     invariant = engine and resolve_invariant(config.batch_invariant, dtype.dtype, device, compiled=mode is not None)
     tuned_from = ""
     if config.tuned:  # the tuned budget first, so that an explicit --opt still wins
-        machine = machine_key(dtype.dtype, device, torch.get_num_threads(), invariant)
-        opts, record = tuned_opts(chosen.spec.name, config.method, machine)
-        options, tuned_from = parse_options(cls, [*opts, *config.opts], notes), str(record)
-        notes.append(f"tuned budget {' '.join(opts) or '(the paper default)'} from {record}")
+        machine = machine_key(dtype.dtype, device, torch.get_num_threads(), invariant, config.engine)
+        tuned = tuned_opts(chosen.spec.name, config.method, machine, max(config.batch_size, config.concurrency))
+        options, tuned_from = parse_options(cls, [*tuned.opts, *config.opts], notes), str(tuned.path)
+        notes.append(f"tuned budget {' '.join(tuned.opts) or '(the paper default)'} from {tuned.path}"
+                     + (f", vLLM's K per batch size {tuned.schedule}" if tuned.schedule and chosen.engine else ""))
+        if tuned.schedule and chosen.engine is not None:
+            chosen = dataclasses.replace(chosen, engine=dataclasses.replace(chosen.engine, schedule=tuned.schedule))
     planned = dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device,
                                   dtype=dtype.dtype, dtype_reason=dtype.reason, tuned_from=tuned_from,
                                   compile_mode=mode, batch_invariant=invariant, notes=notes,

@@ -63,17 +63,9 @@ def _tune(config: TuneConfig, console) -> tuning.TuneRecord:
     console.print(f"verify cost c(n) on {where} ({costs_file}): t(1) {costs.t1_ms:.1f} ms, "
                   + ", ".join(f"c({n}) {c:.2f}" for n, c in costs.c.items()), highlight=False, soft_wrap=True)
 
-    dtype_text = dtype_name(base.dtype)
-    predictions = []
-    for i, candidate in enumerate([(), *tuning.GRIDS[method]]):
-        folder = out / f"replay_{i}"
-        oracle_run.execute(OracleConfig([method], dataclasses.replace(run, dtype=dtype_text, out=folder,
-                                                                       resume=_exists(folder)),
-                                        [f"{method}.{o}" for o in candidate]), console, model)
-        replay = read_table(folder, "replay")
-        walks = [g.sort_values("position") for _, g in replay.groupby(["prompt_id", "turn"], sort=False)]
-        reverifies = base.batch_invariant and not attends_by_matmul(base.device, base.dtype)
-        predictions.append(tuning.predict(candidate, walks, costs, base_ms, reverifies))
+    reverifies = base.batch_invariant and not attends_by_matmul(base.device, base.dtype)
+    predictions = [tuning.predict(candidate, walks, costs, base_ms, reverifies)
+                   for candidate, walks in replay_walks(config, base, model, console)]
     paper, best = predictions[0], tuning.choose(predictions)
 
     measured: dict[str, intervals.Interval] = {}
@@ -104,15 +96,26 @@ def _tune(config: TuneConfig, console) -> tuning.TuneRecord:
     record = tuning.TuneRecord(run.model, method, machine, list(best.opts), best.speedup, live.get(best.candidate),
                         paper.speedup, live.get(paper.candidate), str(out), command_line(),
                         dt.datetime.now().isoformat(timespec="seconds"), frame.to_dict("records"))
-    text = json.dumps(asdict(record), indent=1, default=str)
-    write_atomically(out / "tune.json", lambda tmp: tmp.write_text(text))
-    registered = tuning.tuned_path(run.model, method, machine)
-    registered.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(registered, lambda tmp: tmp.write_text(text))  # `run --tuned` never reads half a record
+    registered = write_record(record, out, csv=False)
     console.print(f"chosen: {best.candidate} (predicted {best.speedup:.2f}×"
                   + (f", measured {measured[best.candidate].text()}×" if best.candidate in measured else "")
                   + f"); `specbench run --method {method} --tuned` uses it ({registered})", highlight=False, soft_wrap=True)
     return record
+
+
+def replay_walks(config: TuneConfig, base, model, console) -> list[tuple[tuple[str, ...], list[pd.DataFrame]]]:
+    """Each candidate budget (the paper's first) replayed along the baseline's greedy traces (`<out>/replay_<i>`,
+    resumed where it stopped): its walks, one frame per turn (accepted, drafted, branched, draft_ms per position)."""
+    run, method = config.run, config.method
+    walks = []
+    for i, candidate in enumerate([(), *tuning.GRIDS[method]]):
+        folder = run.out / f"replay_{i}"
+        oracle_run.execute(OracleConfig([method], dataclasses.replace(run, dtype=dtype_name(base.dtype), out=folder,
+                                                                       resume=_exists(folder)),
+                                        [f"{method}.{o}" for o in candidate]), console, model)
+        replay = read_table(folder, "replay")
+        walks.append((candidate, [g.sort_values("position") for _, g in replay.groupby(["prompt_id", "turn"], sort=False)]))
+    return walks
 
 
 def live_check(config: TuneConfig, chosen: list, predictions: list, model, console) -> dict[str, intervals.Interval]:
@@ -128,6 +131,29 @@ def live_check(config: TuneConfig, chosen: list, predictions: list, model, conso
     base = read_table(folders[0], "prompts")
     return {p.candidate: intervals.speedup_interval(read_table(f, "prompts"), base, paired=True)
             for f, p in zip(folders[1:], chosen)}
+
+
+def write_record(record: tuning.TuneRecord, out: Path, csv: bool = True) -> Path:
+    """tune.json (and, `csv`, candidates.csv) in the tune folder and the registered copy `run --tuned` reads, each
+    written whole or not at all (`run --tuned` never reads half a record); returns the registered path."""
+    text = json.dumps(asdict(record), indent=1, default=str)
+    write_atomically(out / "tune.json", lambda tmp: tmp.write_text(text))
+    if csv:
+        write_atomically(out / "candidates.csv", lambda tmp: pd.DataFrame(record.candidates).to_csv(tmp, index=False))
+    registered = tuning.tuned_path(record.model, record.method, record.machine)
+    registered.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(registered, lambda tmp: tmp.write_text(text))
+    return registered
+
+
+def throughput(folder: Path) -> float:
+    """A run's output tokens per second over its recorded wall time (run.json's, written by batch and engine runs;
+    a batch-1 run's requests ran one at a time, so their times add up)."""
+    recorded = json.loads((folder / "run.json").read_text()).get("throughput", {}).get("output_tokens_per_s")
+    if recorded is not None:
+        return float(recorded)
+    p = read_table(folder, "prompts")
+    return float(p.new_tokens.sum() / ((p.ttft_ms.sum() + p.decode_ms.sum()) / 1e3))
 
 
 def per_token_ms(prompts: pd.DataFrame) -> float:

@@ -39,11 +39,28 @@ import torch
 
 from specbench_cli.analysis.oracles import round_starts
 from specbench_cli.core.errors import UsageError
-from specbench_cli.core.target import Target
+from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.timing import sync
 from specbench_cli.core.tree import DraftTree
 from specbench_cli.models import cache_root
 from specbench_cli.core.dtypes import dtype_name
+
+# Candidate draft lengths for `tune --engine vllm` (vLLM 0.32 drafts one chain of num_speculative_tokens for each
+# of these methods; engines/vllm_methods.py maps the options), the paper budget added first.
+VLLM_GRIDS: dict[str, list[tuple[str, ...]]] = {
+    "suffix": [("max_spec_tokens=4",), ("max_spec_tokens=8",), ("max_spec_tokens=16",), ("max_spec_tokens=32",)],
+    "pld": [("num_pred_tokens=2",), ("num_pred_tokens=4",), ("num_pred_tokens=6",)],
+    "sps": [("k=2",), ("k=3",), ("k=4",), ("k=8",)],
+    "eagle3": [("top_k=1", f"depth={k - 1}", f"total_token={k + 1}") for k in (2, 3, 4, 6)],
+    "dflash": [("block_size=3",), ("block_size=4",), ("block_size=6",), ("block_size=8",)],
+}
+
+# The methods whose vLLM proposer takes the draft length every step, so that vLLM's per-batch-size table applies
+# (vLLM 0.32: SpecDecodeBaseProposer.propose sets it, vllm/v1/spec_decode/llm_base_proposer.py:512-532; the n-gram
+# proposer takes any K up to its own, ngram_proposer.py:148). Its suffix proposer asserts the configured K
+# (suffix_decoding.py:43): there `run --tuned` starts the engine with the K chosen for its concurrency.
+VLLM_PER_STEP_K: dict[str, str] = {"pld": "ngram_proposer.py:148", "sps": "llm_base_proposer.py:532",
+                                   "eagle3": "llm_base_proposer.py:532", "dflash": "llm_base_proposer.py:532"}
 
 # Candidate budgets, as --opt strings; the paper's default is the one with no options (it is always a
 # candidate). The sizes span what a CPU (a few nodes) to a GPU (tens of nodes) verifies at the price of one.
@@ -102,20 +119,24 @@ def random_tree(n: int, vocab: int, rng: random.Random) -> DraftTree:
 
 
 @torch.inference_mode()
-def measure_costs(target: Target, vocab: int, context: int = 256, reps: int = 7, where: str = "") -> Costs:
+def measure_costs(target: Target | TargetModel, vocab: int, context: int = 256, reps: int = 7,
+                  where: str = "") -> Costs:
     """Median wall time (perf_counter; synchronised on CUDA) of a verify of n rows after `context` tokens, a
-    bushy random tree of n - 1 nodes under the root, on the target the runs use (its invariance included)."""
+    bushy random tree of n - 1 nodes under the root, on the target the runs use (its invariance included); on a
+    target model of B slots, every slot verifies such a tree in the one forward (a batch round's verify)."""
     rng = random.Random(0)
+    model = target.shared if isinstance(target, Target) else target
     ids = [rng.randrange(vocab) for _ in range(context)]
-    target.prefill(ids[:-1])
+    for seq in model.slots:
+        seq.prefill(ids[:-1])
     times = {}
     for n in COST_ROWS:
-        tree = random_tree(n - 1, vocab, rng)
+        work = [(seq, ids[-1], random_tree(n - 1, vocab, rng), None) for seq in model.slots]
         samples = []
         for i in range(reps + 2):
             t0 = time.perf_counter()
-            target.verify(ids[-1], tree)
-            sync(target.device)
+            model.verify(work)
+            sync(model.device)
             if i >= 2:  # two warm-up calls per size
                 samples.append((time.perf_counter() - t0) * 1e3)
         times[n] = statistics.median(samples)
@@ -158,14 +179,18 @@ class Prediction:
 
 
 def predict(candidate: tuple[str, ...], walks: list[pd.DataFrame], costs: Costs, base_ms: float,
-            reverifies: bool) -> Prediction:
+            reverifies: bool, batch: int = 1, draft_scale: float = 1.0) -> Prediction:
     """Price a candidate from its replay `walks` (one frame per turn: accepted, drafted, branched, draft_ms per
     position), the cost curve and the baseline's time per token (`reverifies`: the target verifies a branching
-    draft's accepted path again, `TargetModel.exact_trees` False on a batch-invariant target)."""
+    draft's accepted path again, `TargetModel.exact_trees` False on a batch-invariant target).
+
+    At `batch` B > 1 (`tune --batch-size`): `costs` is the curve of B sequences verifying together, `base_ms` the
+    baseline's time per batch round, and the replay's draft time (one sequence) is multiplied by `draft_scale`
+    (what drafting B sequences costs against one); tokens/s counts the B sequences."""
     rounds = pd.concat([w.iloc[round_starts(w.accepted.to_numpy())] for w in walks])
     tau = sum(len(w) for w in walks) / max(len(rounds), 1)
     mean_draft = float(rounds.drafted.mean())
-    draft_ms = float(rounds.draft_ms.mean())
+    draft_ms = float(rounds.draft_ms.mean()) * draft_scale
     verify = [costs.verify_ms(1 + n) for n in rounds.drafted]
     if reverifies:  # a branching draft's accepted path, verified again as a chain
         verify = [v + (costs.verify_ms(1 + a) if b else 0.0)
@@ -174,7 +199,7 @@ def predict(candidate: tuple[str, ...], walks: list[pd.DataFrame], costs: Costs,
     loop_ms = max(base_ms - costs.t1_ms, 0.0)
     round_ms = draft_ms + verify_ms + loop_ms
     return Prediction(label(candidate), candidate, tau, mean_draft, draft_ms, verify_ms, round_ms,
-                      tau / round_ms * 1e3, tau * base_ms / round_ms)
+                      batch * tau / round_ms * 1e3, tau * base_ms / round_ms)
 
 
 def choose(predictions: list[Prediction]) -> Prediction:
@@ -187,34 +212,74 @@ def tuned_path(model: str, method: str, where: str) -> Path:
     return cache_root() / "tune" / model / f"{method}-{where}.json"
 
 
-def machine_key(dtype: torch.dtype, device: torch.device, threads: int, invariant: bool) -> str:
-    return (f"{dtype_name(dtype)}-{device.type}-{threads}t"
+def machine_key(dtype: torch.dtype, device: torch.device, threads: int, invariant: bool,
+                engine: str = "specbench") -> str:
+    """Where a tuned budget holds: engine (vLLM's own key), dtype, device, threads and our target's invariance."""
+    return (("" if engine == "specbench" else f"{engine}-") + f"{dtype_name(dtype)}-{device.type}-{threads}t"
             + ("-invariant" if invariant else ""))
 
 
 @dataclass
 class TuneRecord:
-    """What `tune` chose, and why: written to its folder and to `tuned_path`."""
+    """What `tune` chose, and why: written to its folder and to `tuned_path`. A tune over load levels
+    (`--batch-size` / `--concurrency`) also holds each level's choice (`levels`: load, opts, k, predicted and
+    measured speedups) and, where every chosen budget is a draft length vLLM takes, vLLM's table
+    (`schedule`: num_speculative_tokens_per_batch_size); `opts` is then the budget of the smallest level (our
+    engine) or of the longest chosen draft (vLLM: the engine's num_speculative_tokens, the table's cap)."""
 
     model: str
     method: str
     machine: str
     opts: list[str]
-    predicted_speedup: float
+    predicted_speedup: float | None
     measured_speedup: float | None
-    paper_predicted_speedup: float
+    paper_predicted_speedup: float | None
     paper_measured_speedup: float | None
     folder: str
     command: str
     created: str
     candidates: list[dict] = field(default_factory=list)
+    engine: str = "specbench"
+    load: str = ""  # "batch_size" or "concurrency" for a tune over levels
+    levels: list[dict] = field(default_factory=list)
+    schedule: list[list[int]] | None = None
 
 
-def tuned_opts(model: str, method: str, machine: str) -> tuple[list[str], Path]:
-    """The --opt list `run --tuned` applies, and the record it came from (one line when there is none)."""
+@dataclass
+class Tuned:
+    """What `run --tuned` applies: the --opt list for the run's load level, vLLM's table where there is one, and
+    the record they came from."""
+
+    opts: list[str]
+    path: Path
+    schedule: list[list[int]] | None = None
+
+
+def tuned_opts(model: str, method: str, machine: str, load: int = 1) -> Tuned:
+    """The budget `run --tuned` applies at `load` (batch size or requests in flight: the choice of the largest
+    tuned level not above it, else of the smallest level), and the record it came from (one line when there is
+    none)."""
     check_method(method)
     path = tuned_path(model, method, machine)
     if not path.exists():
+        hint = " --engine vllm --concurrency LEVELS" if machine.startswith("vllm-") else ""
         raise UsageError(f"no tuned budget for {method} on {model} ({machine}): run `specbench tune --method {method} "
-                         f"--model {model}` with the same --dtype, --device and --threads first")
-    return list(json.loads(path.read_text())["opts"]), path
+                         f"--model {model}{hint}` with the same --dtype, --device and --threads first")
+    record = json.loads(path.read_text())
+    opts = record["opts"]
+    levels = sorted(record.get("levels") or [], key=lambda level: level["load"])
+    if levels and not (record.get("engine") == "vllm" and record.get("schedule")):  # vLLM's table: K per step, up to opts'
+        fitting = [level for level in levels if level["load"] <= load] or levels[:1]
+        opts = fitting[-1]["opts"]
+    return Tuned(list(opts), path, record.get("schedule"))
+
+
+def schedule(chosen: dict[int, int]) -> list[list[int]]:
+    """vLLM's `num_speculative_tokens_per_batch_size` (vllm/config/speculative.py, 0.32: inclusive
+    [range_start, range_end, K] ranges, the first starting at 1) from the draft length chosen at each load level:
+    a level's K holds from it up to the next level; vLLM carries the last K to its largest batch
+    (vllm/v1/spec_decode/dynamic/utils.py, build_dynamic_sd_schedule_lookup)."""
+    loads = sorted(chosen)
+    starts = [1, *loads[1:]]
+    ends = [*(n - 1 for n in loads[1:]), loads[-1]]
+    return [[s, max(e, s), chosen[n]] for s, e, n in zip(starts, ends, loads)]

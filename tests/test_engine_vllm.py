@@ -61,11 +61,27 @@ def runs(tmp_path_factory, engine_python, embedded) -> dict:
         run("--method", ",".join(methods), *ENGINE, "--engine-python", engine_python, *in_list(*methods),
             "--out", str(folder))
         out |= {m: folder / m for m in methods}
-    for method in ("baseline", "eagle3"):
-        out[f"{method}-c{LEVELS}"] = root / f"vllm-{method}-c{LEVELS}"
-        run("--method", method, *ENGINE, "--engine-python", engine_python, *METHODS[method], "--concurrency", LEVELS,
-            "--out", str(out[f"{method}-c{LEVELS}"]))
+    out |= tuned_in_vllm(tmp_path_factory.mktemp("tune_vllm") / "t", engine_python)
     return out
+
+
+def tuned_in_vllm(folder, engine_python) -> dict:
+    """`tune --engine vllm --method eagle3 --concurrency 1,LEVELS` over the paper chain and METHODS' chain of 3:
+    baseline and eagle3 at both levels (engines started once), the table, and its check (`run --engine vllm
+    --tuned` beside the baseline and the paper chain again)."""
+    from specbench_cli import tuning
+
+    chain = tuple(METHODS["eagle3"][1::2])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECBENCH_CACHE", str(folder.parent / "cache"))
+        patch.setitem(tuning.VLLM_GRIDS, "eagle3", [chain])
+        result = CliRunner().invoke(app, ["tune", "--method", "eagle3", "--concurrency", f"1,{LEVELS}",
+                                          *SELECTION[:-2], "--threads", "1", *ENGINE, "--engine-python", engine_python,
+                                          "--out", str(folder)])
+        assert result.exit_code == 0, result.output
+    return {"tune": folder, f"baseline-c{LEVELS}": folder / f"c{LEVELS}" / "baseline",
+            f"eagle3-c{LEVELS}": folder / f"c{LEVELS}" / "candidate_1",
+            f"tuned-c{LEVELS}": folder / "check" / f"c{LEVELS}" / "tuned"}
 
 
 def outputs(run_dir) -> dict:
@@ -74,7 +90,8 @@ def outputs(run_dir) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["hf-generate", *METHODS, f"baseline-c{LEVELS}", f"eagle3-c{LEVELS}"])
+@pytest.mark.parametrize("method", ["hf-generate", *METHODS, f"baseline-c{LEVELS}", f"eagle3-c{LEVELS}",
+                                    f"tuned-c{LEVELS}"])
 def test_vllm_outputs_equal_our_baseline_turn_by_turn(runs, method):
     ours, theirs = outputs(runs["ours"]), outputs(runs[method])
     assert set(ours) == set(theirs) and any(turn == 1 for _, turn in ours)  # the two-turn prompt is there
@@ -111,9 +128,9 @@ def test_the_engine_run_records_what_ran(runs):
 def test_report_puts_vllm_runs_beside_ours_with_their_own_baseline(runs):
     from specbench_cli.analysis.results import load
 
-    results = load([runs["root"]])
+    results = load([runs["root"], runs["tune"]])
     groups = {g.label: g for g in results.groups}
-    # two concurrency levels of vllm:baseline and vllm:eagle3: their labels say which
+    # two concurrency levels of vllm:baseline and vllm:eagle3 (the tune's): their labels say which
     assert {"baseline", "vllm:baseline (concurrency=1)", "vllm:baseline (concurrency=2)", "vllm:dflash"} <= set(groups)
     assert any(label.startswith("vllm:eagle3[") and "top_k=1" in label for label in groups)
     assert results.baseline_for(groups["vllm:dflash"]) is groups["vllm:baseline (concurrency=1)"]
@@ -164,7 +181,7 @@ def test_the_concurrency_tables_and_figure(runs, tmp_path):
     from specbench_cli.analysis.report import figures
     from specbench_cli.analysis.results import load
 
-    results = load([runs["root"]])
+    results = load([runs["root"], runs["tune"]])
     frame = scaling.throughput_table(results, "concurrency").frame
     vllm = frame[frame.engine == "vllm"].set_index("concurrency")
     assert list(vllm.index) == [1, int(LEVELS)]
@@ -394,3 +411,27 @@ def test_our_suffix_drafts_what_arcticinference_drafts(engine_python, tmp_path, 
     monkeypatch.setattr(methods.suffix, "sibling_order",
                         lambda arrivals: sorted(set(arrivals), key=lambda t: (-arrivals.count(t), t)))
     assert any(ours(case).tokens != arctic["tokens"] for case, arctic in zip(cases, theirs))
+
+
+@pytest.mark.slow
+def test_tune_in_vllm_writes_vllms_table_and_a_tuned_run_uses_it(runs):
+    """The fixture's `tune --engine vllm` (eagle3: the paper chain and a chain of 3, at 1 and 2 in flight): each
+    budget measured at both levels, the choice per level written as vLLM's num_speculative_tokens_per_batch_size,
+    and the check's `run --engine vllm --tuned`: an engine whose scheduler built that table, with the baseline's
+    outputs (the output test above)."""
+    folder = runs["tune"]
+    record = json.loads((folder / "tune.json").read_text())
+    assert record["engine"] == "vllm" and record["machine"] == "vllm-float32-cpu-1t"
+    frame = pd.read_csv(folder / "candidates.csv")
+    paper = int(frame.k.iloc[0])
+    assert sorted(frame.k.unique()) == sorted({paper, 3}) and (frame.tokens_per_s > 0).all()
+    ks = [level["k"] for level in record["levels"]]
+    assert record["schedule"] == [[1, 1, ks[0]], [2, 2, ks[1]]]
+    for n, k in zip((1, int(LEVELS)), ks):
+        assert k == frame[frame.load == n].sort_values("tokens_per_s").k.iloc[-1]  # the most tokens/s there
+        info = json.loads((folder / "check" / f"c{n}" / "tuned" / "run.json").read_text())
+        assert info["settings"]["speculative_config"]["num_speculative_tokens"] == max(ks)
+        assert info["settings"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == record["schedule"]
+        assert info["engine"]["k_by_batch_size"][:2] == ks  # what vLLM's scheduler built from the table
+        level = record["levels"][n - 1]
+        assert level["check_tuned_low"] <= level["check_tuned_speedup"] <= level["check_tuned_high"]

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LIMIT = 60 * 2**20  # tracked files, all together
+# tracked files, all together: under the device tool's 64 MiB per call with room to carry a build (the GPU plan
+# travels a branch without the drafters, ~14 MiB: benchmarks/gpu/README.md); 60 until 2026-11-27
+LIMIT = 61 * 2**20
 DRAFTERS_LIMIT = 60_000_000  # the committed drafters
 
 
@@ -26,10 +28,10 @@ def largest(files: dict[str, int], n: int = 5) -> str:
     return ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in sorted(files.items(), key=lambda x: -x[1])[:n])
 
 
-def test_tracked_files_stay_under_60_mib():
+def test_tracked_files_stay_under_the_limit():
     files = tracked()
     total = sum(files.values())
-    assert total < LIMIT, f"tracked files hold {total / 2**20:.2f} MiB (limit 60 MiB); the largest: {largest(files)}"
+    assert total < LIMIT, f"tracked files hold {total / 2**20:.2f} MiB (limit {LIMIT / 2**20:.0f} MiB); the largest: {largest(files)}"
 
 
 def test_committed_drafters_stay_within_60_mb():

@@ -105,3 +105,121 @@ def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch, dr
     info = json.loads((tmp_path / "r" / "run.json").read_text())
     assert info["tuned_from"].endswith("suffix-float32-cpu-2t.json")
     assert info["settings"]["options"]["max_spec_tokens"] == (4 if record["opts"] else 64)
+
+
+# ---------------------------------------------------------------------------------------------- per load level
+def test_vllm_table_maps_each_level_up_to_the_next_in_vllms_own_form():
+    """`num_speculative_tokens_per_batch_size`: inclusive ranges from 1, non-overlapping, sorted (vLLM's own
+    validator accepts them and expands them to the K chosen at each level)."""
+    table = tuning.schedule({1: 8, 2: 4, 4: 4, 8: 2})
+    assert table == [[1, 1, 8], [2, 3, 4], [4, 7, 4], [8, 8, 2]]
+    assert tuning.schedule({4: 3}) == [[1, 4, 3]]  # the first range starts at 1 whatever the first level
+    assert tuning.schedule({2: 5, 8: 3}) == [[1, 7, 5], [8, 8, 3]]
+    # vLLM's expansion (vllm/v1/spec_decode/dynamic/utils.py), written out: K for batch sizes 1..12, capped at 8
+    dense = {b: next(k for s, e, k in reversed(table) if s <= b) for b in range(1, 13)}
+    assert [dense[b] for b in (1, 2, 3, 4, 7, 8, 12)] == [8, 4, 4, 4, 4, 2, 2]
+
+
+def test_a_batch_prices_every_sequence_of_the_round():
+    """At batch 4 a round costs the curve of 4 sequences verifying together, the batch's step time and the draft
+    scaled; it emits 4 sequences' tokens."""
+    one = predict(("k=4",), [walk([1, 0] * 20, 4, 2.0)], CPU_LIKE, base_ms=12.0, reverifies=False)
+    four = predict(("k=4",), [walk([1, 0] * 20, 4, 2.0)], CPU_LIKE, base_ms=12.0, reverifies=False, batch=4,
+                   draft_scale=3.0)
+    assert four.draft_ms == pytest.approx(6.0) and four.round_ms == pytest.approx(6.0 + 16.25 + 2.0)
+    assert four.tokens_per_s == pytest.approx(4 * 2 / 24.25 * 1e3) and four.speedup == pytest.approx(2 * 12 / 24.25)
+    assert one.tokens_per_s == pytest.approx(2 / 20.25 * 1e3)
+
+
+def _register(tmp_path, record: dict, name: str) -> None:
+    folder = tmp_path / "tune" / "smollm2-135m"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(record))
+
+
+def test_run_tuned_applies_the_level_of_its_load(tmp_path, monkeypatch):
+    """Our engine: the choice of the largest tuned level not above the run's batch size (else the smallest
+    level's). vLLM with a table: the longest K's options (the engine's cap) and the table."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    levels = [{"load": 2, "opts": ["num_pred_tokens=4"]}, {"load": 8, "opts": ["num_pred_tokens=2"]}]
+    _register(tmp_path, {"opts": ["num_pred_tokens=6"], "levels": levels}, "pld-float32-cpu-2t.json")
+    got = {b: tuning.tuned_opts("smollm2-135m", "pld", "float32-cpu-2t", b).opts for b in (1, 2, 4, 8, 16)}
+    assert got == {1: ["num_pred_tokens=4"], 2: ["num_pred_tokens=4"], 4: ["num_pred_tokens=4"],
+                   8: ["num_pred_tokens=2"], 16: ["num_pred_tokens=2"]}
+    table = [[1, 1, 6], [2, 2, 2]]
+    _register(tmp_path, {"opts": ["num_pred_tokens=6"], "levels": levels, "engine": "vllm", "schedule": table},
+              "pld-vllm-float32-cpu-2t.json")
+    tuned = tuning.tuned_opts("smollm2-135m", "pld", "vllm-float32-cpu-2t", 2)
+    assert tuned.opts == ["num_pred_tokens=6"] and tuned.schedule == table
+
+
+def test_run_engine_vllm_tuned_passes_the_table_to_the_engine(tmp_path, monkeypatch):
+    """The plan of `run --engine vllm --tuned` asks vLLM for the tuned K as num_speculative_tokens and the
+    table as num_speculative_tokens_per_batch_size (what run.json's settings record)."""
+    import sys
+
+    from specbench_cli.inputs import RunConfig
+    from specbench_cli.planning import plan
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    table = [[1, 1, 6], [2, 3, 4]]
+    _register(tmp_path, {"opts": ["num_pred_tokens=6"], "engine": "vllm", "schedule": table,
+                         "levels": [{"load": 1, "opts": ["num_pred_tokens=6"]}, {"load": 2, "opts": ["num_pred_tokens=4"]}]},
+              "pld-vllm-float32-cpu-2t.json")
+    monkeypatch.setattr("torch.get_num_threads", lambda: 2)
+    config = RunConfig(method="pld", model="smollm2-135m", dataset="spec-bench", limit=1, dtype="float32",
+                       engine="vllm", engine_python=sys.executable, tuned=True, concurrency=2, out=tmp_path / "r")
+    planned = plan(config, {})
+    assert planned.engine.speculative_config["num_speculative_tokens"] == 6
+    assert planned.engine.speculative_config["num_speculative_tokens_per_batch_size"] == table
+    assert planned.settings()["speculative_config"]["num_speculative_tokens_per_batch_size"] == table
+    assert any("K per batch size" in note for note in planned.notes)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--method", "suffix", "--concurrency", "1,2"], "--concurrency is for --engine vllm"),
+    (["--method", "suffix", "--engine", "vllm", "--batch-size", "1,2"], "--batch-size is our engine's"),
+    (["--method", "dart", "--engine", "vllm", "--concurrency", "1,2"], "tune --engine vllm tunes a draft length"),
+    (["--method", "hf-generate", "--batch-size", "1,2"], "tune has no budgets for 'hf-generate'"),
+    (["--method", "pld", "--batch-size", "1,8", "--limit", "4"], "--batch-size 8 is more than the 4 prompt(s)"),
+    (["--method", "pld", "--batch-size", "1,0"], "--batch-size"),
+])
+def test_tune_per_level_bad_input_is_one_line(tmp_path, monkeypatch, args, says):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    result = CliRunner().invoke(app, ["tune", *args, "--out", str(tmp_path / "t")])
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.slow
+@needs_embedded
+def test_tune_per_batch_size_chooses_per_level_and_run_tuned_applies_it(tmp_path, monkeypatch):
+    """A small real tune of pld at batch sizes 1 and 2: per level the verify cost at that size, a live baseline
+    before and after, the paper budget and the chosen one live; each level's choice, vLLM's table (pld's budget
+    is a draft length vLLM takes as it is); then `run --tuned --batch-size 2` applies level 2's choice."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(tuning.GRIDS, "pld", [("num_pred_tokens=2",)])
+    monkeypatch.setattr(tuning, "COST_ROWS", (1, 2, 4, 8, 12))
+    common = ["--limit", "2", "--max-new-tokens", "16", "--warmup", "0", "--threads", "2"]
+    result = CliRunner().invoke(app, ["tune", "--method", "pld", "--batch-size", "1,2", *common,
+                                      "--out", str(tmp_path / "tune")])
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    assert record["load"] == "batch_size" and [level["load"] for level in record["levels"]] == [1, 2]
+    for level in record["levels"]:
+        assert level["opts"] in ([], ["num_pred_tokens=2"]) and level["k"] == (10 if not level["opts"] else 2)
+        assert level["measured_low"] <= level["measured_speedup"] <= level["measured_high"]
+        assert level["baseline_before_tok_s"] > 0 and level["baseline_after_tok_s"] > 0 and level["draft_scale"] > 0
+        for run in ("baseline", "paper", "baseline-after"):
+            info = json.loads((tmp_path / "tune" / f"b{level['load']}" / run / "run.json").read_text())
+            assert info["status"] == "complete" and info["settings"].get("batch_size", 1) == level["load"]
+    assert record["schedule"] == [[1, 1, record["levels"][0]["k"]], [2, 2, record["levels"][1]["k"]]]
+    frame = pd.read_csv(tmp_path / "tune" / "candidates.csv")
+    assert sorted(set(frame["load"])) == [1, 2] and len(frame) == 4
+    assert (tmp_path / "cache" / "tune" / "costs-smollm2-135m-float32-cpu-2t-b2-r4.json").exists()
+
+    result = CliRunner().invoke(app, ["run", "--method", "pld", "--tuned", "--batch-size", "2", *common,
+                                      "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    info = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert info["settings"]["options"]["num_pred_tokens"] == record["levels"][1]["k"]

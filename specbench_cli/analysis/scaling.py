@@ -17,7 +17,7 @@ import pandas as pd
 
 from specbench_cli.analysis import intervals
 from specbench_cli.analysis.metrics import tau
-from specbench_cli.analysis.results import BEFORE, Results, RunGroup, method_label
+from specbench_cli.analysis.results import BEFORE, Results, RunGroup, method_label, read_info
 from specbench_cli.analysis.tables import Table
 
 # Each load: what one unit of it is (the figure's axis says so).
@@ -34,6 +34,9 @@ def throughput(group: RunGroup) -> float:
     recorded = group.info.get("throughput", {}).get("output_tokens_per_s")
     if recorded is not None and len(group.dirs) == 1:
         return float(recorded)
+    spans = [read_info(d).get("throughput", {}) for d in group.dirs]  # runs of the same settings: pooled
+    if all("seconds" in s and "output_tokens" in s for s in spans) and sum(s["seconds"] for s in spans) > 0:
+        return sum(s["output_tokens"] for s in spans) / sum(s["seconds"] for s in spans)
     p = group.prompts
     seconds = (p.ttft_ms.sum() + p.decode_ms.sum()) / 1e3  # one request at a time: the prompts' times add up
     return p.new_tokens.sum() / seconds if seconds > 0 else float("nan")

@@ -40,6 +40,7 @@ class EnginePlan:
     speculative_config: dict | None = None  # what the run asks the engine for (engines/vllm_methods.py)
     known_differences: list[str] = field(default_factory=list)  # where the engine drafts otherwise (run.json)
     proposer: dict | None = None  # specbench's own proposer inside the engine (engines/vllm_routed.py)
+    schedule: list[list[int]] | None = None  # `run --tuned`: the draft length per batch size `tune` chose (vLLM's form)
 
 
 ENGINES: dict[str, EngineEntry] = {

@@ -22,7 +22,7 @@ import json
 import os
 import subprocess
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -109,7 +109,10 @@ def plan_engine(plan: Plan) -> Plan:
     if mapped.proposer and not has_plugin(plan.engine.python):
         raise UsageError(f"--engine vllm runs {plan.config.method} as a vLLM plugin, which {plan.engine.python} lacks: "
                          f"run `bash scripts/setup-vllm.sh`, or `pip install --no-deps -e <specbench>` in that Python")
-    engine = dataclasses.replace(plan.engine, speculative_config=mapped.speculative_config,
+    config = mapped.speculative_config
+    if config is not None and plan.engine.schedule:  # `tune --engine vllm`'s table: K per batch size, capped by config's
+        config = {**config, "num_speculative_tokens_per_batch_size": plan.engine.schedule}
+    engine = dataclasses.replace(plan.engine, speculative_config=config,
                                  known_differences=mapped.known_differences, proposer=mapped.proposer)
     plan = dataclasses.replace(plan, options=mapped.options, notes=[*plan.notes, *mapped.notes], engine=engine)
     if plan.config.engine_url:  # an unreachable server is said before the results folder is taken
@@ -357,6 +360,14 @@ class VllmJob:
         self.stats_ = Throughput()
         self.warmed = 0
         self.noted = False
+        self.shared: Worker | None = None  # an engine started by the caller for several runs (`on`)
+
+    def on(self, worker: Worker) -> VllmJob:
+        """Run on an engine the caller started and will stop, one engine for several runs (`tune --engine vllm`:
+        each candidate's engine serves every --concurrency level); its caches are emptied as the run starts, as a
+        new engine's are."""
+        self.shared = worker
+        return self
 
     def begin(self) -> Start:
         self.weights = drafter_weights(self.plan)
@@ -372,7 +383,12 @@ class VllmJob:
             vocab = int(json.loads((Path(checkpoint_location(plan.spec)) / "config.json").read_text())["vocab_size"])
             extra, self.decisions = Decisions.prepare(plan.out, plan.engine.proposer, self.text.tokenizer, vocab)
             self.spec.env.update(extra)
-        self.engine, self.clock = open_engine(plan, self.spec, plan.out / "engine.log")
+        if self.shared is None:
+            self.engine, self.clock = open_engine(plan, self.spec, plan.out / "engine.log")
+        elif (self.shared.spec.engine_args, self.shared.spec.env) != (self.spec.engine_args, self.spec.env):
+            raise RuntimeError(f"{plan.out}: the shared engine was started with other settings than this run's")
+        else:
+            self.engine, self.clock = nullcontext(self.shared), CLOCK
         return {"clock": self.clock, "prompts_selected": len(plan.prompts), "drafter_weights": self.weights,
                 "dtype_choice": plan.dtype_reason, "engine": self.spec.record()}
 
@@ -383,6 +399,8 @@ class VllmJob:
         plan = self.plan
         with self.engine as worker:
             self.worker = worker
+            if self.shared is not None:
+                worker.forget()
             version = worker.ready["version"]
             recorded = info.more.get("engine", {}).get("version")
             if recorded not in (None, version):
@@ -392,10 +410,11 @@ class VllmJob:
                                    "engine_config": worker.ready["speculative_config"],
                                    "known_differences": plan.engine.known_differences}
             save()
-            self.console.print(f"vLLM {version} ({worker.ready.get('url', self.spec.python)})" +
-                               ("" if version.rsplit(".", 1)[0] in TESTED_VERSIONS else
-                                f"; specbench's method mapping was tested on vLLM {', '.join(TESTED_VERSIONS)} only"),
-                               highlight=False, soft_wrap=True)
+            if self.shared is None:  # an engine serving several runs was announced by whoever started it
+                self.console.print(f"vLLM {version} ({worker.ready.get('url', self.spec.python)})" +
+                                   ("" if version.rsplit(".", 1)[0] in TESTED_VERSIONS else
+                                    f"; specbench's method mapping was tested on vLLM {', '.join(TESTED_VERSIONS)} only"),
+                                   highlight=False, soft_wrap=True)
             if self.decisions is not None:
                 self.decisions.read()  # the proposer's first line is written when vLLM builds it
                 if not self.decisions.started:

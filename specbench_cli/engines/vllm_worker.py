@@ -100,8 +100,13 @@ def serve(out) -> None:
     config = json.loads(sys.stdin.readline())
     engine = LLMEngine.from_engine_args(EngineArgs(**config["engine_args"]))
     spec = engine.vllm_config.speculative_config
+    # the K vLLM's scheduler takes at each batch size 1, 2, ... (its dense lookup of num_speculative_tokens_per_
+    # batch_size, vllm/v1/core/sched/scheduler.py; None without the table or out of reach behind a process)
+    scheduler = getattr(getattr(getattr(engine, "engine_core", None), "engine_core", None), "scheduler", None)
+    lookup = getattr(scheduler, "dynamic_sd_lookup", None)
     out.write(json.dumps({"event": "ready", "version": __version__, "pid": os.getpid(),
-                          "speculative_config": None if spec is None else str(spec)}) + "\n")
+                          "speculative_config": None if spec is None else str(spec),
+                          "k_by_batch_size": lookup[1:] if lookup else None}) + "\n")
     commands: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(commands,), daemon=True).start()
     live: dict[str, Tracked] = {}

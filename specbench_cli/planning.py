@@ -47,7 +47,8 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
         tuned = tuned_opts(chosen.spec.name, config.method, machine, max(config.batch_size, config.concurrency))
         options, tuned_from = parse_options(cls, [*tuned.opts, *config.opts], notes), str(tuned.path)
         notes.append(f"tuned budget {' '.join(tuned.opts) or '(the paper default)'} from {tuned.path}"
-                     + (f", vLLM's K per batch size {tuned.schedule}" if tuned.schedule and chosen.engine else ""))
+                     + (f", vLLM's K per batch size {tuned.schedule}" if tuned.schedule and chosen.engine is not None
+                        else ""))
         if tuned.schedule and chosen.engine is not None:
             chosen = dataclasses.replace(chosen, engine=dataclasses.replace(chosen.engine, schedule=tuned.schedule))
     planned = dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device,

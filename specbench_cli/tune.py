@@ -1,16 +1,15 @@
 """What `specbench tune` does: the baseline live, the verify cost curve, a trace replay per candidate budget,
 the choice, and live runs of it interleaved with a baseline (the model behind the choice is `tuning.py`).
 
-The tune folder is held for the whole tune (`folders.claim`: one writer; an existing folder is continued, each
-run inside it resuming where it stopped), and its records are written whole or not at all
-(`folders.write_atomically`): tune.json there and the registered copy `run --tuned` reads.
+The tune folder is held for the whole tune (`tune_command`: `folders.claim`, one writer; an existing folder is
+continued, each run inside it resuming where it stopped), and its records are written whole or not at all
+(`tuning.write_record`): tune.json there and the registered copy `run --tuned` reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +21,6 @@ from specbench_cli import tuning
 from specbench_cli.analysis import intervals
 from specbench_cli.core.attention import attends_by_matmul
 from specbench_cli.core.target import Target
-from specbench_cli.folders import claim, write_atomically
 from specbench_cli.interleave import record_plans
 from specbench_cli.loading import load_model
 from specbench_cli.oracle import command as oracle_run
@@ -43,13 +41,8 @@ class TuneConfig:
 
 
 def execute(config: TuneConfig, console) -> tuning.TuneRecord:
-    """Baseline live, the cost curve, a replay per candidate, the choice, and (`check`) live runs of it."""
-    out = config.run.out
-    with claim(out, resume=out.exists(), note=lambda line: console.print(line, highlight=False)):
-        return _tune(config, console)
-
-
-def _tune(config: TuneConfig, console) -> tuning.TuneRecord:
+    """Baseline live, the cost curve, a replay per candidate, the choice, and (`check`) live runs of it (in the
+    tune folder `tune_command` holds)."""
     run, out, method = config.run, config.run.out, config.method
     base = plan(dataclasses.replace(run, method="baseline", out=out / "baseline", resume=_exists(out / "baseline")),
                 dict(os.environ))
@@ -96,7 +89,7 @@ def _tune(config: TuneConfig, console) -> tuning.TuneRecord:
     record = tuning.TuneRecord(run.model, method, machine, list(best.opts), best.speedup, live.get(best.candidate),
                         paper.speedup, live.get(paper.candidate), str(out), command_line(),
                         dt.datetime.now().isoformat(timespec="seconds"), frame.to_dict("records"))
-    registered = write_record(record, out, csv=False)
+    registered = tuning.write_record(record, out, csv=False)
     console.print(f"chosen: {best.candidate} (predicted {best.speedup:.2f}×"
                   + (f", measured {measured[best.candidate].text()}×" if best.candidate in measured else "")
                   + f"); `specbench run --method {method} --tuned` uses it ({registered})", highlight=False, soft_wrap=True)
@@ -131,29 +124,6 @@ def live_check(config: TuneConfig, chosen: list, predictions: list, model, conso
     base = read_table(folders[0], "prompts")
     return {p.candidate: intervals.speedup_interval(read_table(f, "prompts"), base, paired=True)
             for f, p in zip(folders[1:], chosen)}
-
-
-def write_record(record: tuning.TuneRecord, out: Path, csv: bool = True) -> Path:
-    """tune.json (and, `csv`, candidates.csv) in the tune folder and the registered copy `run --tuned` reads, each
-    written whole or not at all (`run --tuned` never reads half a record); returns the registered path."""
-    text = json.dumps(asdict(record), indent=1, default=str)
-    write_atomically(out / "tune.json", lambda tmp: tmp.write_text(text))
-    if csv:
-        write_atomically(out / "candidates.csv", lambda tmp: pd.DataFrame(record.candidates).to_csv(tmp, index=False))
-    registered = tuning.tuned_path(record.model, record.method, record.machine)
-    registered.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(registered, lambda tmp: tmp.write_text(text))
-    return registered
-
-
-def throughput(folder: Path) -> float:
-    """A run's output tokens per second over its recorded wall time (run.json's, written by batch and engine runs;
-    a batch-1 run's requests ran one at a time, so their times add up)."""
-    recorded = json.loads((folder / "run.json").read_text()).get("throughput", {}).get("output_tokens_per_s")
-    if recorded is not None:
-        return float(recorded)
-    p = read_table(folder, "prompts")
-    return float(p.new_tokens.sum() / ((p.ttft_ms.sum() + p.decode_ms.sum()) / 1e3))
 
 
 def per_token_ms(prompts: pd.DataFrame) -> float:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -37,24 +36,19 @@ from specbench_cli.analysis import intervals
 from specbench_cli.core.attention import attends_by_matmul
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.target import TargetModel
-from specbench_cli.folders import claim
 from specbench_cli.inputs import Plan
 from specbench_cli.loading import load_model
 from specbench_cli.planning import drafter_ref, plan
 from specbench_cli.records import read_table
 from specbench_cli.registry import method_class
+from specbench_cli.run_folder import is_complete
 from specbench_cli.runner import execute as record_run
 from specbench_cli.training.train import command_line
-from specbench_cli.tune import TuneConfig, replay_walks, throughput, write_record
+from specbench_cli.tune import TuneConfig, replay_walks
 
 
 def execute(config: TuneConfig, levels: list[int], console) -> tuning.TuneRecord:
-    out = config.run.out
-    with claim(out, resume=out.exists(), note=lambda line: console.print(line, highlight=False)):
-        return _tune(config, levels, console)
-
-
-def _tune(config: TuneConfig, levels: list[int], console) -> tuning.TuneRecord:
+    """Replays, then per size: its cost curve, the live runs, the choice (in the tune folder `tune_command` holds)."""
     run, out, method = config.run, config.run.out, config.method
     first = _plan(config, "baseline", (), 1, out / "baseline")
     model = load_model(first.spec, first.device, first.dtype)
@@ -77,14 +71,14 @@ def _tune(config: TuneConfig, levels: list[int], console) -> tuning.TuneRecord:
             config, f"live_{predictions.index(best)}", best.opts, n, folder, model, console)
         after = _live(config, "baseline-after", (), n, folder, model, console)
         base = pd.concat([read_table(before, "prompts"), read_table(after, "prompts")])
-        base_rate = (throughput(before) + throughput(after)) / 2
-        paper_x, best_x = (intervals.throughput_ratio_interval(read_table(f, "prompts"), throughput(f), base, base_rate)
+        base_rate = (tuning.throughput(before) + tuning.throughput(after)) / 2
+        paper_x, best_x = (intervals.throughput_ratio_interval(read_table(f, "prompts"), tuning.throughput(f), base, base_rate)
                            for f in (paper_run, chosen_run))
         rows.append({"load": n, "opts": list(best.opts), "k": vllm_k(config, best.opts, first),
                      "predicted_speedup": best.speedup, "measured_speedup": best_x.value, "measured_low": best_x.low,
                      "measured_high": best_x.high, "paper_predicted_speedup": predictions[0].speedup,
                      "paper_measured_speedup": paper_x.value, "paper_low": paper_x.low, "paper_high": paper_x.high,
-                     "baseline_before_tok_s": throughput(before), "baseline_after_tok_s": throughput(after),
+                     "baseline_before_tok_s": tuning.throughput(before), "baseline_after_tok_s": tuning.throughput(after),
                      "draft_scale": scale, "base_step_ms": base_step, "candidate": best.candidate})
         frames.append(pd.DataFrame([asdict(p) for p in predictions]).drop(columns="opts").assign(load=n))
     ks = {row["load"]: row["k"] for row in rows}
@@ -94,7 +88,7 @@ def _tune(config: TuneConfig, levels: list[int], console) -> tuning.TuneRecord:
                                rows[0]["paper_measured_speedup"], str(out), command_line(),
                                dt.datetime.now().isoformat(timespec="seconds"),
                                pd.concat(frames).to_dict("records"), load="batch_size", levels=rows, schedule=table)
-    registered = write_record(record, out)
+    registered = tuning.write_record(record, out)
     console.print(_table(rows, f"tune {method} per batch size on {run.model} {machine}"))
     console.print(("vLLM's table (num_speculative_tokens_per_batch_size): " + str(table)) if table else
                   "no vLLM table: a chosen budget is a tree, which vLLM 0.32 does not draft", highlight=False)
@@ -112,8 +106,7 @@ def _plan(config: TuneConfig, name: str, opts: tuple[str, ...], batch: int, fold
 def _live(config: TuneConfig, name: str, opts: tuple[str, ...], batch: int, root: Path, model, console) -> Path:
     """A live run at batch `batch` into `<root>/<name>` (skipped when complete: a resumed tune)."""
     folder = root / name
-    info = folder / "run.json"
-    if not (info.exists() and json.loads(info.read_text()).get("status") == "complete"):
+    if not is_complete(folder):
         record_run(_plan(config, name, opts, batch, folder), console, model)
     return folder
 

@@ -1,4 +1,5 @@
-"""What `specbench tune` does around a tune: its input checked in one line each before torch or an engine starts,
+"""What `specbench tune` does around a tune: its input checked in one line each before a model or an engine
+starts, the tune folder held for the whole tune (`folders.claim`: one writer; an existing folder is continued),
 then one of its three kinds — one budget (`tune.py`), a budget per batch size of our engine (`tune_batch.py`), a
 draft length per concurrency in vLLM (`tune_vllm.py`)."""
 
@@ -39,14 +40,17 @@ def execute(config: RunConfig, batch_size: str, concurrency: str, check: bool, c
 
     from specbench_cli.tune import TuneConfig
 
-    tune = TuneConfig(config.method, config, config.threads or torch.get_num_threads(), check)
-    if vllm:
-        from specbench_cli.tune_vllm import execute as tune_levels
-    elif levels != [1]:
-        from specbench_cli.tune_batch import execute as tune_levels
-    else:
-        from specbench_cli.tune import execute as tune_one
+    from specbench_cli.folders import claim
 
-        tune_one(tune, console)
-        return
-    tune_levels(tune, levels, console)
+    tune = TuneConfig(config.method, config, config.threads or torch.get_num_threads(), check)
+    with claim(config.out, resume=config.out.exists(), note=lambda line: console.print(line, highlight=False)):
+        if vllm:
+            from specbench_cli.tune_vllm import execute as tune_levels
+        elif levels != [1]:
+            from specbench_cli.tune_batch import execute as tune_levels
+        else:
+            from specbench_cli.tune import execute as tune_one
+
+            tune_one(tune, console)
+            return
+        tune_levels(tune, levels, console)

@@ -26,7 +26,7 @@ import datetime as dt
 import json
 import os
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -35,13 +35,11 @@ from rich.table import Table as RichTable
 from specbench_cli import tuning
 from specbench_cli.analysis import intervals
 from specbench_cli.engines.vllm import VllmJob, Worker, launch
-from specbench_cli.folders import claim
 from specbench_cli.inputs import Plan
 from specbench_cli.planning import plan
 from specbench_cli.records import RUN_TABLES, read_table
-from specbench_cli.run_folder import RunFolder, record
+from specbench_cli.run_folder import RunFolder, is_complete, record
 from specbench_cli.training.train import command_line
-from specbench_cli.tune import throughput, write_record
 
 
 NO_PER_STEP_K = "vllm/v1/spec_decode/suffix_decoding.py asserts num_speculative_tokens == its configured K"
@@ -69,13 +67,7 @@ class Measured:
 
 def execute(config, levels: list[int], console) -> tuning.TuneRecord:
     """Every candidate at every level, the choice per level, vLLM's table, and (`config.check`) the tuned engine
-    run at every level beside the baseline and the paper budget."""
-    out = config.run.out
-    with claim(out, resume=out.exists(), note=lambda line: console.print(line, highlight=False)):
-        return _tune(config, levels, console)
-
-
-def _tune(config, levels: list[int], console) -> tuning.TuneRecord:
+    run at every level beside the baseline and the paper budget (in the tune folder `tune_command` holds)."""
     run, out, method = config.run, config.run.out, config.method
     candidates = [(), *tuning.VLLM_GRIDS[method]]
     members = [_member(config, "baseline", (), levels, out)]
@@ -107,7 +99,7 @@ def _tune(config, levels: list[int], console) -> tuning.TuneRecord:
             level_rows[0]["paper_measured_speedup"], str(out), command_line(),
             dt.datetime.now().isoformat(timespec="seconds"), _candidates(members, levels, measured),
             engine="vllm", load="concurrency", levels=level_rows, schedule=table)
-        registered = write_record(record_, out)
+        registered = tuning.write_record(record_, out)
         console.print(_table(members, levels, measured, chosen, f"tune {method} in vLLM ({machine})"))
         console.print((f"chosen: num_speculative_tokens {cap.k}, num_speculative_tokens_per_batch_size {table}"
                        if per_step else
@@ -136,20 +128,22 @@ def _member(config, name: str, opts: tuple[str, ...], levels: list[int], out: Pa
 
 
 def _start(members: list[Member], engines: dict[str, Worker], stack: ExitStack) -> None:
-    """An engine for every distinct launch among the members' plans (one per budget: it serves every level),
-    stopped when the stack closes; `engines` keeps them by launch for later members. They start in two waves, each
-    side by side: the first engine of each method, then the rest, which find their method's compiled graphs in
-    vLLM's cache (started together, every one compiled the same graph again: 5 on 2 cores took 5 minutes)."""
+    """An engine for every distinct launch among the members' unfinished runs (one per budget: it serves every
+    level), stopped when the stack closes; `engines` keeps them by launch for later members. They start in two
+    waves, each side by side: the first engine of each method, then the rest, which find their method's compiled
+    graphs in vLLM's cache (started together, every one compiled the same graph again: 5 on 2 cores took 5
+    minutes)."""
     waves: tuple[list[Worker], list[Worker]] = ([], [])
     methods: set[str] = set()
     for m in members:
         for n, run in m.plans.items():
-            spec = launch(run, dict(os.environ))
-            key = json.dumps([spec.engine_args, spec.env], sort_keys=True, default=str)
+            if is_complete(run.out):  # a resumed tune: nothing left to run there
+                continue
+            key = _launch_key(run)
             if key not in engines:
                 folder = run.out.parent.parent / "engines"
                 folder.mkdir(parents=True, exist_ok=True)
-                engines[key] = Worker(spec, folder / f"{m.name}-c{n}.log")
+                engines[key] = Worker(launch(run, dict(os.environ)), folder / f"{m.name}-c{n}.log")
                 stack.callback(engines[key].stop)
                 waves[run.config.method in methods].append(engines[key])
                 methods.add(run.config.method)
@@ -158,14 +152,19 @@ def _start(members: list[Member], engines: dict[str, Worker], stack: ExitStack) 
         for worker in wave:
             worker.launch()
         for worker in wave:
-            stack.enter_context(worker)
+            worker.started()
+
+
+def _launch_key(run: Plan) -> str:
+    spec = launch(run, dict(os.environ))
+    return json.dumps([spec.engine_args, spec.env], sort_keys=True, default=str)
 
 
 def _measure(members: list[Member], levels: list[int], console) -> dict[tuple[str, int], Measured]:
     """Each member at each level, in an order rotated one place per level; each run's throughput and speedup."""
     for j, n in enumerate(levels):
         for m in members[j % len(members):] + members[:j % len(members)]:
-            _record(m.plans[n], m.workers[n], console)
+            _record(m.plans[n], m.workers.get(n), console)
     measured = {}
     for n in levels:
         base = _read(members[0].plans[n].out)
@@ -176,10 +175,9 @@ def _measure(members: list[Member], levels: list[int], console) -> dict[tuple[st
     return measured
 
 
-def _record(run: Plan, worker: Worker, console) -> None:
+def _record(run: Plan, worker: Worker | None, console) -> None:
     """One run on a started engine (skipped when its folder is complete: a resumed tune)."""
-    info = run.out / "run.json"
-    if info.exists() and json.loads(info.read_text()).get("status") == "complete":
+    if is_complete(run.out):
         return
     folder, job = RunFolder(run.out, RUN_TABLES), VllmJob(run, console).on(worker)
     with folder.session(run.config.resume, lambda line: console.print(line, highlight=False)):
@@ -188,7 +186,7 @@ def _record(run: Plan, worker: Worker, console) -> None:
 
 
 def _read(folder: Path) -> tuple[pd.DataFrame, float]:
-    return read_table(folder, "prompts"), throughput(folder)
+    return read_table(folder, "prompts"), tuning.throughput(folder)
 
 
 def _check(config, levels: list[int], baseline: Member, paper: Member, record_: tuning.TuneRecord,
@@ -198,16 +196,19 @@ def _check(config, levels: list[int], baseline: Member, paper: Member, record_: 
     record."""
     out = config.run.out
     tuned = _member(config, "tuned", (), levels, out, tuned=True, root="check")
-    again = [dataclasses.replace(m, plans={n: _replan(p, out / "check" / f"c{n}" / m.name) for n, p in m.plans.items()})
-             for m in (baseline, paper)]
-    _start([tuned], engines, stack)
+    again = [dataclasses.replace(m, plans={n: _replan(p, out / "check" / f"c{n}" / m.name) for n, p in m.plans.items()},
+                                 workers={}) for m in (baseline, paper)]
+    needed = {_launch_key(p) for m in (*again, tuned) for p in m.plans.values()}
+    for key in [k for k in engines if k not in needed]:  # the other candidates' engines: their memory back first
+        engines.pop(key).stop()
     members = [again[0], tuned, again[1]]
+    _start(members, engines, stack)
     measured = _measure(members, levels, console)
     for row, n in zip(record_.levels, levels):
         for name, key in (("tuned", "check_tuned"), (paper.name, "check_paper")):
             s = measured[name, n].speedup
             row |= {f"{key}_speedup": s.value, f"{key}_low": s.low, f"{key}_high": s.high}
-    write_record(record_, out)
+    tuning.write_record(record_, out)
     table = RichTable(title=f"check: `run --engine vllm --tuned` (K {record_.schedule or _fixed(record_)}) against the "
                             f"paper budget (K {paper.k}), each beside the same level's baseline", show_lines=False,
                       caption="× = throughput over the baseline's at that level, with its unpaired 95% interval")

@@ -38,6 +38,9 @@ import pandas as pd
 import torch
 
 from specbench_cli.analysis.oracles import round_starts
+from specbench_cli.analysis.scaling import run_throughput
+from specbench_cli.folders import write_atomically
+from specbench_cli.records import read_table
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.timing import sync
@@ -224,8 +227,8 @@ class TuneRecord:
     """What `tune` chose, and why: written to its folder and to `tuned_path`. A tune over load levels
     (`--batch-size` / `--concurrency`) also holds each level's choice (`levels`: load, opts, k, predicted and
     measured speedups) and, where every chosen budget is a draft length vLLM takes, vLLM's table
-    (`schedule`: num_speculative_tokens_per_batch_size); `opts` is then the budget of the smallest level (our
-    engine) or of the longest chosen draft (vLLM: the engine's num_speculative_tokens, the table's cap)."""
+    (`schedule`: num_speculative_tokens_per_batch_size); `opts` is then the budget of the smallest level, but
+    for vLLM with a table that of the longest chosen draft (the engine's num_speculative_tokens, the table's cap)."""
 
     model: str
     method: str
@@ -274,6 +277,24 @@ def tuned_opts(model: str, method: str, machine: str, load: int = 1) -> Tuned:
     return Tuned(list(opts), path, record.get("schedule"))
 
 
+def write_record(record: TuneRecord, out: Path, csv: bool = True) -> Path:
+    """tune.json (and, `csv`, candidates.csv) in the tune folder and the registered copy `run --tuned` reads, each
+    written whole or not at all (`run --tuned` never reads half a record); returns the registered path."""
+    text = json.dumps(asdict(record), indent=1, default=str)
+    write_atomically(out / "tune.json", lambda tmp: tmp.write_text(text))
+    if csv:
+        write_atomically(out / "candidates.csv", lambda tmp: pd.DataFrame(record.candidates).to_csv(tmp, index=False))
+    registered = tuned_path(record.model, record.method, record.machine)
+    registered.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(registered, lambda tmp: tmp.write_text(text))
+    return registered
+
+
+def throughput(folder: Path) -> float:
+    """A run folder's output tokens per second over its recorded wall time (`scaling.run_throughput`)."""
+    return run_throughput(json.loads((folder / "run.json").read_text()), read_table(folder, "prompts"))
+
+
 def schedule(chosen: dict[int, int]) -> list[list[int]]:
     """vLLM's `num_speculative_tokens_per_batch_size` (vllm/config/speculative.py, 0.32: inclusive
     [range_start, range_end, K] ranges, the first starting at 1) from the draft length chosen at each load level:
@@ -282,4 +303,4 @@ def schedule(chosen: dict[int, int]) -> list[list[int]]:
     loads = sorted(chosen)
     starts = [1, *loads[1:]]
     ends = [*(n - 1 for n in loads[1:]), loads[-1]]
-    return [[s, max(e, s), chosen[n]] for s, e, n in zip(starts, ends, loads)]
+    return [[s, e, chosen[n]] for s, e, n in zip(starts, ends, loads)]

@@ -427,11 +427,10 @@ def test_tune_in_vllm_writes_vllms_table_and_a_tuned_run_uses_it(runs):
     assert sorted(frame.k.unique()) == sorted({paper, 3}) and (frame.tokens_per_s > 0).all()
     ks = [level["k"] for level in record["levels"]]
     assert record["schedule"] == [[1, 1, ks[0]], [2, 2, ks[1]]]
-    for n, k in zip((1, int(LEVELS)), ks):
+    for n, k, level in zip((1, int(LEVELS)), ks, record["levels"]):
         assert k == frame[frame.load == n].sort_values("tokens_per_s").k.iloc[-1]  # the most tokens/s there
         info = json.loads((folder / "check" / f"c{n}" / "tuned" / "run.json").read_text())
         assert info["settings"]["speculative_config"]["num_speculative_tokens"] == max(ks)
         assert info["settings"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == record["schedule"]
         assert info["engine"]["k_by_batch_size"][:2] == ks  # what vLLM's scheduler built from the table
-        level = record["levels"][n - 1]
         assert level["check_tuned_low"] <= level["check_tuned_speedup"] <= level["check_tuned_high"]

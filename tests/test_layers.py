@@ -71,7 +71,8 @@ def test_the_walker_sees_imports() -> None:  # the checks above would pass vacuo
 def test_analysis_reads_records_and_imports_no_command() -> None:
     """analysis/ turns records into tables and figures; the commands (run, oracle, calibrate, train) sit above it."""
     commands = ("specbench_cli.cli", "specbench_cli.runner", "specbench_cli.oracle", "specbench_cli.calibration",
-                "specbench_cli.training", "specbench_cli.sweep", "specbench_cli.profile", "specbench_cli.tuning")
+                "specbench_cli.training", "specbench_cli.sweep", "specbench_cli.profile", "specbench_cli.tuning",
+                "specbench_cli.tune")
     for path in sorted((ROOT / "specbench_cli" / "analysis").glob("*.py")):
         above = [m for m in imports(path) if m.startswith(commands)]
         assert not above, f"analysis/{path.name} imports {above}"

@@ -46,14 +46,15 @@ def test_the_throughput_table_divides_by_the_baseline_of_the_same_level(tmp_path
 
 def test_two_runs_of_one_level_pool_their_recorded_tokens_and_seconds(tmp_path):
     """Two runs with the same settings at 4 in flight (a tune's run and its check's): Σ output tokens / Σ
-    seconds as recorded, not the one-at-a-time sum of request times, which would count overlapping time twice."""
+    seconds as recorded (400 / 8 s), neither the mean of their rates (83) nor the one-at-a-time sum of request
+    times, which would count overlapping time twice."""
     settings = {**VLLM, "concurrency": 4}
-    for i, (tokens, seconds) in enumerate(((300, 2.0), (100, 2.0))):
+    for i, (tokens, seconds) in enumerate(((300, 2.0), (100, 6.0))):
         write_run(tmp_path / f"eagle3-{i}", "eagle3", turns(10.0), settings=settings,
                   more={"throughput": {"output_tokens": tokens, "output_tokens_per_s": tokens / seconds,
                                        "seconds": seconds}})
     (group,) = [g for g in load([tmp_path]).groups if g.method == "eagle3"]
-    assert len(group.dirs) == 2 and scaling.throughput(group) == pytest.approx(400 / 4.0)
+    assert len(group.dirs) == 2 and scaling.throughput(group) == pytest.approx(400 / 8.0)
 
 
 def test_throughput_and_its_speedup_carry_intervals_from_how_the_requests_vary(tmp_path):

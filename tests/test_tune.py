@@ -109,13 +109,14 @@ def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch, dr
 
 # ---------------------------------------------------------------------------------------------- per load level
 def test_vllm_table_maps_each_level_up_to_the_next_in_vllms_own_form():
-    """`num_speculative_tokens_per_batch_size`: inclusive ranges from 1, non-overlapping, sorted (vLLM's own
-    validator accepts them and expands them to the K chosen at each level)."""
+    """`num_speculative_tokens_per_batch_size`: inclusive ranges from 1, non-overlapping, sorted, as vLLM's
+    validator requires (vllm/v1/spec_decode/dynamic/utils.py; the engine test has vLLM build its lookup from one)."""
     table = tuning.schedule({1: 8, 2: 4, 4: 4, 8: 2})
     assert table == [[1, 1, 8], [2, 3, 4], [4, 7, 4], [8, 8, 2]]
     assert tuning.schedule({4: 3}) == [[1, 4, 3]]  # the first range starts at 1 whatever the first level
     assert tuning.schedule({2: 5, 8: 3}) == [[1, 7, 5], [8, 8, 3]]
-    # vLLM's expansion (vllm/v1/spec_decode/dynamic/utils.py), written out: K for batch sizes 1..12, capped at 8
+    # vLLM's expansion rule, written out here: a batch size takes the K of the range it falls in, past the last one
+    # the last K
     dense = {b: next(k for s, e, k in reversed(table) if s <= b) for b in range(1, 13)}
     assert [dense[b] for b in (1, 2, 3, 4, 7, 8, 12)] == [8, 4, 4, 4, 4, 2, 2]
 
@@ -223,3 +224,32 @@ def test_tune_per_batch_size_chooses_per_level_and_run_tuned_applies_it(tmp_path
     assert result.exit_code == 0, result.output
     info = json.loads((tmp_path / "r" / "run.json").read_text())
     assert info["settings"]["options"]["num_pred_tokens"] == record["levels"][1]["k"]
+
+
+@needs_embedded
+def test_a_run_on_a_shared_engine_must_be_the_run_it_was_started_for(tmp_path, monkeypatch):
+    """`VllmJob.on`: a run may use an engine the caller started (a tune's engine serves every level) only if that
+    engine was launched with this run's own engine arguments; otherwise one line, before anything is decoded."""
+    import sys
+
+    from rich.console import Console
+
+    from specbench_cli.engines.vllm import VllmJob, Worker, launch
+    from specbench_cli.inputs import RunConfig
+    from specbench_cli.planning import plan
+
+    def planned(level: int, opts: list[str]):
+        return plan(RunConfig(method="pld", model="smollm2-135m", dataset="spec-bench", limit=1, dtype="float32",
+                              engine="vllm", engine_python=sys.executable, concurrency=level, opts=opts,
+                              out=tmp_path / f"c{level}"), {})
+
+    k10, k2 = planned(1, []), planned(2, ["num_pred_tokens=2"])
+    worker = Worker(launch(k10, {}), tmp_path / "engine.log")  # never started: the check comes first
+    other = VllmJob(k2, Console()).on(worker)
+    other.begin()
+    with pytest.raises(RuntimeError, match="other settings"):
+        other.prepare()
+    same = VllmJob(planned(2, []), Console()).on(worker)  # another level, the same engine arguments
+    same.begin()
+    same.prepare()
+    assert same.engine.__enter__() is worker and worker.process is None  # not started by the job either

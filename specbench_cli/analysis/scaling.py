@@ -30,16 +30,24 @@ def level(group: RunGroup, load: str) -> int:
 
 
 def throughput(group: RunGroup) -> float:
-    """Output tokens per wall second of the run (see the module docstring)."""
-    recorded = group.info.get("throughput", {}).get("output_tokens_per_s")
-    if recorded is not None and len(group.dirs) == 1:
-        return float(recorded)
-    spans = [read_info(d).get("throughput", {}) for d in group.dirs]  # runs of the same settings: pooled
+    """Output tokens per wall second of the run (see the module docstring); runs of the same settings (a tune's
+    run and its check's) pool their recorded tokens and seconds."""
+    if len(group.dirs) == 1:
+        return run_throughput(group.info, group.prompts)
+    spans = [read_info(d).get("throughput", {}) for d in group.dirs]
     if all("seconds" in s and "output_tokens" in s for s in spans) and sum(s["seconds"] for s in spans) > 0:
         return sum(s["output_tokens"] for s in spans) / sum(s["seconds"] for s in spans)
-    p = group.prompts
-    seconds = (p.ttft_ms.sum() + p.decode_ms.sum()) / 1e3  # one request at a time: the prompts' times add up
-    return p.new_tokens.sum() / seconds if seconds > 0 else float("nan")
+    return run_throughput({}, group.prompts)
+
+
+def run_throughput(info: dict, prompts: pd.DataFrame) -> float:
+    """One run's output tokens per wall second: run.json's (`info`; engine and batch runs record it), else Σ new
+    tokens / Σ (TTFT + decode) over its prompts (our engine at batch 1: one request at a time, the times add up)."""
+    recorded = info.get("throughput", {}).get("output_tokens_per_s")
+    if recorded is not None:
+        return float(recorded)
+    seconds = (prompts.ttft_ms.sum() + prompts.decode_ms.sum()) / 1e3
+    return prompts.new_tokens.sum() / seconds if seconds > 0 else float("nan")
 
 
 def with_intervals(results: Results, group: RunGroup) -> tuple[intervals.Interval, intervals.Interval]:

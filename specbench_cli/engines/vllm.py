@@ -196,8 +196,13 @@ class Worker:
         self._send({"engine_args": self.spec.engine_args})
 
     def __enter__(self) -> Worker:
+        return self.started()
+
+    def started(self) -> Worker:
+        """Launched (if it was not) and ready: vLLM's "ready" line read."""
         self.launch()
-        self.ready = self._read("ready", START_TIMEOUT_S)
+        if not self.ready:
+            self.ready = self._read("ready", START_TIMEOUT_S)
         return self
 
     def __exit__(self, *exc) -> None:

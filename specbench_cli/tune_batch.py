@@ -71,14 +71,15 @@ def execute(config: TuneConfig, levels: list[int], console) -> tuning.TuneRecord
             config, f"live_{predictions.index(best)}", best.opts, n, folder, model, console)
         after = _live(config, "baseline-after", (), n, folder, model, console)
         base = pd.concat([read_table(before, "prompts"), read_table(after, "prompts")])
-        base_rate = (tuning.throughput(before) + tuning.throughput(after)) / 2
+        rate_before, rate_after = tuning.throughput(before), tuning.throughput(after)
+        base_rate = (rate_before + rate_after) / 2
         paper_x, best_x = (intervals.throughput_ratio_interval(read_table(f, "prompts"), tuning.throughput(f), base, base_rate)
                            for f in (paper_run, chosen_run))
         rows.append({"load": n, "opts": list(best.opts), "k": vllm_k(config, best.opts, first),
                      "predicted_speedup": best.speedup, "measured_speedup": best_x.value, "measured_low": best_x.low,
                      "measured_high": best_x.high, "paper_predicted_speedup": predictions[0].speedup,
                      "paper_measured_speedup": paper_x.value, "paper_low": paper_x.low, "paper_high": paper_x.high,
-                     "baseline_before_tok_s": tuning.throughput(before), "baseline_after_tok_s": tuning.throughput(after),
+                     "baseline_before_tok_s": rate_before, "baseline_after_tok_s": rate_after,
                      "draft_scale": scale, "base_step_ms": base_step, "candidate": best.candidate})
         frames.append(pd.DataFrame([asdict(p) for p in predictions]).drop(columns="opts").assign(load=n))
     ks = {row["load"]: row["k"] for row in rows}

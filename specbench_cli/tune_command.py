@@ -38,9 +38,8 @@ def execute(config: RunConfig, batch_size: str, concurrency: str, check: bool, c
     use_threads(config.threads)
     import torch
 
-    from specbench_cli.tune import TuneConfig
-
     from specbench_cli.folders import claim
+    from specbench_cli.tune import TuneConfig
 
     tune = TuneConfig(config.method, config, config.threads or torch.get_num_threads(), check)
     with claim(config.out, resume=config.out.exists(), note=lambda line: console.print(line, highlight=False)):

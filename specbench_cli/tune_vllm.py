@@ -34,7 +34,7 @@ from rich.table import Table as RichTable
 
 from specbench_cli import tuning
 from specbench_cli.analysis import intervals
-from specbench_cli.engines.vllm import VllmJob, Worker, launch
+from specbench_cli.engines.vllm import Launch, VllmJob, Worker, launch
 from specbench_cli.inputs import Plan
 from specbench_cli.planning import plan
 from specbench_cli.records import RUN_TABLES, read_table
@@ -139,11 +139,12 @@ def _start(members: list[Member], engines: dict[str, Worker], stack: ExitStack) 
         for n, run in m.plans.items():
             if is_complete(run.out):  # a resumed tune: nothing left to run there
                 continue
-            key = _launch_key(run)
+            spec = launch(run, dict(os.environ))
+            key = _launch_key(spec)
             if key not in engines:
                 folder = run.out.parent.parent / "engines"
                 folder.mkdir(parents=True, exist_ok=True)
-                engines[key] = Worker(launch(run, dict(os.environ)), folder / f"{m.name}-c{n}.log")
+                engines[key] = Worker(spec, folder / f"{m.name}-c{n}.log")
                 stack.callback(engines[key].stop)
                 waves[run.config.method in methods].append(engines[key])
                 methods.add(run.config.method)
@@ -155,8 +156,8 @@ def _start(members: list[Member], engines: dict[str, Worker], stack: ExitStack) 
             worker.started()
 
 
-def _launch_key(run: Plan) -> str:
-    spec = launch(run, dict(os.environ))
+def _launch_key(spec: Launch) -> str:
+    """What tells engines apart: a run may use an engine started with its own arguments and environment."""
     return json.dumps([spec.engine_args, spec.env], sort_keys=True, default=str)
 
 
@@ -198,7 +199,7 @@ def _check(config, levels: list[int], baseline: Member, paper: Member, record_: 
     tuned = _member(config, "tuned", (), levels, out, tuned=True, root="check")
     again = [dataclasses.replace(m, plans={n: _replan(p, out / "check" / f"c{n}" / m.name) for n, p in m.plans.items()},
                                  workers={}) for m in (baseline, paper)]
-    needed = {_launch_key(p) for m in (*again, tuned) for p in m.plans.values()}
+    needed = {_launch_key(launch(p, dict(os.environ))) for m in (*again, tuned) for p in m.plans.values()}
     for key in [k for k in engines if k not in needed]:  # the other candidates' engines: their memory back first
         engines.pop(key).stop()
     members = [again[0], tuned, again[1]]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+import tempfile
 
 import torch
 
@@ -127,3 +131,20 @@ def assert_multi_turn_lossless(model: torch.nn.Module, method: Method, prompt: l
     first = assert_lossless(model, method, prompt, max_new=60)
     second = prompt + first.output_ids + random_prompt(8, seed=9)
     assert_lossless(model, method, second, max_new=80)
+
+
+class Background:
+    """A `specbench` command in a process of its own, beside what the test does meanwhile: the engine fixtures
+    run our engine's list (one thread) while vLLM's engines, one thread each and one busy at a time, boot and
+    decode, so that the machine's second core works too. `wait()` asserts it succeeded."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = args
+        self.output = tempfile.TemporaryFile("w+")  # not a pipe: a full one would stall the command
+        self.process = subprocess.Popen([sys.executable, "-m", "specbench_cli.cli", *args], stdout=self.output,
+                                        stderr=subprocess.STDOUT, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+    def wait(self) -> None:
+        self.process.wait(timeout=1800)
+        self.output.seek(0)
+        assert self.process.returncode == 0, f"specbench {' '.join(self.args)}:\n{self.output.read()[-4000:]}"

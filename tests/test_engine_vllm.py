@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 
 from specbench_cli.cli import app
 
+from tests.helpers import Background
+
 pytestmark = [pytest.mark.engine, pytest.mark.embedded]
 
 TOKENS = "24"
@@ -43,32 +45,33 @@ def in_list(*methods: str) -> list[str]:
     return [a for m in methods for opt in METHODS.get(m, [])[1::2] for a in ("--opt", f"{m}.{opt}")]
 
 
-# the vLLM methods as lists (an engine each, booted side by side): three engines at a time stay under ~8 GB
-VLLM_LISTS = (("baseline", "pld", "suffix"), ("eagle3", "dflash", "sps"))
+# the vLLM methods but baseline and eagle3 as one list (an engine each, booted side by side, ~10 GB in all); the
+# fixture's tune runs baseline and eagle3's chain of 3 at one request in flight, the runs the tests read for them
+VLLM_LIST = ("pld", "suffix", "dflash", "sps")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, engine_python, embedded) -> dict:
-    """Our engine's baseline, hf-generate and the CROSS methods as one list on one loaded target; vLLM's mapped
-    methods as two lists; baseline and eagle3 again at two requests in flight. "root" holds them all."""
+    """Our engine's baseline, hf-generate and the CROSS methods as one list on one loaded target, in a process of
+    its own meanwhile (`Background`); vLLM's mapped methods as one list and the tune's runs; baseline and eagle3
+    also at two requests in flight (the tune's). "root" holds our runs and the list."""
     root = tmp_path_factory.mktemp("engine_runs")
     ours = ("baseline", "hf-generate", *CROSS)
-    run("--method", ",".join(ours), *in_list(*ours), "--out", str(root / "ours"))
+    beside = Background("run", *SELECTION, "--method", ",".join(ours), *in_list(*ours), "--out", str(root / "ours"))
     out = {"root": root, "ours": root / "ours" / "baseline", "hf-generate": root / "ours" / "hf-generate",
            **{f"ours-{m}": root / "ours" / m for m in CROSS}}
-    for methods in VLLM_LISTS:
-        folder = root / f"vllm-{methods[0]}"
-        run("--method", ",".join(methods), *ENGINE, "--engine-python", engine_python, *in_list(*methods),
-            "--out", str(folder))
-        out |= {m: folder / m for m in methods}
+    run("--method", ",".join(VLLM_LIST), *ENGINE, "--engine-python", engine_python, *in_list(*VLLM_LIST),
+        "--out", str(root / "vllm"))
+    out |= {m: root / "vllm" / m for m in VLLM_LIST}
     out |= tuned_in_vllm(tmp_path_factory.mktemp("tune_vllm") / "t", engine_python)
+    beside.wait()
     return out
 
 
 def tuned_in_vllm(folder, engine_python) -> dict:
     """`tune --engine vllm --method eagle3 --concurrency 1,LEVELS` over the paper chain and METHODS' chain of 3:
-    baseline and eagle3 at both levels (engines started once), the table, and its check (`run --engine vllm
-    --tuned` beside the baseline and the paper chain again)."""
+    baseline and eagle3 (the chain of 3: candidate_1) at both levels (engines started once), the table, and its
+    check (`run --engine vllm --tuned` beside the baseline and the paper chain again)."""
     from specbench_cli import tuning
 
     chain = tuple(METHODS["eagle3"][1::2])
@@ -79,7 +82,8 @@ def tuned_in_vllm(folder, engine_python) -> dict:
                                           *SELECTION[:-2], "--threads", "1", *ENGINE, "--engine-python", engine_python,
                                           "--out", str(folder)])
         assert result.exit_code == 0, result.output
-    return {"tune": folder, f"baseline-c{LEVELS}": folder / f"c{LEVELS}" / "baseline",
+    return {"tune": folder, "baseline": folder / "c1" / "baseline", "eagle3": folder / "c1" / "candidate_1",
+            f"baseline-c{LEVELS}": folder / f"c{LEVELS}" / "baseline",
             f"eagle3-c{LEVELS}": folder / f"c{LEVELS}" / "candidate_1",
             f"tuned-c{LEVELS}": folder / "check" / f"c{LEVELS}" / "tuned"}
 
@@ -140,7 +144,7 @@ def cross_engine_rows(runs, method: str):
     from specbench_cli.analysis import cross_engine
     from specbench_cli.analysis.results import load
 
-    frame = cross_engine.table(load([runs["root"]])).frame
+    frame = cross_engine.table(load([runs["root"], runs["eagle3"]])).frame
     return frame[frame.method.str.startswith(method)]
 
 
@@ -217,17 +221,22 @@ def test_a_speculators_written_drafter_drafts_as_our_checkpoint_in_both_engines(
     original = load([runs[f"ours-{method}"]]).groups[0]
     vllm = [*ENGINE, "--engine-python", engine_python]
 
-    def steps(name: str, engine: list[str], drafter: Path):
-        run("--method", method, *METHODS[method], *engine, "--drafter", f"{method}={drafter}", "--out", str(tmp_path / name))
+    def args(name: str, drafter: Path) -> list[str]:
+        return ["--method", method, *METHODS[method], "--drafter", f"{method}={drafter}", "--out", str(tmp_path / name)]
+
+    def steps(name: str):
         group = load([tmp_path / name]).groups[0]
         frame = cross_engine.compare(original, group)
         assert len(frame) == 3 and frame["output ids equal"].all(), name
         return frame, group
 
     assert (original.rounds.accepted > 0).any()  # drafts that accept, so equal steps say something
-    ours, _ = steps("ours", [], folder)
+    beside = Background("run", *SELECTION, *args("ours", folder))  # our engine meanwhile, in a process of its own
+    run(*args("vllm", folder), *vllm)
+    beside.wait()
+    ours, _ = steps("ours")
     assert ours["accepts equal"].all(), ours.to_string()
-    theirs, group = steps("vllm", vllm, folder)
+    theirs, group = steps("vllm")
     if method == "eagle3":
         assert theirs["accepts equal"].all(), theirs.to_string()
         return
@@ -238,7 +247,8 @@ def test_a_speculators_written_drafter_drafts_as_our_checkpoint_in_both_engines(
     shutil.copytree(folder, fixed)
     config["sliding_window_non_causal"] = True
     (fixed / "config.json").write_text(json.dumps(config))
-    patched, _ = steps("vllm-bidirectional", vllm, fixed)
+    run(*args("vllm-bidirectional", fixed), *vllm)
+    patched, _ = steps("vllm-bidirectional")
     assert patched["accepts equal"].all(), patched.to_string()
 
 

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from specbench_cli.cli import app
 
+from tests.helpers import Background
 from tests.test_engine_vllm import ENGINE, outputs
 
 pytestmark = [pytest.mark.engine, pytest.mark.embedded]
@@ -54,13 +55,13 @@ def in_list(method: str, opts: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, engine_python, embedded) -> dict[str, Path]:
-    """Our baseline and our routed methods run as vLLM runs them, one list on one loaded target; the routed methods
-    in vLLM as two lists of two (an engine each, booted side by side); hvd and whiflash-entropy again at two
-    requests in flight."""
+    """Our baseline and our routed methods run as vLLM runs them, one list on one loaded target in a process of its
+    own meanwhile (`Background`); the routed methods in vLLM as two lists of two (an engine each, booted side by
+    side); hvd and whiflash-entropy again at two requests in flight."""
     root = tmp_path_factory.mktemp("hvd_runs")
     ours = {"baseline": [], "hvd": AS_VLLM, **{m: [*WHIFLASH_AS_VLLM, *WHIFLASH_THRESHOLD[m]] for m in WHIFLASH}}
-    run("--method", ",".join(ours), *(a for m, opts in ours.items() for a in in_list(m, opts)),
-        "--out", str(root / "ours"))
+    beside = Background("run", *SELECTION, "--method", ",".join(ours),
+                        *(a for m, opts in ours.items() for a in in_list(m, opts)), "--out", str(root / "ours"))
     out = {"ours": root / "ours" / "baseline", **{f"ours-{m}": root / "ours" / m for m in ours if m != "baseline"}}
     for methods in (("hvd", "hvd-freq"), WHIFLASH):
         folder = root / f"vllm-{methods[0]}"
@@ -71,6 +72,7 @@ def runs(tmp_path_factory, engine_python, embedded) -> dict[str, Path]:
         out[f"vllm-{method}-c2"] = root / f"vllm-{method}-c2"
         run("--method", method, *ENGINE, *WHIFLASH_THRESHOLD.get(method, []), "--engine-python", engine_python,
             "--concurrency", "2", "--out", str(out[f"vllm-{method}-c2"]))
+    beside.wait()
     return out
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specbench_cli.core.kernels import RowKernels, can_pack
+from specbench_cli.core.kernels import GATE_UP, QKV, RowKernels, can_pack, stacked
 from specbench_cli.core.attention import grouped_attention
 
 CPU = torch.device("cpu")
@@ -41,6 +41,36 @@ def test_packed_mlp_equals_the_module_and_follows_weight_changes():
         mlp.up_proj.weight.mul_(2)  # an in-place change bumps the weight's version: repacked
     with torch.inference_mode():
         assert torch.equal(kernels(mlp)(x), mlp(x))
+
+
+@pytest.mark.skipif(not can_pack(CPU, torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")
+@pytest.mark.parametrize("bias", [False, True])  # Qwen2's q/k/v carry biases
+def test_stacked_linears_give_each_part_what_its_own_call_gives(bias):
+    """q/k/v (and gate/up) as one packed call: every part bit for bit its own packed call, and so `F.linear`'s, at
+    every row count, on the embedded model's shapes; the MLP stacked equals the module."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                         hidden_act="silu", attention_bias=bias)
+    attn, mlp = LlamaAttention(config, 0).to(torch.bfloat16), LlamaMLP(config).to(torch.bfloat16)
+    kernels = RowKernels(packed=True)
+    qkv = stacked(attn, QKV)
+    assert stacked(attn, QKV) is qkv and qkv.sizes == [576, 192, 192]
+    with torch.inference_mode():
+        for rows in (1, 2, 3, 7, 8, 9, 16, 33, 64):
+            x = torch.randn(1, rows, 576, dtype=torch.bfloat16) * (rows / 8)
+            parts = kernels(qkv)(x).split(qkv.sizes, dim=-1)
+            for part, name in zip(parts, QKV):
+                assert torch.equal(part, getattr(attn, name)(x)), (rows, name)
+            assert torch.equal(kernels(mlp)(x), mlp(x)), rows
+    assert kernels.stack and stacked(mlp, GATE_UP).sizes == [1536, 1536]
+    with torch.no_grad():
+        attn.k_proj.weight.mul_(2)  # a member's weight changed: the stack is packed again
+    with torch.inference_mode():
+        x = torch.randn(1, 4, 576, dtype=torch.bfloat16)
+        assert torch.equal(kernels(qkv)(x).split(qkv.sizes, dim=-1)[1], attn.k_proj(x))
 
 
 def test_unpacked_kernels_are_the_modules():

@@ -13,6 +13,14 @@ Only bf16/fp16 are packed: a packed float32 weight goes through oneDNN instead o
 differently (faster too, but fp32 is the reference dtype whose outputs other engines are compared with).
 The packed copies live beside the model's own weights (drafters and `generate()` still use those), so
 the target's projections take twice their memory on a CPU.
+
+Linears over one input are stacked into one packed weight (`Stacked`: q, k and v; the MLP's gate and up): one
+oneDNN call reads the three (two) weights instead of one call each. Each output column is still one weight row
+against the input, and on the embedded model's shapes the stacked call gives every part bit for bit what its
+own call gives, at every row count (tests/test_kernels.py; the target probes it on the running machine,
+`TargetModel._stacks_agree`, and calls each linear on its own where it fails). Measured on a 2-core EPYC with
+avx512_bf16 (2026-11-27, every GEMM of one decode, 30 layers and the head, medians of 15): 8.7-9.1 ms as seven
+calls per layer, 7.4-7.6 ms as four.
 """
 
 from __future__ import annotations
@@ -25,9 +33,61 @@ import torch
 PACKED_DTYPES = (torch.bfloat16, torch.float16)
 PACK_ROWS = 8  # the row count oneDNN is told to expect (a decode has 1, a verify a few to 64)
 
-# nn.Linear -> (its weight's identity when packed, the packed weight): one packed copy per module, shared by
-# every Target over the model (a batch's slots, calibration's several targets); repacked if the weight changed.
+# nn.Linear or Stacked -> (its weights' identity when packed, the packed weight, the bias): one packed copy per
+# module, shared by every Target over the model (a batch's slots, calibration's several targets); repacked if a
+# weight changed.
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# a parent module (attention, MLP) -> its Stacked linears, by the linears' names
+_STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+QKV = ("q_proj", "k_proj", "v_proj")
+GATE_UP = ("gate_proj", "up_proj")
+
+
+class Stacked:
+    """Linears of one parent module over the same input, as one linear whose output is theirs side by side
+    (`sizes` columns each). Its weight and bias are built only when it is packed."""
+
+    def __init__(self, linears: list[torch.nn.Linear]) -> None:
+        self.linears = linears
+        self.sizes = [m.out_features for m in linears]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return torch.cat([m.weight.detach() for m in self.linears])
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        if all(m.bias is None for m in self.linears):
+            return None
+        return torch.cat([m.weight.new_zeros(m.out_features) if m.bias is None else m.bias.detach()
+                          for m in self.linears])
+
+    @property
+    def in_features(self) -> int:
+        return self.linears[0].in_features
+
+    @property
+    def device(self) -> torch.device:
+        return self.linears[0].weight.device
+
+
+def shape(module: torch.nn.Linear | Stacked) -> tuple[int, int]:
+    """A linear's weight shape (out, in), a `Stacked` one's as if its weights were one."""
+    if isinstance(module, Stacked):
+        return sum(module.sizes), module.in_features
+    return tuple(module.weight.shape)
+
+
+def stacked(parent: torch.nn.Module, names: tuple[str, ...]) -> Stacked:
+    """The `Stacked` linears `names` of `parent` (made once per parent and names)."""
+    held = _STACKS.setdefault(parent, {})
+    if names not in held:
+        held[names] = Stacked([getattr(parent, name) for name in names])
+    return held[names]
+
+
+def _identity(weight: torch.Tensor) -> tuple[int, int]:
+    return weight.data_ptr(), 0 if weight.is_inference() else weight._version  # inference tensors have no version
 
 
 def zero_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -55,32 +115,37 @@ class RowKernels:
 
     def __init__(self, packed: bool) -> None:
         self.packed = packed
+        self.stack = packed  # q/k/v and gate/up as one call each (`Stacked`); the target may turn it off (probed)
         # weight shapes whose one-row call is padded to two rows (a batch-invariant target's probe, `Target._rows`);
         # None: none is, and the target pads a one-row call of every module itself where it must
         self.pad_one_row: frozenset[tuple[int, int]] | None = None
 
-    def __call__(self, module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    def __call__(self, module: torch.nn.Module | Stacked) -> Callable[[torch.Tensor], torch.Tensor]:
         if not self.packed:
             return module
-        if isinstance(module, torch.nn.Linear) and module.weight.dtype in PACKED_DTYPES:
+        if isinstance(module, Stacked) or (isinstance(module, torch.nn.Linear) and module.weight.dtype in PACKED_DTYPES):
             return lambda x: self.linear(module, x)
         if (all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
                 and module.down_proj.weight.dtype in PACKED_DTYPES):
             return lambda x: self.gated_mlp(module, x)
         return module
 
-    def linear(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        weight = module.weight
-        key = (weight.data_ptr(), 0 if weight.is_inference() else weight._version)  # inference tensors have no version
+    def linear(self, module: torch.nn.Linear | Stacked, x: torch.Tensor) -> torch.Tensor:
+        linears = module.linears if isinstance(module, Stacked) else [module]
+        key = tuple((_identity(m.weight), None if m.bias is None else _identity(m.bias)) for m in linears)
         held = _PACKED.get(module)
         if held is None or held[0] != key:
-            held = _PACKED[module] = key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+            held = _PACKED[module] = key, torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS), module.bias
         rows = x.shape[-2]
-        if self.pad_one_row and rows == 1 and tuple(weight.shape) in self.pad_one_row:
+        if self.pad_one_row and rows == 1 and shape(module) in self.pad_one_row:
             x = zero_rows(x, 2)
-        return torch.ops.mkldnn._linear_pointwise(x, held[1], module.bias, "none", [], "")[..., :rows, :]
+        return torch.ops.mkldnn._linear_pointwise(x, held[1], held[2], "none", [], "")[..., :rows, :]
 
     def gated_mlp(self, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Llama/Qwen's MLP, down(act(gate(x)) * up(x)), as its `forward` computes it."""
-        return self.linear(mlp.down_proj, mlp.act_fn(self.linear(mlp.gate_proj, x)) * self.linear(mlp.up_proj, x))
-
+        if self.stack:
+            both = stacked(mlp, GATE_UP)
+            gate, up = self.linear(both, x).split(both.sizes, dim=-1)
+        else:
+            gate, up = self.linear(mlp.gate_proj, x), self.linear(mlp.up_proj, x)
+        return self.linear(mlp.down_proj, mlp.act_fn(gate) * up)

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from specbench_cli.core.attention import (DecodeOrder, attends_by_matmul, decode_orders, exact_attention,
                                           grouped_attention, one_query_by_matmul, rows_agree)
 from specbench_cli.core.errors import UsageError
-from specbench_cli.core.kernels import RowKernels, packs, zero_rows
+from specbench_cli.core.kernels import GATE_UP, QKV, RowKernels, Stacked, packs, shape, stacked, zero_rows
 from specbench_cli.core.tree import DraftTree
 
 # Families whose decoder layers this forward reproduces: pre-norm residual blocks, rotary attention with
@@ -57,7 +57,7 @@ SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 ROOM = 256  # cache slots kept free past prompt + max-new-tokens for the largest verify (grown if a tree needs more)
 DEFAULT_BUCKETS = (1, 4, 16, 64)  # compiled verify sizes (a 60-node tree + root fits 64, a 16-token block 16)
 ROW_BLOCK = 8  # every batch-invariant GEMM takes exactly this many rows (see `Target._rows`)
-_ONE_CALL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(dtype, packed, device): probed}
+_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(probe, dtype, packed, device): result}
 
 
 @dataclass
@@ -171,7 +171,8 @@ class FloatKV:
 
     Why: converting a decode's 512 cached keys and values from bf16 in every layer cost 30 us of its 170 us
     of attention (2-core EPYC). Memory: twice the bf16 cache, beside it (exact targets only: half precision on
-    a CPU)."""
+    a CPU). Not for a plain target's decode: reading the copy (a strided view of it) made that decode 4 % slower
+    than converting its cache in every layer (2-core EPYC, 2026-11-27, medians of 6 x 25 decodes)."""
 
     def __init__(self, cache: StaticKV, layers: int) -> None:
         self.cache = cache
@@ -257,14 +258,12 @@ class TargetModel:
         self.kernels = RowKernels(packs(device, self._dtype, compile is not None) if packed is None else packed)
         self._layer_devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
         self.one_call = False  # see `_rows`; probed once per model, dtype and kernels
+        if self.kernels.packed:
+            self.kernels.stack = self._probed("stack", self._stacks_agree)
         if invariant:
-            probed = _ONE_CALL.setdefault(model, {})
-            key = (self._dtype, self.kernels.packed, str(self._layer_devices[0]))
-            if key not in probed:
-                keeps = self._one_call_keeps_rows()
-                probed[key] = keeps, self._one_row_differs() if keeps and self.kernels.packed else None
-            self.one_call, pads = probed[key]
-            self.kernels.pad_one_row = pads
+            keeps = self._probed("one call", self._one_call_keeps_rows)
+            self.one_call = keeps
+            self.kernels.pad_one_row = self._probed("one row", self._one_row_differs) if keeps and self.kernels.packed else None
         self.compile_mode = compile
         self.buckets = tuple(sorted(buckets))
         self.compile_seconds: dict[int, float] = {}  # bucket -> seconds its warm-up (compile, record) took
@@ -437,9 +436,7 @@ class TargetModel:
         cache `kv` [2, B, kv heads, S, d] (reading only, with `apart`). `where`: (layer, slot of the first sequence),
         for the float copy exact attention reads (`FloatKV`)."""
         d = attn.head_dim
-        q = self._rows(attn.q_proj, x).view(*x.shape[:2], -1, d)
-        k = self._rows(attn.k_proj, x).view(*x.shape[:2], -1, d)
-        v = self._rows(attn.v_proj, x).view(*x.shape[:2], -1, d)
+        q, k, v = (t.view(*x.shape[:2], -1, d) for t in self._projections(attn, x))
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rotary
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -470,6 +467,13 @@ class TargetModel:
             out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, is_causal=mask is None,
                                                  scale=attn.scaling, enable_gqa=True).transpose(1, 2).reshape(batch, rows, -1)
         return self._rows(attn.o_proj, out if real is None else out[real][None])
+
+    def _projections(self, attn: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+        """q, k and v of x: one stacked call where the kernels stack (`kernels.Stacked`), else a call each."""
+        if self.kernels.stack:
+            qkv = stacked(attn, QKV)
+            return list(self._rows(qkv, x).split(qkv.sizes, dim=-1))
+        return [self._rows(getattr(attn, name), x) for name in QKV]
 
     def _one_query_each(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
                         sees_reserved: torch.Tensor, slots: torch.Tensor, offset: int,
@@ -528,6 +532,36 @@ class TargetModel:
         out = torch.cat([fn(piece) for piece in x.split(ROW_BLOCK, dim=-2)], dim=-2)[..., :rows, :]
         return out.reshape(*lead, -1)
 
+    def _probed(self, probe: str, measure: Callable[[], object]):
+        """`measure()` once per model, dtype, kernels and device (the kernels a build and a CPU pick may differ)."""
+        held = _PROBED.setdefault(self.model, {})
+        key = (probe, self._dtype, self.kernels.packed, self.kernels.stack, str(self._layer_devices[0]))
+        if key not in held:
+            held[key] = measure()
+        return held[key]
+
+    def _stacks_agree(self) -> bool:
+        """Whether the stacked q/k/v and gate/up calls (`kernels.Stacked`) give every part bit for bit what its own
+        call gives, for the first layer on random rows of several counts and scales (the MLP whole, its activation
+        reading the stacked output's halves); where not, each linear is called on its own."""
+        layer = self.model.model.layers[0]
+        generator = torch.Generator().manual_seed(2)
+        kernels = self.kernels
+        attn, width = layer.self_attn, self.model.config.hidden_size
+        for rows in (1, 2, 3, 9, 17, 64):
+            scales = torch.logspace(-1, 1.5, rows)[:, None]
+            x = (torch.randn(1, rows, width, generator=generator) * scales).to(self._dtype).to(self._layer_devices[0])
+            with torch.inference_mode():
+                qkv, mlp = stacked(attn, QKV), layer.mlp
+                apart = [kernels.linear(getattr(attn, name), x) for name in QKV]
+                if not all(map(torch.equal, kernels.linear(qkv, x).split(qkv.sizes, dim=-1), apart)):
+                    return False
+                one_by_one = kernels.linear(mlp.down_proj, mlp.act_fn(kernels.linear(mlp.gate_proj, x))
+                                            * kernels.linear(mlp.up_proj, x))
+                if not torch.equal(kernels.gated_mlp(mlp, x), one_by_one):
+                    return False
+        return True
+
     def _one_call_keeps_rows(self) -> bool:
         """Whether one call over any number of rows from 2 up gives each row what ROW_BLOCK-row pieces give it,
         for the first layer's projections and MLP and the head, on random rows (so `_rows` pads a decode to 2 rows
@@ -538,7 +572,8 @@ class TargetModel:
         layer = self.model.model.layers[0]
         generator = torch.Generator().manual_seed(0)
         width = self.model.config.hidden_size
-        for module in (layer.self_attn.q_proj, layer.mlp, self.model.get_output_embeddings()):
+        stacks = [stacked(layer.self_attn, QKV)] if self.kernels.stack else []
+        for module in (layer.self_attn.q_proj, *stacks, layer.mlp, self.model.get_output_embeddings()):
             fn = self.kernels(module)
             x = torch.randn(1, 72, width, generator=generator).to(self._dtype).to(self._layer_devices[0])
             with torch.inference_mode():
@@ -553,17 +588,20 @@ class TargetModel:
         of scales). On a 2-core EPYC's oneDNN (2026-11-26): only down_proj's, 576 x 1536 (about 1 row in 12)."""
         layer = self.model.model.layers[0]
         generator = torch.Generator().manual_seed(1)
-        linears = [m for m in layer.modules() if isinstance(m, torch.nn.Linear)] + [self.model.get_output_embeddings()]
+        linears: list[torch.nn.Linear | Stacked] = [m for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+        if self.kernels.stack:  # the calls a forward makes: q/k/v and gate/up stacked
+            linears += [stacked(layer.self_attn, QKV), stacked(layer.mlp, GATE_UP)]
+        linears.append(self.model.get_output_embeddings())
         differs = set()
         for module in linears:
             count = 16 if module is linears[-1] else 64
             scales = torch.logspace(-1, 1.5, count)[:, None]
             x = (torch.randn(1, count, module.in_features, generator=generator) * scales).to(self._dtype)
-            x = x.to(module.weight.device)
+            x = x.to(module.device if isinstance(module, Stacked) else module.weight.device)
             with torch.inference_mode():
                 many = self.kernels.linear(module, x)
                 if not all(torch.equal(self.kernels.linear(module, x[:, r:r + 1]), many[:, r:r + 1]) for r in range(count)):
-                    differs.add(tuple(module.weight.shape))
+                    differs.add(shape(module))
         return frozenset(differs)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:

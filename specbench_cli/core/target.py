@@ -436,11 +436,17 @@ class TargetModel:
         cache `kv` [2, B, kv heads, S, d] (reading only, with `apart`). `where`: (layer, slot of the first sequence),
         for the float copy exact attention reads (`FloatKV`)."""
         d = attn.head_dim
-        q, k, v = (t.view(*x.shape[:2], -1, d) for t in self._projections(attn, x))
-        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rotary
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if self.kernels.stack and not hasattr(attn, "q_norm"):  # q and k side by side: rotated in one go
+            qkv = stacked(attn, QKV)
+            qkv, (hq, hk, _) = self._rows(qkv, x).view(*x.shape[:2], -1, d), (n // d for n in qkv.sizes)
+            qk = rotate(qkv[:, :, :hq + hk].transpose(1, 2), cos, sin)
+            q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, :, hq + hk:].transpose(1, 2)
+        else:
+            q, k, v = (t.view(*x.shape[:2], -1, d) for t in self._projections(attn, x))
+            if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rotary
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if real is not None:  # packed rows -> each sequence's padded rows (padding rows: zeros, seen by nobody)
             q, k, v = (unpack(t, real) for t in (q, k, v))
         batch, rows = q.shape[0], q.shape[2]

@@ -104,3 +104,25 @@ def test_grouped_attention_over_two_parts_is_attention_over_their_concatenation(
     apart = grouped_attention(q, [(k[:, :, :22], v[:, :, :22], mask[..., :22]),
                                   (k[:, :, 22:], v[:, :, 22:], mask[..., 22:])], 0.125)
     torch.testing.assert_close(apart, whole, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(not can_pack(CPU, torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])  # Qwen3 normalises q and k before rotary: rotated apart
+def test_a_stacked_bf16_target_verifies_what_one_call_per_linear_verifies(arch):
+    """The target's forward with the stack (q/k/v one call, q and k rotated in one where no norm comes first) and
+    without it: the same logits bit for bit, for a prefill, a tree verify and a decode."""
+    from specbench_cli.core.target import Target
+    from specbench_cli.core.tree import DraftTree
+    from tests.conftest import tiny_model
+
+    model = tiny_model(arch).to(torch.bfloat16)
+    targets = [Target(model, CPU) for _ in range(2)]
+    assert targets[0].shared.kernels.stack
+    targets[1].shared.kernels.stack = False
+    tree = DraftTree([5, 6, 7, 8], [0, 1, 1, 0])
+    logits = []
+    for t in targets:
+        first = t.prefill(list(range(3, 40)))
+        logits.append((first, t.verify(9, tree), t.verify(4, DraftTree.chain([]))))
+    for stacked_out, apart in zip(*logits):
+        assert torch.equal(stacked_out, apart)

@@ -41,6 +41,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,7 @@ SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 ROOM = 256  # cache slots kept free past prompt + max-new-tokens for the largest verify (grown if a tree needs more)
 DEFAULT_BUCKETS = (1, 4, 16, 64)  # compiled verify sizes (a 60-node tree + root fits 64, a 16-token block 16)
 ROW_BLOCK = 8  # every batch-invariant GEMM takes exactly this many rows (see `Target._rows`)
+T = TypeVar("T")
 _PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(probe, dtype, packed, device): result}
 
 
@@ -435,18 +437,7 @@ class TargetModel:
         """One attention block over x [B, R, H] (or packed rows, `decoder`'s `real`), reading and writing the static
         cache `kv` [2, B, kv heads, S, d] (reading only, with `apart`). `where`: (layer, slot of the first sequence),
         for the float copy exact attention reads (`FloatKV`)."""
-        d = attn.head_dim
-        if self.kernels.stack and not hasattr(attn, "q_norm"):  # q and k side by side: rotated in one go
-            qkv = stacked(attn, QKV)
-            qkv, (hq, hk, _) = self._rows(qkv, x).view(*x.shape[:2], -1, d), (n // d for n in qkv.sizes)
-            qk = rotate(qkv[:, :, :hq + hk].transpose(1, 2), cos, sin)
-            q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, :, hq + hk:].transpose(1, 2)
-        else:
-            q, k, v = (t.view(*x.shape[:2], -1, d) for t in self._projections(attn, x))
-            if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rotary
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        q, k, v = self._rotated_qkv(attn, x, cos, sin)
         if real is not None:  # packed rows -> each sequence's padded rows (padding rows: zeros, seen by nobody)
             q, k, v = (unpack(t, real) for t in (q, k, v))
         batch, rows = q.shape[0], q.shape[2]
@@ -474,12 +465,25 @@ class TargetModel:
                                                  scale=attn.scaling, enable_gqa=True).transpose(1, 2).reshape(batch, rows, -1)
         return self._rows(attn.o_proj, out if real is None else out[real][None])
 
-    def _projections(self, attn: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-        """q, k and v of x: one stacked call where the kernels stack (`kernels.Stacked`), else a call each."""
+    def _rotated_qkv(self, attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q and k rotated, and v, [B, heads, R, d] each, of x [B, R, H]: one stacked projection where the kernels
+        stack (`kernels.Stacked`), whose q and k heads, side by side, are rotated in one call unless each is
+        normalised first (Qwen3); else a projection each."""
+        d, lead = attn.head_dim, x.shape[:2]
         if self.kernels.stack:
             qkv = stacked(attn, QKV)
-            return list(self._rows(qkv, x).split(qkv.sizes, dim=-1))
-        return [self._rows(getattr(attn, name), x) for name in QKV]
+            hq, hk = (n // d for n in qkv.sizes[:2])
+            heads = self._rows(qkv, x).view(*lead, -1, d)  # [B, R, q heads + 2 x kv heads, d]
+            q, k, v = heads[:, :, :hq], heads[:, :, hq:hq + hk], heads[:, :, hq + hk:]
+        else:
+            q, k, v = (self._rows(getattr(attn, name), x).view(*lead, -1, d) for name in QKV)
+        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before rotary
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        elif self.kernels.stack:
+            qk = rotate(heads[:, :, :hq + hk].transpose(1, 2), cos, sin)
+            return qk[:, :hq], qk[:, hq:], v.transpose(1, 2)
+        return rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
 
     def _one_query_each(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
                         sees_reserved: torch.Tensor, slots: torch.Tensor, offset: int,
@@ -538,7 +542,7 @@ class TargetModel:
         out = torch.cat([fn(piece) for piece in x.split(ROW_BLOCK, dim=-2)], dim=-2)[..., :rows, :]
         return out.reshape(*lead, -1)
 
-    def _probed(self, probe: str, measure: Callable[[], object]):
+    def _probed(self, probe: str, measure: Callable[[], T]) -> T:
         """`measure()` once per model, dtype, kernels and device (the kernels a build and a CPU pick may differ)."""
         held = _PROBED.setdefault(self.model, {})
         key = (probe, self._dtype, self.kernels.packed, self.kernels.stack, str(self._layer_devices[0]))

@@ -123,7 +123,8 @@ class RowKernels:
     def __call__(self, module: torch.nn.Module | Stacked) -> Callable[[torch.Tensor], torch.Tensor]:
         if not self.packed:
             return module
-        if isinstance(module, Stacked) or (isinstance(module, torch.nn.Linear) and module.weight.dtype in PACKED_DTYPES):
+        if isinstance(module, Stacked) or (isinstance(module, torch.nn.Linear)
+                                           and module.weight.dtype in PACKED_DTYPES):
             return lambda x: self.linear(module, x)
         if (all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
                 and module.down_proj.weight.dtype in PACKED_DTYPES):
@@ -135,7 +136,8 @@ class RowKernels:
         key = tuple((_identity(m.weight), None if m.bias is None else _identity(m.bias)) for m in linears)
         held = _PACKED.get(module)
         if held is None or held[0] != key:
-            held = _PACKED[module] = key, torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS), module.bias
+            packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS)
+            held = _PACKED[module] = key, packed, module.bias
         rows = x.shape[-2]
         if self.pad_one_row and rows == 1 and shape(module) in self.pad_one_row:
             x = zero_rows(x, 2)

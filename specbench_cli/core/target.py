@@ -263,9 +263,9 @@ class TargetModel:
         if self.kernels.packed:
             self.kernels.stack = self._probed("stack", self._stacks_agree)
         if invariant:
-            keeps = self._probed("one call", self._one_call_keeps_rows)
-            self.one_call = keeps
-            self.kernels.pad_one_row = self._probed("one row", self._one_row_differs) if keeps and self.kernels.packed else None
+            self.one_call = self._probed("one call", self._one_call_keeps_rows)
+            if self.one_call and self.kernels.packed:
+                self.kernels.pad_one_row = self._probed("one row", self._one_row_differs)
         self.compile_mode = compile
         self.buckets = tuple(sorted(buckets))
         self.compile_seconds: dict[int, float] = {}  # bucket -> seconds its warm-up (compile, record) took

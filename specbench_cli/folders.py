@@ -115,3 +115,9 @@ def _in_use(path: Path, owner: dict | None, host: str) -> str:
         return (f"results directory {folder} is in use by {where}; if that run is gone, "
                 f"delete {path} and run again")
     return f"results directory {folder} is in use by {where}; wait for it to finish or stop it first"
+
+
+def is_complete(path: Path) -> bool:
+    """Whether the folder holds a finished run (run.json "complete"): what a resumed tune or sweep skips."""
+    info = path / "run.json"
+    return info.exists() and json.loads(info.read_text()).get("status") == "complete"

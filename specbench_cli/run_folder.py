@@ -44,12 +44,6 @@ LEGACY_SETTINGS = {"compile": None, "batch_invariant": False, "prepacked": False
 MEASURED = ("device", "cpu", "gpu", "torch_threads")
 
 
-def is_complete(path: Path) -> bool:
-    """Whether the folder holds a finished run (run.json "complete"): what a resumed tune skips."""
-    info = path / "run.json"
-    return info.exists() and json.loads(info.read_text()).get("status") == "complete"
-
-
 def now() -> str:
     return dt.datetime.now().isoformat(timespec="seconds")
 

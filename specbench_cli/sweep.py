@@ -32,6 +32,7 @@ from pathlib import Path
 
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.datasets import dataset_slug
+from specbench_cli.folders import is_complete
 from specbench_cli.inputs import RunConfig
 
 # `[run]` keys a sweep may set: RunConfig fields that are not chosen per job.
@@ -134,10 +135,10 @@ def expand(grid: dict[str, object]) -> list[tuple[tuple[str, object], ...]]:
 
 def status(job: Job, root: Path) -> str:
     """done (complete run.json), partial (started, resumable) or todo."""
-    info = root / job.name() / "run.json"
-    if not info.exists():
+    folder = root / job.name()
+    if not (folder / "run.json").exists():
         return "todo"
-    return "done" if json.loads(info.read_text()).get("status") == "complete" else "partial"
+    return "done" if is_complete(folder) else "partial"
 
 
 def slurm_script(config: Path, sweep: Sweep, shards: int, concurrency: int, hours: float, cpus: int) -> str:

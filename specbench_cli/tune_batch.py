@@ -36,12 +36,12 @@ from specbench_cli.analysis import intervals
 from specbench_cli.core.attention import attends_by_matmul
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.target import TargetModel
+from specbench_cli.folders import is_complete
 from specbench_cli.inputs import Plan
 from specbench_cli.loading import load_model
 from specbench_cli.planning import drafter_ref, plan
 from specbench_cli.records import read_table
 from specbench_cli.registry import method_class
-from specbench_cli.run_folder import is_complete
 from specbench_cli.runner import execute as record_run
 from specbench_cli.training.train import command_line
 from specbench_cli.tune import TuneConfig, replay_walks

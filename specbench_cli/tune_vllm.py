@@ -35,10 +35,11 @@ from rich.table import Table as RichTable
 from specbench_cli import tuning
 from specbench_cli.analysis import intervals
 from specbench_cli.engines.vllm import Launch, VllmJob, Worker, launch
+from specbench_cli.folders import is_complete
 from specbench_cli.inputs import Plan
 from specbench_cli.planning import plan
 from specbench_cli.records import RUN_TABLES, read_table
-from specbench_cli.run_folder import RunFolder, is_complete, record
+from specbench_cli.run_folder import RunFolder, record
 from specbench_cli.training.train import command_line
 
 

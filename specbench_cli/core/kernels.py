@@ -143,9 +143,10 @@ class RowKernels:
             x = zero_rows(x, 2)
         return torch.ops.mkldnn._linear_pointwise(x, held[1], held[2], "none", [], "")[..., :rows, :]
 
-    def gated_mlp(self, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Llama/Qwen's MLP, down(act(gate(x)) * up(x)), as its `forward` computes it."""
-        if self.stack:
+    def gated_mlp(self, mlp: torch.nn.Module, x: torch.Tensor, stack: bool | None = None) -> torch.Tensor:
+        """Llama/Qwen's MLP, down(act(gate(x)) * up(x)), as its `forward` computes it; gate and up stacked where
+        `stack` (None: where the kernels stack)."""
+        if self.stack if stack is None else stack:
             both = stacked(mlp, GATE_UP)
             gate, up = self.linear(both, x).split(both.sizes, dim=-1)
         else:

@@ -14,6 +14,7 @@ from specbench_cli.core.timing import PHASES, SUB_PHASES
 from specbench_cli.core.turn import TurnResult
 from specbench_cli.datasets import Prompt
 from specbench_cli.records import NAN, PromptRecord, RoundRecord, output_hash
+from specbench_cli.replay import NOT_REPLAYED, Replayed, replay_columns
 
 if TYPE_CHECKING:
     from specbench_cli.inputs import Plan
@@ -92,8 +93,10 @@ def turn_seed(seed: int, prompt: Prompt, turn: int) -> int:
 
 
 def turn_records(plan: Plan, run_name: str, clock: str, decode_text, index: int, prompt: Prompt,
-                 turns: list[tuple[list[int], TurnResult]], engine: str = "specbench"):
-    """A decoded prompt's rows: one `PromptRecord` per turn, one `RoundRecord` per round (any engine's turns)."""
+                 turns: list[tuple[list[int], TurnResult]], engine: str = "specbench",
+                 replays: list[Replayed] | None = None):
+    """A decoded prompt's rows: one `PromptRecord` per turn, one `RoundRecord` per round (any engine's turns);
+    `replays`: each turn's greedy replay (replay.py), where one ran."""
     c = plan.config
     common = dict(run=run_name, method=c.method, model=c.model, dataset=prompt.dataset,
                   category=prompt.category, subtask=prompt.subtask, prompt_id=prompt.id)
@@ -106,7 +109,8 @@ def turn_records(plan: Plan, run_name: str, clock: str, decode_text, index: int,
                                  tokens_per_s=decode_tokens / (r.decode_ms / 1e3) if r.decode_ms > 0 else NAN,
                                  tau=tau(decode_tokens, len(r.rounds)), stop_reason=r.stop_reason, clock=clock,
                                  output_hash=output_hash(r.output_ids), output_text=decode_text(r.output_ids),
-                                 output_ids=r.output_ids, prompt_ids=ids, engine=engine))
+                                 output_ids=r.output_ids, prompt_ids=ids, engine=engine,
+                                 **replay_columns(replays[t] if replays else NOT_REPLAYED)))
         for k, info in enumerate(r.rounds):
             ms = {f"{p}_ms": info.phases.get(p, NAN) for p in (*PHASES, *SUB_PHASES, "wall")}
             rounds.append(RoundRecord(**common, turn=t, round=k, proposer=info.proposer, tree_size=info.tree_size,

@@ -89,14 +89,12 @@ def resolve_dtype(dtype: str, device: torch.device, cpu_bf16: bool = True) -> Dt
     return DtypeChoice(torch.float32, "auto: float32, the CPU has no native bf16 (no amx_bf16/avx512_bf16 flag)")
 
 
-def resolve_invariant(setting: str, dtype: torch.dtype, device: torch.device, compiled: bool) -> bool:
-    """Whether the target runs batch-invariant (`core.target.Target`): `auto` turns it on where it is needed
-    and measured, a half-precision target on the CPU eager (in float32 the verify path's rounding stays far
-    below a logit gap, and on CUDA the construction has not been measured bit-exact)."""
+def resolve_invariant(setting: str, compiled: bool) -> bool:
+    """Whether the timed target runs batch-invariant (`core.target.Target`): only when asked (`on`). `auto` is
+    off: exactness costs verify time a serving engine does not pay (README, Losslessness), so the timed target
+    runs as an engine runs it and the greedy replay (replay.py) checks every token apart from the timing."""
     if setting == "on" and compiled:
         raise UsageError("--batch-invariant on runs the target eager; drop --compile (or pass --batch-invariant off)")
-    if setting == "auto":
-        return dtype in (torch.bfloat16, torch.float16) and device.type == "cpu" and not compiled
     return setting == "on"
 
 

@@ -63,6 +63,12 @@ class RoundRecord(Identity):
     batch_size: int = 1
     batch_round: int = -1
     repeat: int = 0  # which pass over the selection (`run --repeat`); 0 in a run of one pass
+    # the greedy replay (replay.py; -1 / NaN: not replayed: temperature > 0, --no-replay, another engine)
+    replay_checked: int = -1  # output tokens compared with the reference target's greedy choice
+    replay_off: int = -1  # of them, tokens the reference would not have chosen after the turn's earlier tokens
+    replay_ties: int = -1  # of those, numeric ties (the reference's second choice, within the dtype's threshold)
+    replay_first_off: int = -1  # output position of the first off token; -1: none
+    replay_margin: float = float("nan")  # the largest reference logit margin of an off token (0: none off)
     # The method's own per-round signals (`Route.extras`: a router's inputs and score, the catch-up backlog),
     # each written as a column of its own after the fixed ones; a vector as comma-separated text.
     extras: dict = field(default_factory=dict)
@@ -89,6 +95,12 @@ class PromptRecord(Identity):
     prompt_ids: list[int] = field(default_factory=list)
     engine: str = "specbench"  # which engine decoded it (engines/: specbench, vllm)
     repeat: int = 0  # which pass over the selection (`run --repeat`); 0 in a run of one pass
+    # the greedy replay (replay.py; -1 / NaN: not replayed: temperature > 0, --no-replay, another engine)
+    replay_checked: int = -1  # output tokens compared with the reference target's greedy choice
+    replay_off: int = -1  # of them, tokens the reference would not have chosen after the turn's earlier tokens
+    replay_ties: int = -1  # of those, numeric ties (the reference's second choice, within the dtype's threshold)
+    replay_first_off: int = -1  # output position of the first off token; -1: none
+    replay_margin: float = float("nan")  # the largest reference logit margin of an off token (0: none off)
 
 
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "list[int]": pa.list_(pa.int64())}

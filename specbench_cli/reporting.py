@@ -78,8 +78,8 @@ def gate(console: Console, results, reference, max_regression: float, tables: li
     terminal and the report folder."""
     from specbench_cli.analysis import gate as regression_gate
 
-    lossless_table = next((t for t in tables if t.name == "lossless"), None)
-    verdict = regression_gate.compare(results, reference, max_regression, lossless_table)
+    named = {t.name: t for t in tables}
+    verdict = regression_gate.compare(results, reference, max_regression, named.get("lossless"), named.get("replay"))
     table = regression_gate.table(verdict, max_regression)
     if len(table.frame):
         console.print(table.rich())

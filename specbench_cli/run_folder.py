@@ -330,9 +330,11 @@ def record(folder: RunFolder, job: PromptJob, prompts: list[Prompt], warmup: lis
         _builtin_warmup_note(warmup, console)
         catch_up(run, warmup)
         with record_progress(console, len(prompts), todo, label) as advance:
-            def finished(index: int, prompt: Prompt, tables: dict) -> None:
+            def finished(index: int, prompt: Prompt, tables: dict, again: bool = False) -> None:
+                """A prompt's rows into the folder (`again`: written before, now rewritten with more in them)."""
                 folder.write_prompt(index, tables)
-                advance(prompt, job.stats())
+                if not again:
+                    advance(prompt, job.stats())
 
             job.decode_all(todo, finished)
     folder.complete(run.info, prompts=len(todo), **job.facts(run.info))

@@ -35,6 +35,7 @@ from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel
 from specbench_cli.planning import check_lengths, drafter_weights, loaded_target
 from specbench_cli.records import RUN_TABLES, run_parts
+from specbench_cli.replay import Replayed, Replayer, reference_name
 from specbench_cli.run_folder import OneAtATime, RunFolder, RunInfo, Start, new_session, record
 from specbench_cli.telemetry import GpuTelemetry
 from specbench_cli.core.dtypes import dtype_name
@@ -85,9 +86,16 @@ class Runner:
             turn_seed(self.plan.config.seed, conv.prompt, conv.turn))
         return Turn(conv.next_ids(self.model), generator, context(conv.prompt))
 
-    def records(self, index: int, prompt: Prompt, turns: list[tuple[list[int], TurnResult]]):
+    def records(self, index: int, prompt: Prompt, turns: list[tuple[list[int], TurnResult]],
+                replays: list[Replayed] | None = None):
         clock = PhaseClock(self.model.device).name if not isinstance(self.method, OwnLoop) else "perf_counter_ns (streamer)"
-        return turn_records(self.plan, self.run_name, clock, self.model.decode, index, prompt, turns)
+        return turn_records(self.plan, self.run_name, clock, self.model.decode, index, prompt, turns, replays=replays)
+
+
+def replays(plan: Plan) -> bool:
+    """Whether a run replays its turns (replay.py): asked for, greedy, and on one device (a --device split
+    target is for acceptance studies)."""
+    return plan.config.replay and plan.config.temperature == 0 and plan.config.device != "split"
 
 
 def compile_record(plan: Plan, capacity: int, seconds: dict[int, float], **more) -> dict:
@@ -136,10 +144,12 @@ class RunJob(OneAtATime):
         model = loaded_target(plan, self.given, split)
         self.runner = Runner(plan, model)
         self.longest = self.runner.check_lengths()
+        self.replayer = Replayer(model.model, model.device, plan.prepacked) if replays(plan) else None
         return {"method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
                 "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
                 "prompts_selected": len(plan.prompts), "weight_bytes": hardware.weight_bytes(model.model),
                 "drafter_weights": self.weights, "dtype_choice": plan.dtype_reason,
+                "replay": reference_name(model.device) if self.replayer else "off",
                 **({"tuned_from": plan.tuned_from} if plan.tuned_from else {}),
                 **({"device_map": getattr(model.model, "hf_device_map", "auto")} if split else {})}  # acceptance studies only
 
@@ -187,12 +197,23 @@ class RunJob(OneAtATime):
         return self.tables(index, prompt, self.runner.decode_prompt(prompt))
 
     def tables(self, index: int, prompt: Prompt, turns: list[tuple[list[int], TurnResult]]) -> dict[str, pa.Table]:
-        rounds, rows = self.runner.records(index, prompt, turns)
+        """A decoded prompt's parts, its turns replayed first (between prompts: inside no prompt's timing)."""
+        self.count(turns)
+        return self.parts(index, prompt, turns, self.replay(turns))
+
+    def replay(self, turns: list[tuple[list[int], TurnResult]]) -> list[Replayed] | None:
+        return [self.replayer.check(ids, r.output_ids) for ids, r in turns] if self.replayer else None
+
+    def parts(self, index: int, prompt: Prompt, turns: list[tuple[list[int], TurnResult]],
+              replays: list[Replayed] | None = None) -> dict[str, pa.Table]:
+        return run_parts(*self.runner.records(index, prompt, turns, replays))
+
+    def count(self, turns: list[tuple[list[int], TurnResult]]) -> None:
+        """The progress bar's running totals (`stats`)."""
         self.generated += sum(len(r.output_ids) for _, r in turns)
         self.decode_tokens += sum(len(r.output_ids) - 1 for _, r in turns)  # the first token is the prefill's
         self.rounds += sum(len(r.rounds) for _, r in turns)
         self.decode_s += sum(r.decode_ms for _, r in turns) / 1e3
-        return run_parts(rounds, rows)
 
     def stats(self) -> str:
         """τ and a tok/s pooling every token of the session (decode time only); the summary's is the mean of
@@ -240,14 +261,26 @@ class BatchJob(RunJob):
     def warm_up(self, prompt: Prompt) -> None:
         self._decode([(0, prompt)], lambda conv: None)
 
-    def decode_all(self, todo: list[tuple[int, Prompt]], finished: Callable[[int, Prompt, dict], None]) -> None:
+    def decode_all(self, todo: list[tuple[int, Prompt]], finished: Callable[..., None]) -> None:
+        """A finished conversation's rows are written at once; its replay waits until no sequence is in flight
+        (a turn's time is wall time, which a replay between rounds would add to every other lane's), then its
+        rows are written again with it. A run killed before then keeps its rows, unreplayed."""
+        later: list[Conversation] = []
+
         def done(conv: Conversation) -> None:
             self.throughput.add(conv)
-            finished(conv.index, conv.prompt, self.tables(conv.index, conv.prompt, conv.turns))
+            self.count(conv.turns)
+            finished(conv.index, conv.prompt, self.parts(conv.index, conv.prompt, conv.turns))
+            later.append(conv)
 
         self.gpu.start()
         self.throughput.start()
         self.batch_rounds += self._decode(todo, done).rounds
+        self.throughput.stop()
+        if self.replayer is not None:
+            for conv in later:
+                finished(conv.index, conv.prompt, self.parts(conv.index, conv.prompt, conv.turns, self.replay(conv.turns)),
+                         again=True)
 
     def _decode(self, todo: list[tuple[int, Prompt]], done: Callable[[Conversation], None]):
         waiting = collections.deque(Conversation(i, p) for i, p in todo)

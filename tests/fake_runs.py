@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbench_cli.records import RUN_TABLES, PromptRecord, RoundRecord, output_hash, run_parts
+from specbench_cli.replay import NOT_REPLAYED, Replayed, replay_columns
 from specbench_cli.run_folder import RunFolder, RunInfo
 
 CPU = {"cpu": "Test CPU 9000", "device": "cpu", "torch_threads": 2, "git_commit": "abc"}
@@ -23,6 +24,7 @@ class Turn:
     turn: int = 0
     proposers: list[str] | None = None  # per round: who drafted (default: the method)
     prompt_ids: list[int] | None = None  # the turn's prompt ids (default: [1, 2, 3])
+    replay: Replayed = NOT_REPLAYED  # the turn's greedy replay (replay.py)
 
     @property
     def tokens(self) -> int:
@@ -60,7 +62,8 @@ def write_run(folder: Path, method: str, turns: list[Turn], env: dict | None = N
                                      rounds=len(t.accepted), ttft_ms=5.0, decode_ms=t.decode_ms,
                                      tokens_per_s=t.tokens / t.decode_ms * 1e3, tau=t.tokens / len(t.accepted),
                                      stop_reason="max_new_tokens", clock="perf_counter_ns", output_hash=output_hash(ids),
-                                     output_text="", output_ids=ids, prompt_ids=t.prompt_ids or [1, 2, 3]))
+                                     output_text="", output_ids=ids, prompt_ids=t.prompt_ids or [1, 2, 3],
+                                     **replay_columns(t.replay)))
             for k, a in enumerate(t.accepted):
                 ms = {f"{p}_ms": 0.0 for p in ("route", "catchup", "draft", "draft_head", "verify", "accept", "commit", "wall")}
                 ms.update(phases)

@@ -62,7 +62,8 @@ def test_explicit_dtypes_and_the_oracle_keep_their_choice(cpuinfo):
 
 @pytest.mark.slow
 def test_a_run_records_the_choice_and_why(cpuinfo, tmp_path):
-    """On a CPU with avx512_bf16 a default run decodes in bf16, batch-invariant, and says so."""
+    """On a CPU with avx512_bf16 a default run decodes in bf16 on the plain target, replays on the batch-invariant
+    one, and says so."""
     cpuinfo(EPYC)
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", "--method", "baseline", "--limit", "1", "--max-new-tokens", "4",
@@ -70,7 +71,8 @@ def test_a_run_records_the_choice_and_why(cpuinfo, tmp_path):
     assert result.exit_code == 0, result.output
     assert "target in bfloat16 (auto: bfloat16, the CPU has avx512_bf16" in result.output
     info = json.loads((out / "run.json").read_text())
-    assert info["settings"]["dtype"] == "bfloat16" and info["settings"]["batch_invariant"] is True
+    assert info["settings"]["dtype"] == "bfloat16" and info["settings"]["batch_invariant"] is False
+    assert info["replay"] == "batch-invariant target (exact)"
     assert info["dtype_choice"] == "auto: bfloat16, the CPU has avx512_bf16"
     assert "baseline · smollm2-135m · spec-bench · bfloat16" in result.output  # the summary's title
 

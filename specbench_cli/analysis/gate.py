@@ -8,7 +8,7 @@ Per (model, dataset, method) of the reference:
   (`intervals.change_interval`; each speedup paired where its run was interleaved with its baseline). It fails
   only where the whole interval lies below 1 - threshold, passes where it lies at or above it, and is otherwise
   *inconclusive*: its own exit code (3), with about how many passes (`run --repeat`) would decide it.
-- a reference row the current results lack fails; a temperature-0 mismatch in the lossless table fails.
+- a reference row the current results lack fails; a temperature-0 mismatch in the lossless or replay table fails.
 
 Runs whose settings differ from the reference's (dtype, lengths, hardware...) are refused with one line naming
 what differs: their ratio would not mean anything.
@@ -44,7 +44,8 @@ def key(group: RunGroup) -> tuple[str, str, str]:
     return s["model"], s["dataset"], group.label
 
 
-def compare(current: Results, reference: Results, threshold_pct: float, lossless: Table | None = None) -> GateResult:
+def compare(current: Results, reference: Results, threshold_pct: float, lossless: Table | None = None,
+            replay: Table | None = None) -> GateResult:
     now = {key(g): g for g in current.groups}
     result = GateResult()
     for ref in reference.groups:
@@ -61,6 +62,11 @@ def compare(current: Results, reference: Results, threshold_pct: float, lossless
             result.failed.append(f"{row['dataset']}/{row['method']}: {row['mismatches']} output(s) diverge from the "
                                  f"baseline where the target had no near-tie (a lossless bug): "
                                  f"{row['first divergences (prompt/turn@token)']}")
+    for row in replay.frame.to_dict("records") if replay is not None else []:
+        if row.get("mismatches"):
+            result.failed.append(f"{row['dataset']}/{row['method']}: {row['mismatches']} token(s) the reference "
+                                 f"target would not have chosen, with no near-tie there (a lossless bug): "
+                                 f"{row['first off (prompt/turn@token)']}")
     return result
 
 

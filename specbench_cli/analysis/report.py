@@ -255,6 +255,8 @@ def lossless(results: Results, classify: Classifier | None = None) -> Table:
                 kind = "inherited"  # a later turn whose prompt holds an earlier turn's different answer
             elif exact and temperature == 0:
                 kind = "mismatch"  # both computed every row as a one-token decode: no rounding excuses it
+            elif temperature == 0 and (replayed := _replay_kind(r, reference)) is not None:
+                kind = replayed
             elif classify is not None and temperature == 0 and prompt and at < min(len(ours), len(expected)):
                 kind = classify(g.info, prompt + expected[:at], expected[at], ours[at])
             kinds.append(kind)
@@ -267,6 +269,42 @@ def lossless(results: Results, classify: Classifier | None = None) -> Table:
     return Table("lossless", "Lossless check against the baseline run (at temperature 0 every method must be 1.00; "
                  "a divergence is a numeric tie when the float32 top-2 margin there is below the dtype's threshold)",
                  pd.DataFrame(rows), "at temperature > 0 outputs differ by design; compare distributions instead")
+
+
+def _replay_kind(ours, theirs) -> str | None:
+    """A divergence of two replayed turns (replay.py): a numeric tie when neither has a mismatch, since where two
+    runs first part, with the same tokens before, the reference's choice is one and the run that left it did so
+    by a tie; None where either turn was not replayed (the float32 classifier decides)."""
+    counts = [(getattr(ours, "replay_checked", -1), getattr(ours, "replay_off", -1), getattr(ours, "replay_ties", -1)),
+              (theirs.get("replay_checked", -1), theirs.get("replay_off", -1), theirs.get("replay_ties", -1))]
+    if any(pd.isna(checked) or checked < 0 for checked, _, _ in counts):
+        return None
+    return "numeric tie" if all(off == ties for _, off, ties in counts) else "mismatch"
+
+
+def replay(results: Results) -> Table:
+    """Every run's greedy replay (replay.py): of the tokens it emitted at temperature 0, how many the reference
+    target would not have chosen after the turn's earlier tokens, as numeric ties and mismatches."""
+    rows = []
+    for g in results.groups:
+        p = g.prompts
+        if "replay_checked" not in p or not (p.replay_checked >= 0).any():
+            continue
+        p = p[p.replay_checked >= 0]
+        off = p[p.replay_off > 0]
+        rows.append({"dataset": g.info["settings"]["dataset"], "method": g.label,
+                     "reference": g.info.get("replay", "?"), "turns": len(p), "tokens": int(p.replay_checked.sum()),
+                     "off": int(p.replay_off.sum()), "numeric ties": int(p.replay_ties.sum()),
+                     "mismatches": int((p.replay_off - p.replay_ties).sum()),
+                     "turns exact": float((p.replay_off == 0).mean()),
+                     "largest margin": float(p.replay_margin.max()),
+                     "first off (prompt/turn@token)": " ".join(f"{r.prompt_id}/{r.turn}@{r.replay_first_off}"
+                                                               for r in off.head(6).itertuples())
+                     + (" …" if len(off) > 6 else "")})
+    return Table("replay", "Greedy replay: every emitted token against the reference target's choice after the turn's "
+                 "earlier tokens (a batch-invariant run must have none off; elsewhere only numeric ties)",
+                 pd.DataFrame(rows), "off: tokens the reference would not have chosen; a numeric tie is its second "
+                 "choice within the dtype's threshold (bf16 0.5 logits), a mismatch anything else; margin in logits")
 
 
 def _exact_pair(ours: dict, baseline: dict) -> bool:
@@ -363,7 +401,8 @@ def all_tables(results: Results, classify: Classifier | None = None) -> list[Tab
     wide = [positions(results), lengths(results), phases(results), environment(results)]  # files only: too wide
     for table in wide:
         table.terminal = False
-    tables += [*scaling.tables(results), cross_engine.table(results), routing(results), hybrid(results), lossless(results, classify), *oracle_tables(results),
+    tables += [*scaling.tables(results), cross_engine.table(results), routing(results), hybrid(results), lossless(results, classify), replay(results),
+               *oracle_tables(results),
                *calibration_tables(results), *wide]
     return [t for t in tables if len(t.frame)]
 

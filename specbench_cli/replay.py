@@ -1,0 +1,105 @@
+"""The greedy replay: after each prompt, untimed, every emitted token checked against the target's own choice.
+
+Why: the default times the target as a serving engine runs it (a verify's rows in one GEMM, attention over
+the rows together), and in bf16 a row's rounding there follows the row count, so at a near-tie a correct
+method's token can differ from the one a one-token decode would pick. Computing every row exactly as a decode
+does (the batch-invariant target, `--batch-invariant on`) makes outputs equal bit for bit, but costs 10-40 %
+of a verify on a CPU (README, Losslessness) — a cost no serving engine pays, which would then sit inside every
+speed figure. So losslessness is checked apart from the timing: each temperature-0 turn's tokens are fed
+to a reference target after the prompt is recorded — its prompt prefilled, its output verified as chains
+— and at every position the reference's greedy choice given the turn's own earlier tokens is compared with
+the token the run emitted. A token that differs is a *numeric tie* when its reference logit is within the
+dtype's threshold of the top one (`analysis.divergence.TIE_THRESHOLD`: a few units in the last place), else a
+*mismatch*: a bug. The reference runs in the run's dtype: a float32 model is another computation, whose logits
+sit further than that from a bf16 run's (report's float32 classifier called such bf16 near-ties mismatches).
+
+The reference is the batch-invariant target wherever it runs (every dtype on a CPU): its chain rows are bit
+for bit its one-token decodes, so a `--batch-invariant on` run replays with no token off at all, and any
+run's off tokens are measured against exact greedy decoding. On CUDA the construction is not measured exact,
+and the reference is the plain target: a verify row there is a decode up to rounding, which the tie
+threshold covers. Unlike report's first-divergence classifier this checks every token, not only the first
+one that leaves the baseline's text, and needs no baseline run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specbench_cli.analysis.divergence import threshold
+from specbench_cli.core.target import Target
+from specbench_cli.core.tree import DraftTree
+
+CHAIN = 64  # output tokens per verify of the replay (the batch-invariant target's probes cover up to 130 rows)
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One turn's replay: prompts.parquet's replay_* columns."""
+
+    checked: int  # tokens compared (every emitted token)
+    off: int  # tokens that are not the reference's greedy choice after the turn's earlier tokens
+    ties: int  # of them: within the dtype's tie threshold of the reference's top logit
+    first_off: int  # position of the first off token in the output; -1: none
+    margin: float  # the largest reference logit margin (its choice minus the emitted token) of an off token; 0: none
+
+    @property
+    def mismatches(self) -> int:
+        return self.off - self.ties
+
+
+NOT_REPLAYED = Replayed(-1, -1, -1, -1, float("nan"))  # temperature > 0, --no-replay, or another engine's turn
+
+
+def replay_columns(replayed: Replayed) -> dict:
+    """A turn's replay as prompts.parquet's replay_* columns (`records.PromptRecord`)."""
+    return {"replay_checked": replayed.checked, "replay_off": replayed.off, "replay_ties": replayed.ties,
+            "replay_first_off": replayed.first_off, "replay_margin": replayed.margin}
+
+
+def reference_name(device: torch.device) -> str:
+    """What the replay compares against on this device (run.json's `replay`)."""
+    return "batch-invariant target (exact)" if exact_reference(device) else "plain target (ties up to rounding)"
+
+
+def exact_reference(device: torch.device) -> bool:
+    return device.type == "cpu"
+
+
+class Replayer:
+    """A reference target of its own (its own cache) over the run's model, replaying turns one after another."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, packed: bool) -> None:
+        self.target = Target(model, device, invariant=exact_reference(device), packed=packed)
+        self.dtype = model.get_input_embeddings().weight.dtype
+        self.limit = threshold(str(self.dtype))
+
+    @torch.inference_mode()
+    def check(self, prompt_ids: list[int], output_ids: list[int]) -> Replayed:
+        """Every token of `output_ids` against the reference's greedy choice after `prompt_ids` and the tokens
+        before it."""
+        if not output_ids:
+            return Replayed(0, 0, 0, -1, 0.0)
+        t, n = self.target, len(output_ids)
+        rows = [t.prefill(prompt_ids, room=n + CHAIN)[None]]  # the prefill's logits choose output token 0
+        k = 0  # output token k is the next root: emitted, not yet in the cache
+        while k + 1 < n:  # a verify of root k and the chain after it gives the logits of tokens k+1 .. k+len+1
+            chain = output_ids[k + 1:k + CHAIN]
+            rows.append(t.verify(output_ids[k], DraftTree.chain(chain))[:n - k - 1])
+            t.commit(list(range(len(chain) + 1)))
+            k += len(chain) + 1
+        return self._compare(torch.cat(rows).float(), output_ids)
+
+    def _compare(self, logits: torch.Tensor, output_ids: list[int]) -> Replayed:
+        """logits [n, V]: row i the reference's logits for output token i."""
+        emitted = torch.tensor(output_ids)
+        chosen = logits.argmax(-1)  # the first of equal maxima, as a run's greedy pick takes it (`core.turn.pick`)
+        off = (chosen != emitted).nonzero().flatten()
+        if not len(off):
+            return Replayed(len(output_ids), 0, 0, -1, 0.0)
+        margins = logits[off, chosen[off]] - logits[off, emitted[off]]
+        # a tie: a few units in the last place of the top logit below it (in bf16 a third logit can sit in the
+        # same unit as the top two, so its rank is not asked)
+        ties = margins < self.limit
+        return Replayed(len(output_ids), len(off), int(ties.sum()), int(off[0]), float(margins.max()))

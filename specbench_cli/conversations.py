@@ -14,7 +14,7 @@ from specbench_cli.core.timing import PHASES, SUB_PHASES
 from specbench_cli.core.turn import TurnResult
 from specbench_cli.datasets import Prompt
 from specbench_cli.records import NAN, PromptRecord, RoundRecord, output_hash
-from specbench_cli.replay import NOT_REPLAYED, Replayed, replay_columns
+from specbench_cli.greedy_replay import NOT_REPLAYED, Replayed, replay_columns
 
 if TYPE_CHECKING:
     from specbench_cli.inputs import Plan
@@ -96,7 +96,7 @@ def turn_records(plan: Plan, run_name: str, clock: str, decode_text, index: int,
                  turns: list[tuple[list[int], TurnResult]], engine: str = "specbench",
                  replays: list[Replayed] | None = None):
     """A decoded prompt's rows: one `PromptRecord` per turn, one `RoundRecord` per round (any engine's turns);
-    `replays`: each turn's greedy replay (replay.py), where one ran."""
+    `replays`: each turn's greedy replay (greedy_replay.py), where one ran."""
     c = plan.config
     common = dict(run=run_name, method=c.method, model=c.model, dataset=prompt.dataset,
                   category=prompt.category, subtask=prompt.subtask, prompt_id=prompt.id)

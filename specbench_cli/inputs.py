@@ -66,7 +66,7 @@ class RunConfig:
     engine_serve: bool = False  # start `vllm serve` and reach it over HTTP instead of the in-process engine
     threads: int | None = None  # --threads: an engine process's CPU threads too
     repeat: int = 1  # passes over the selection (`run --repeat`), interleaved with the other methods of a list
-    replay: bool = True  # each temperature-0 turn's tokens checked against the target's greedy choice (replay.py)
+    replay: bool = True  # each temperature-0 turn's tokens checked against the target's greedy choice (greedy_replay.py)
 
 
 @dataclass

@@ -92,7 +92,7 @@ def resolve_dtype(dtype: str, device: torch.device, cpu_bf16: bool = True) -> Dt
 def resolve_invariant(setting: str, compiled: bool) -> bool:
     """Whether the timed target runs batch-invariant (`core.target.Target`): only when asked (`on`). `auto` is
     off: exactness costs verify time a serving engine does not pay (README, Losslessness), so the timed target
-    runs as an engine runs it and the greedy replay (replay.py) checks every token apart from the timing."""
+    runs as an engine runs it and the greedy replay (greedy_replay.py) checks every token apart from the timing."""
     if setting == "on" and compiled:
         raise UsageError("--batch-invariant on runs the target eager; drop --compile (or pass --batch-invariant off)")
     return setting == "on"

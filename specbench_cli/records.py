@@ -63,7 +63,7 @@ class RoundRecord(Identity):
     batch_size: int = 1
     batch_round: int = -1
     repeat: int = 0  # which pass over the selection (`run --repeat`); 0 in a run of one pass
-    # the greedy replay (replay.py; -1 / NaN: not replayed: temperature > 0, --no-replay, another engine)
+    # the greedy replay (greedy_replay.py; -1 / NaN: not replayed: temperature > 0, --no-replay, another engine)
     replay_checked: int = -1  # output tokens compared with the reference target's greedy choice
     replay_off: int = -1  # of them, tokens the reference would not have chosen after the turn's earlier tokens
     replay_ties: int = -1  # of those, numeric ties (the reference's second choice, within the dtype's threshold)
@@ -95,7 +95,7 @@ class PromptRecord(Identity):
     prompt_ids: list[int] = field(default_factory=list)
     engine: str = "specbench"  # which engine decoded it (engines/: specbench, vllm)
     repeat: int = 0  # which pass over the selection (`run --repeat`); 0 in a run of one pass
-    # the greedy replay (replay.py; -1 / NaN: not replayed: temperature > 0, --no-replay, another engine)
+    # the greedy replay (greedy_replay.py; -1 / NaN: not replayed: temperature > 0, --no-replay, another engine)
     replay_checked: int = -1  # output tokens compared with the reference target's greedy choice
     replay_off: int = -1  # of them, tokens the reference would not have chosen after the turn's earlier tokens
     replay_ties: int = -1  # of those, numeric ties (the reference's second choice, within the dtype's threshold)

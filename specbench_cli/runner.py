@@ -35,7 +35,7 @@ from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel
 from specbench_cli.planning import check_lengths, drafter_weights, loaded_target
 from specbench_cli.records import RUN_TABLES, run_parts
-from specbench_cli.replay import Replayed, Replayer, reference_name
+from specbench_cli.greedy_replay import Replayed, Replayer, reference_name
 from specbench_cli.run_folder import OneAtATime, RunFolder, RunInfo, Start, new_session, record
 from specbench_cli.telemetry import GpuTelemetry
 from specbench_cli.core.dtypes import dtype_name
@@ -93,7 +93,7 @@ class Runner:
 
 
 def replays(plan: Plan) -> bool:
-    """Whether a run replays its turns (replay.py): asked for, greedy, and on one device (a --device split
+    """Whether a run replays its turns (greedy_replay.py): asked for, greedy, and on one device (a --device split
     target is for acceptance studies)."""
     return plan.config.replay and plan.config.temperature == 0 and plan.config.device != "split"
 

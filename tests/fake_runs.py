@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbench_cli.records import RUN_TABLES, PromptRecord, RoundRecord, output_hash, run_parts
-from specbench_cli.replay import NOT_REPLAYED, Replayed, replay_columns
+from specbench_cli.greedy_replay import NOT_REPLAYED, Replayed, replay_columns
 from specbench_cli.run_folder import RunFolder, RunInfo
 
 CPU = {"cpu": "Test CPU 9000", "device": "cpu", "torch_threads": 2, "git_commit": "abc"}
@@ -24,7 +24,7 @@ class Turn:
     turn: int = 0
     proposers: list[str] | None = None  # per round: who drafted (default: the method)
     prompt_ids: list[int] | None = None  # the turn's prompt ids (default: [1, 2, 3])
-    replay: Replayed = NOT_REPLAYED  # the turn's greedy replay (replay.py)
+    replay: Replayed = NOT_REPLAYED  # the turn's greedy replay (greedy_replay.py)
 
     @property
     def tokens(self) -> int:

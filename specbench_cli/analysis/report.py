@@ -272,7 +272,7 @@ def lossless(results: Results, classify: Classifier | None = None) -> Table:
 
 
 def _replay_kind(ours, theirs) -> str | None:
-    """A divergence of two replayed turns (replay.py): a numeric tie when neither has a mismatch, since where two
+    """A divergence of two replayed turns (greedy_replay.py): a numeric tie when neither has a mismatch, since where two
     runs first part, with the same tokens before, the reference's choice is one and the run that left it did so
     by a tie; None where either turn was not replayed (the float32 classifier decides)."""
     counts = [(getattr(ours, "replay_checked", -1), getattr(ours, "replay_off", -1), getattr(ours, "replay_ties", -1)),
@@ -283,7 +283,7 @@ def _replay_kind(ours, theirs) -> str | None:
 
 
 def replay(results: Results) -> Table:
-    """Every run's greedy replay (replay.py): of the tokens it emitted at temperature 0, how many the reference
+    """Every run's greedy replay (greedy_replay.py): of the tokens it emitted at temperature 0, how many the reference
     target would not have chosen after the turn's earlier tokens, as numeric ties and mismatches."""
     rows = []
     for g in results.groups:

@@ -52,6 +52,18 @@ def with_intervals(frame: pd.DataFrame, prompts: pd.DataFrame, baseline: pd.Data
     return frame
 
 
+def replay_line(prompts: pd.DataFrame, info: dict) -> str:
+    """What the greedy replay (greedy_replay.py) found, in one line; "" where nothing was replayed."""
+    if "replay_checked" not in prompts or not (prompts.replay_checked >= 0).any():
+        return ""
+    p = prompts[prompts.replay_checked >= 0]
+    off, ties = int(p.replay_off.sum()), int(p.replay_ties.sum())
+    verdict = ("every token the reference's greedy choice" if not off else
+               f"{off} token(s) off, all numeric ties (largest margin {p.replay_margin.max():.3g} logits)" if off == ties
+               else f"{off - ties} MISMATCH(ES) beside {ties} numeric tie(s): a lossless bug")
+    return f"greedy replay on the {info.get('replay', '?')}: {int(p.replay_checked.sum())} tokens, {verdict}"
+
+
 def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
     prompts = read_table(run_dir, "prompts")
     info = json.loads((run_dir / "run.json").read_text())
@@ -72,6 +84,9 @@ def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
     table.write(run_dir)
     console.print(f"results in {run_dir}: records (rounds.parquet, prompts.parquet), run.json, summary.md/.csv",
                   highlight=False, soft_wrap=True)
+    line = replay_line(prompts, info)
+    if line:
+        console.print(line, highlight=False, soft_wrap=True)
     if base_dir is None and s["method"] != "baseline":
         console.print(f"for a speedup, run the baseline with the same settings into {run_dir.parent} (specbench run "
                       f"--method baseline and the same --model, --dataset, --max-new-tokens, --temperature, --dtype), "

@@ -70,8 +70,8 @@ def exact_reference(device: torch.device) -> bool:
 class Replayer:
     """A reference target of its own (its own cache) over the run's model, replaying turns one after another."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, packed: bool) -> None:
-        self.target = Target(model, device, invariant=exact_reference(device), packed=packed)
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.target = Target(model, device, invariant=exact_reference(device))  # eager, packed where it can be
         self.dtype = model.get_input_embeddings().weight.dtype
         self.limit = threshold(str(self.dtype))
 

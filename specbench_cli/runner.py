@@ -144,7 +144,7 @@ class RunJob(OneAtATime):
         model = loaded_target(plan, self.given, split)
         self.runner = Runner(plan, model)
         self.longest = self.runner.check_lengths()
-        self.replayer = Replayer(model.model, model.device, plan.prepacked) if replays(plan) else None
+        self.replayer = Replayer(model.model, model.device) if replays(plan) else None
         return {"method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
                 "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
                 "prompts_selected": len(plan.prompts), "weight_bytes": hardware.weight_bytes(model.model),

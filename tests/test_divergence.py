@@ -1,4 +1,4 @@
-"""Numeric ties vs mismatches: a divergence at a float32 near-tie of the run's dtype is rounding, anything else is
+"""Numeric ties vs mismatches: a divergence at a near-tie of the run's dtype is rounding, anything else is
 a lossless bug; the classification reaches the report's lossless table and fails the regression gate."""
 
 from __future__ import annotations
@@ -57,8 +57,12 @@ def broken_accept(tree, logits, temperature, generator=None) -> Acceptance:
 
 
 def test_a_broken_acceptance_rule_in_bfloat16_is_a_mismatch(monkeypatch):
-    """bf16 on the CPU: the baseline and a method with a broken rule diverge, and float32 logits call it a bug."""
+    """bf16 on the CPU: the baseline and a method with a broken rule diverge, and the bf16 target's logits call it
+    a bug. The head is scaled up: a tiny random model's logits are too flat for a wrong token to fall beyond bf16's
+    threshold from the top."""
     model = tiny_model("llama", seed=5)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(30)
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     prompt = random_prompt(30, seed=6)
     reference = baseline_output(bf16, prompt, max_new=60)
@@ -67,7 +71,8 @@ def test_a_broken_acceptance_rule_in_bfloat16_is_a_mismatch(monkeypatch):
     out = run_method(bf16, drafts, prompt, max_new=60, target=Target(bf16, torch.device("cpu"))).output_ids
     at = first_divergence(out, reference)
     assert at is not None
-    assert classify(model, prompt + reference[:at], reference[at], out[at], "bfloat16").kind == "mismatch"
+    verdict = classify(bf16, prompt + reference[:at], reference[at], out[at], "bfloat16")
+    assert verdict.kind == "mismatch", verdict
 
 
 def test_report_counts_ties_and_gates_on_mismatches(tmp_path):

@@ -28,14 +28,14 @@ def test_the_batch_invariant_baseline_replays_with_no_token_off(dtype):
     prompt = random_prompt(30, seed=4)
     output = baseline_output(model, prompt, CHAIN * 2 + 5, invariant=True)
     assert len(output) > CHAIN * 2
-    assert Replayer(model, CPU, packed=False).check(prompt, output) == Replayed(len(output), 0, 0, -1, 0.0)
+    assert Replayer(model, CPU).check(prompt, output) == Replayed(len(output), 0, 0, -1, 0.0)
 
 
 def test_a_token_the_target_would_not_choose_is_a_mismatch_at_its_position():
     model = tiny_model("qwen3")
     prompt = random_prompt(30, seed=5)
     output = baseline_output(model, prompt, 90, invariant=True)
-    replayer = Replayer(model, CPU, packed=False)
+    replayer = Replayer(model, CPU)
     with torch.inference_mode():  # the token the target likes least after the first 70 output tokens
         logits = model(input_ids=torch.tensor([prompt + output[:70]])).logits[0, -1]
     wrong = output[:70] + [int(logits.argmin())] + output[71:]
@@ -52,7 +52,7 @@ def test_a_bf16_method_on_the_plain_target_replays_with_ties_only():
     prompt = random_prompt(40, seed=11)
     reference = baseline_output(model, prompt, 120, invariant=True)
     result = run_method(model, OracleTree(reference, 96, seed=1), prompt, max_new=120)
-    got = Replayer(model, CPU, packed=False).check(prompt, result.output_ids)
+    got = Replayer(model, CPU).check(prompt, result.output_ids)
     assert got.checked == len(result.output_ids) and got.mismatches == 0
 
 

@@ -303,8 +303,9 @@ def replay(results: Results) -> Table:
                      + (" …" if len(off) > 6 else "")})
     return Table("replay", "Greedy replay: every emitted token against the reference target's choice after the turn's "
                  "earlier tokens (a batch-invariant run must have none off; elsewhere only numeric ties)",
-                 pd.DataFrame(rows), "off: tokens the reference would not have chosen; a numeric tie is its second "
-                 "choice within the dtype's threshold (bf16 0.5 logits), a mismatch anything else; margin in logits")
+                 pd.DataFrame(rows), "off: tokens the reference would not have chosen; a numeric tie is one whose "
+                 "reference logit is within the dtype's threshold of the top one (bf16 0.5 logits), a mismatch "
+                 "anything else; margin: the reference's top logit minus the emitted token's")
 
 
 def _exact_pair(ours: dict, baseline: dict) -> bool:

@@ -162,10 +162,16 @@ def _print_overview(root: Path, console: Console) -> None:
     """The members side by side: τ, tokens/s and speedup with their intervals, and the noise line."""
     from specbench_cli.analysis.report import overview
     from specbench_cli.analysis.results import load
+    from specbench_cli.analysis.summary import replay_line
 
-    table = overview(load([root]))
+    results = load([root])
+    table = overview(results)
     table.write(root)
     brief = table.frame[["method", "prompts", "passes", "τ", "tokens/s", "tokens/s 95% CI", "speedup", "speedup 95% CI"]]
     console.print(dataclasses.replace(table, frame=brief).rich())
+    for group in results.groups:
+        line = replay_line(group.prompts, group.info)
+        if line:
+            console.print(f"{group.label}: {line}", highlight=False, soft_wrap=True)
     console.print(f"results in {root} (a folder per method of a list, paired); the full report: specbench report "
                   f"{root}", highlight=False, soft_wrap=True)

@@ -267,7 +267,8 @@ def lossless(results: Results, classify: Classifier | None = None) -> Table:
                      "inherited": kinds.count("inherited"), "unclassified": kinds.count("unclassified"),
                      "first divergences (prompt/turn@token)": " ".join(diverged[:6]) + (" …" if len(diverged) > 6 else "")})
     return Table("lossless", "Lossless check against the baseline run (at temperature 0 every method must be 1.00; "
-                 "a divergence is a numeric tie when the float32 top-2 margin there is below the dtype's threshold)",
+                 "a divergence is a numeric tie when both tokens are within the dtype's threshold of the target's top "
+                 "logit there: by the two turns' greedy replays, else recomputed in the run's dtype)",
                  pd.DataFrame(rows), "at temperature > 0 outputs differ by design; compare distributions instead")
 
 

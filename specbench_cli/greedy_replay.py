@@ -89,7 +89,7 @@ class Replayer:
             rows.append(t.verify(output_ids[k], DraftTree.chain(chain))[:n - k - 1])
             t.commit(list(range(len(chain) + 1)))
             k += len(chain) + 1
-        return self._compare(torch.cat(rows).float(), output_ids)
+        return self._compare(torch.cat(rows).float().cpu(), output_ids)
 
     def _compare(self, logits: torch.Tensor, output_ids: list[int]) -> Replayed:
         """logits [n, V]: row i the reference's logits for output token i."""

@@ -260,6 +260,7 @@ class TargetModel:
         self.kernels = RowKernels(packs(device, self._dtype, compile is not None) if packed is None else packed)
         self._layer_devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
         self.one_call = False  # see `_rows`; probed once per model, dtype and kernels
+        self._prefilling = False  # a prompt's forward: its rows need not be computed as one-row decodes (`_prefill`)
         if self.kernels.packed:
             self.kernels.stack = self._probed("stack", self._stacks_agree)
         if invariant:
@@ -343,13 +344,22 @@ class TargetModel:
     def _prefill(self, x: Rows) -> Out:
         """A prompt's rows see only themselves, causally, after any reserved entries: attention spans their own
         slots with plain causality (no [n, n] mask or score matrix for a long prompt, and the same computation
-        with or without reserved entries in front)."""
+        with or without reserved entries in front). A batch-invariant target runs them as the plain one does
+        (every row-wise module in one call): no decode ever recomputes a prompt's rows, so what the invariance
+        needs is only that every target prefills alike — and so a plain run's prompt cache and first token are
+        bit for bit the batch-invariant replay's (greedy_replay.py), which in float32 also costs half the time
+        of 8-row pieces."""
         t, rows = x.target, len(x)
         base = t.offset + t.length
-        hidden, captured = self.decoder(x.embeds[None], x.positions[None], None,
-                                        torch.arange(rows, device=self.device)[None], x.sees_reserved[None].to(self.device),
-                                        lambda i: self.kv.layer(i)[:, t.slot:t.slot + 1, :, base:base + rows])
-        return self._outputs([x], [hidden[0]], [[c[0]] for c in captured])[0]
+        self._prefilling = True
+        try:
+            hidden, captured = self.decoder(x.embeds[None], x.positions[None], None,
+                                            torch.arange(rows, device=self.device)[None],
+                                            x.sees_reserved[None].to(self.device),
+                                            lambda i: self.kv.layer(i)[:, t.slot:t.slot + 1, :, base:base + rows])
+            return self._outputs([x], [hidden[0]], [[c[0]] for c in captured])[0]
+        finally:
+            self._prefilling = False
 
     def _run_eager(self, work: list[Rows]) -> list[Out]:
         first, n = work[0].target.slot, len(work)
@@ -531,7 +541,8 @@ class TargetModel:
         with zero rows, so that every GEMM of every forward, a one-token decode's included, has the same shape,
         kernel and reduction order per row."""
         fn = self.kernels(fn)
-        if not self.invariant or (self.one_call and (self.kernels.pad_one_row is not None or x.shape[:-1].numel() > 1)):
+        if not self.invariant or self._prefilling or (
+                self.one_call and (self.kernels.pad_one_row is not None or x.shape[:-1].numel() > 1)):
             return fn(x)  # every row count but one keeps each row's result (`_one_call_keeps_rows`)
         lead, x = x.shape[:-1], x.reshape(1, -1, x.shape[-1])  # a batch's rows [B, R, H] as one run of B*R rows
         rows = x.shape[-2]

@@ -53,7 +53,7 @@ Dataset = Annotated[str, typer.Option(help="Registered dataset name (see run --l
 Categories = Annotated[Optional[list[str]], typer.Option("--category", "--subtask", help="Keep only these categories or subtasks (repeatable).")]
 Temperature = Annotated[float, typer.Option(help="0 = greedy; > 0 samples, with lossless rejection sampling.")]
 Seed = Annotated[int, typer.Option(help="Base seed; each prompt and turn derives its own.")]
-Dtype = Annotated[str, typer.Option(help="auto: bfloat16 on CUDA and on a CPU with bf16 in hardware (flags amx_bf16 or avx512_bf16), float32 on other CPUs; or float32, bfloat16, float16. A bf16/fp16 run on the CPU is batch-invariant by default (--batch-invariant).")]
+Dtype = Annotated[str, typer.Option(help="auto: bfloat16 on CUDA and on a CPU with bf16 in hardware (flags amx_bf16 or avx512_bf16), float32 on other CPUs; or float32, bfloat16, float16. A bf16/fp16 run times the target as a serving engine runs it and replays every greedy turn on an exact reference (--replay, --batch-invariant).")]
 Device = Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu, cuda, cuda:N, or split: the target over all visible GPUs (device_map=auto; for acceptance studies of targets too large for one GPU, not for latency).")]
 Warmup = Annotated[int, typer.Option(help="Prompts decoded first and not recorded, taken from the dataset outside the scored selection.")]
 Opts = Annotated[Optional[list[str]], typer.Option(help="Method hyper-parameter key=value (repeatable); see run --list for each method's options and defaults.")]

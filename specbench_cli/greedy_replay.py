@@ -58,22 +58,14 @@ def replay_columns(replayed: Replayed) -> dict:
             "replay_first_off": replayed.first_off, "replay_margin": replayed.margin}
 
 
-def reference_name(device: torch.device) -> str:
-    """What the replay compares against on this device (run.json's `replay`)."""
-    return "batch-invariant target (exact)" if exact_reference(device) else "plain target (ties up to rounding)"
-
-
-def exact_reference(device: torch.device) -> bool:
-    return device.type == "cpu"
-
-
 class Replayer:
     """A reference target of its own (its own cache) over the run's model, replaying turns one after another."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
-        self.target = Target(model, device, invariant=exact_reference(device))  # eager, packed where it can be
-        self.dtype = model.get_input_embeddings().weight.dtype
-        self.limit = threshold(str(self.dtype))
+        exact = device.type == "cpu"  # the batch-invariant target is measured exact on a CPU only
+        self.target = Target(model, device, invariant=exact)  # eager, packed where it can be
+        self.reference = "batch-invariant target (exact)" if exact else "plain target (ties up to rounding)"  # run.json
+        self.limit = threshold(str(model.get_input_embeddings().weight.dtype))
 
     @torch.inference_mode()
     def check(self, prompt_ids: list[int], output_ids: list[int]) -> Replayed:

@@ -35,7 +35,7 @@ from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel
 from specbench_cli.planning import check_lengths, drafter_weights, loaded_target
 from specbench_cli.records import RUN_TABLES, run_parts
-from specbench_cli.greedy_replay import Replayed, Replayer, reference_name
+from specbench_cli.greedy_replay import Replayed, Replayer
 from specbench_cli.run_folder import OneAtATime, RunFolder, RunInfo, Start, new_session, record
 from specbench_cli.telemetry import GpuTelemetry
 from specbench_cli.core.dtypes import dtype_name
@@ -149,7 +149,7 @@ class RunJob(OneAtATime):
                 "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
                 "prompts_selected": len(plan.prompts), "weight_bytes": hardware.weight_bytes(model.model),
                 "drafter_weights": self.weights, "dtype_choice": plan.dtype_reason,
-                "replay": reference_name(model.device) if self.replayer else "off",
+                "replay": self.replayer.reference if self.replayer else "off",
                 **({"tuned_from": plan.tuned_from} if plan.tuned_from else {}),
                 **({"device_map": getattr(model.model, "hf_device_map", "auto")} if split else {})}  # acceptance studies only
 

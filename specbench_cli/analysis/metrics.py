@@ -130,3 +130,10 @@ def along_response(rounds: pd.DataFrame, bin_tokens: int = 16, min_share: float 
                           "n": by_bin.size()})
     turns = ordered.groupby(turn).ngroups
     return stats[stats.n >= max(1, min_share * turns)]
+
+
+def replayed(prompts: pd.DataFrame) -> pd.DataFrame:
+    """The prompt turns the greedy replay checked (greedy_replay.py); none for runs made before it or without it."""
+    if "replay_checked" not in prompts:
+        return prompts.iloc[:0]
+    return prompts[prompts.replay_checked >= 0]

@@ -16,7 +16,7 @@ from specbench_cli.analysis import oracles as oracle
 from specbench_cli.analysis import scaling
 from specbench_cli.datasets import dataset_slug
 from specbench_cli.analysis.metrics import (along_response, first_divergence, first_pass, group_column, histogram,
-                                           position_acceptance, summarise, tau_turn_mean)
+                                           position_acceptance, replayed, summarise, tau_turn_mean)
 from specbench_cli.analysis.phases import PARTS, split
 from specbench_cli.analysis.results import Results, RunGroup
 from specbench_cli.analysis.tables import Table
@@ -288,10 +288,9 @@ def replay(results: Results) -> Table:
     target would not have chosen after the turn's earlier tokens, as numeric ties and mismatches."""
     rows = []
     for g in results.groups:
-        p = g.prompts
-        if "replay_checked" not in p or not (p.replay_checked >= 0).any():
+        p = replayed(g.prompts)
+        if p.empty:
             continue
-        p = p[p.replay_checked >= 0]
         off = p[p.replay_off > 0]
         rows.append({"dataset": g.info["settings"]["dataset"], "method": g.label,
                      "reference": g.info.get("replay", "?"), "turns": len(p), "tokens": int(p.replay_checked.sum()),

@@ -11,7 +11,7 @@ import pandas as pd
 from rich.console import Console
 
 from specbench_cli.hardware import hardware_key
-from specbench_cli.analysis.metrics import group_column, summarise
+from specbench_cli.analysis.metrics import group_column, replayed, summarise
 from specbench_cli.analysis.results import BEFORE, SAME_EXPERIMENT, pairing_id
 from specbench_cli.records import read_table
 from specbench_cli.analysis.tables import Table
@@ -54,9 +54,9 @@ def with_intervals(frame: pd.DataFrame, prompts: pd.DataFrame, baseline: pd.Data
 
 def replay_line(prompts: pd.DataFrame, info: dict) -> str:
     """What the greedy replay (greedy_replay.py) found, in one line; "" where nothing was replayed."""
-    if "replay_checked" not in prompts or not (prompts.replay_checked >= 0).any():
+    p = replayed(prompts)
+    if p.empty:
         return ""
-    p = prompts[prompts.replay_checked >= 0]
     off, ties = int(p.replay_off.sum()), int(p.replay_ties.sum())
     verdict = ("every token the reference's greedy choice" if not off else
                f"{off} token(s) off, all numeric ties (largest margin {p.replay_margin.max():.3g} logits)" if off == ties

@@ -8,15 +8,17 @@
 #   DEVICE=cpu SMALL=1 bash benchmarks/gpu/check.sh run   # the CPU rehearsal (the .venv's model, tiny sizes)
 #
 # Stages of `run` (each under its own timeout, each writing to $OUT as it ends, most wanted first):
-#   engine    benchmarks/engine.py bf16 eager, plain and batch-invariant target: c(n), decode tok/s, the
-#             invariant decode's tokens against the plain one's (issue 48's GPU question)
-#   batches   compiled baseline at batch sizes 1, 8, 32 (one [B, 1] graph each): per-sequence outputs against
-#             batch 1, step time per round (issue 47's GPU question)
-#   runs      Spec-Bench, bf16 eager: baseline, suffix, eagle3 on the invariant target, then baseline and eagle3
-#             on the plain one, run one after another; report (lossless table) per target; CUDA-event phase
-#             sums against host wall time per round (benchmarks/gpu/phase_check.py)
-#   compiled  benchmarks/engine.py bf16 compiled (reduce-overhead on CUDA): c(n) at a few sizes and decode tok/s
-#             against eager and generate() with a static cache (last: it compiles one graph per size)
+#   runs eager     Spec-Bench, bf16, the default: baseline,suffix,eagle3 as one interleaved list on the plain
+#                  target, every greedy turn replayed on the plain eager reference; report (paired speed, lossless
+#                  and replay tables); CUDA-event phase sums against host wall time (benchmarks/gpu/phase_check.py)
+#   runs compiled  the same list compiled (reduce-overhead) with one bucket (64: EAGLE-3's 61 rows fit): a decode
+#                  and a verify then share every shape, so do the methods' outputs equal the baseline's (issue 48: can the compiled
+#                  path be invariant on a GPU)?
+#   engine         benchmarks/engine.py bf16 eager, plain and batch-invariant target: c(n), decode tok/s, the
+#                  invariant decode's tokens against the plain one's (issue 48's GPU question)
+#   batches        (BATCHES_TOO=1 only: measured on the H200) compiled baseline at B = 1, 8, 32 against batch 1
+#   compiled       benchmarks/engine.py bf16 compiled (reduce-overhead on CUDA): c(n) at a few sizes and decode
+#                  tok/s against eager and generate() with a static cache (last: it compiles one graph per size)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE=${DEVICE:-cuda}
@@ -27,14 +29,15 @@ WORK=${WORK:-/tmp/check}
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 PY=${PY:-python3}
 mkdir -p "$OUT" "$WORK"
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export COLUMNS=200 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 if [ "$SMALL" = 1 ]; then   # rehearsal sizes: every command runs, nothing is worth timing
-  REPS=2 NEW=16 LIMIT=2 TOKENS=16 BATCHES=1,2 BLIMIT=2 SIZES=1,4 CSIZES=1
+  REPS=2 NEW=16 LIMIT=2 TOKENS=16 BATCHES=1,2 BLIMIT=2 SIZES=1,4 CSIZES=1 BUCKET=4 RUN_LIMIT=400
 else
   # sized from the H100 call of 2026-11-26: eager forwards there are host-bound (~21 ms for 30 layers), so the
   # eager runs of 8 x 128 tokens took 8 minutes and left no time for the batches; half that now
-  REPS=10 NEW=128 LIMIT=6 TOKENS=64 BATCHES=1,8,32 BLIMIT=32 SIZES=1,2,4,8,16,32,64 CSIZES=1,8,32
+  # the H200 call of 2026-11-27: a run process costs ~70 s before it decodes, so the methods run as one list
+  REPS=10 NEW=128 LIMIT=6 TOKENS=64 BATCHES=1,8,32 BLIMIT=32 SIZES=1,4,16,64 CSIZES=1,16 BUCKET=64 RUN_LIMIT=200
 fi
 
 log() { echo "== $(date +%T) $*"; }  # each stage is tee'd into $OUT/check.log
@@ -73,23 +76,23 @@ stage_engine() {
       --sizes $SIZES --json "$OUT/engine.json" 2>&1 | grep -v "Converting" | tee "$OUT/engine.txt"
 }
 
-run_one() {  # folder method [args...]
-  local folder=$1 method=$2; shift 2
-  timeout 90 $PY -m specbench_cli.cli run --method "$method" --model smollm2-135m --dataset spec-bench --limit $LIMIT \
-      --max-new-tokens $TOKENS --dtype bfloat16 --device "$DEVICE" --out "$WORK/runs/$folder/$method" "$@" 2>&1 | tail -4
+runs() {  # name timeout [run args...]: one interleaved process (baseline,suffix,eagle3), its report, its phase sums
+  local name=$1 limit=$2; shift 2
+  log "runs $name: Spec-Bench $LIMIT prompts x $TOKENS tokens, bf16, baseline,suffix,eagle3 interleaved $*"
+  timeout "$limit" $PY -m specbench_cli.cli run --method baseline,suffix,eagle3 --model smollm2-135m --dataset spec-bench \
+      --limit $LIMIT --max-new-tokens $TOKENS --dtype bfloat16 --device "$DEVICE" --out "$WORK/runs/$name" "$@" 2>&1 \
+      | grep -v -e "Converting" -e "^W11" | tail -25
+  timeout 60 $PY -m specbench_cli.cli report "$WORK"/runs/$name/* --out "$WORK/report_$name" --no-plots 2>&1 | cut -c1-160
+  $PY benchmarks/gpu/phase_check.py "$WORK/runs/$name"
+  tar czf "$OUT/runs_$name.tgz" -C "$WORK" "runs/$name" "report_$name" 2>/dev/null
 }
 
-stage_runs() {
-  log "runs: Spec-Bench $LIMIT prompts x $TOKENS tokens, bf16 eager"
-  for m in baseline suffix eagle3; do run_one inv $m --batch-invariant on; done
-  for m in baseline eagle3; do run_one plain $m --batch-invariant off; done
-  for t in inv plain; do
-    log "report: $t target"
-    timeout 60 $PY -m specbench_cli.cli report "$WORK"/runs/$t/* --out "$WORK/report_$t" --no-plots 2>&1 | cut -c1-160
-  done
-  log "phase sums against wall time"
-  $PY benchmarks/gpu/phase_check.py "$WORK/runs"
-  tar czf "$OUT/runs.tgz" -C "$WORK" runs report_inv report_plain 2>/dev/null
+stage_runs() {   # the default (plain target timed, every greedy turn replayed on the plain eager reference)
+  runs eager $RUN_LIMIT
+}
+
+stage_runs_compiled() {  # compiled with one bucket: decodes and verifies share every shape; are the outputs equal?
+  runs compiled $RUN_LIMIT --compile --compile-buckets $BUCKET
 }
 
 stage_compiled() {
@@ -131,9 +134,10 @@ case "${1:-}" in
     { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv 2>/dev/null
       $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
     } 2>&1 | tee -a "$OUT/check.log"
-    stage_engine 2>&1 | tee -a "$OUT/check.log"
-    stage_batches 2>&1 | tee -a "$OUT/check.log"
     stage_runs 2>&1 | tee -a "$OUT/check.log"
+    stage_runs_compiled 2>&1 | tee -a "$OUT/check.log"
+    stage_engine 2>&1 | tee -a "$OUT/check.log"
+    [ "${BATCHES_TOO:-0}" = 1 ] && stage_batches 2>&1 | tee -a "$OUT/check.log"
     stage_compiled 2>&1 | tee -a "$OUT/check.log"
     log "done" ;;
   *) sed -n 2,20p "$0"; exit 2 ;;

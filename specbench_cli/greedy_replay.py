@@ -24,12 +24,16 @@ one that leaves the baseline's text, and needs no baseline run.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from specbench_cli.analysis.divergence import threshold
 from specbench_cli.core.target import Target
 from specbench_cli.core.tree import DraftTree
+
+if TYPE_CHECKING:
+    from specbench_cli.inputs import RunConfig
 
 CHAIN = 64  # output tokens per verify of the replay (the batch-invariant target's probes cover up to 130 rows)
 
@@ -58,13 +62,24 @@ def replay_columns(replayed: Replayed) -> dict:
             "replay_first_off": replayed.first_off, "replay_margin": replayed.margin}
 
 
+def replays(config: RunConfig) -> bool:
+    """Whether a run (`inputs.RunConfig`) replays its turns: asked for, greedy, and on one device (a --device split
+    target is for acceptance studies)."""
+    return config.replay and config.temperature == 0 and config.device != "split"
+
+
+def reference(device: torch.device) -> str:
+    """The reference a replay on `device` runs (run.json's `replay`): the batch-invariant target is measured
+    exact on a CPU only."""
+    return "batch-invariant target (exact)" if device.type == "cpu" else "plain target (ties up to rounding)"
+
+
 class Replayer:
     """A reference target of its own (its own cache) over the run's model, replaying turns one after another."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
-        exact = device.type == "cpu"  # the batch-invariant target is measured exact on a CPU only
-        self.target = Target(model, device, invariant=exact)  # eager, packed where it can be
-        self.reference = "batch-invariant target (exact)" if exact else "plain target (ties up to rounding)"  # run.json
+        self.reference = reference(device)
+        self.target = Target(model, device, invariant=device.type == "cpu")  # eager, packed where it can be
         self.limit = threshold(str(model.get_input_embeddings().weight.dtype))
 
     @torch.inference_mode()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from specbench_cli.core.attention import cudnn_sdpa
+
 
 def cpu_model() -> str:
     try:
@@ -48,7 +50,8 @@ def environment(device: torch.device) -> dict:
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+        env.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda,
+                   sdpa_cudnn=cudnn_sdpa())  # what loading.load_model sets (core.attention.leave_cudnn_out_of_sdpa)
     return env
 
 

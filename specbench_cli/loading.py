@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import torch
 
+from specbench_cli.core.attention import cudnn_sdpa, leave_cudnn_out_of_sdpa
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.models import EMBEDDED, EMBEDDED_WHEEL, END_OF_TURN_TOKENS, ModelSpec, cache_root
 from specbench_cli.core.dtypes import SPELLINGS, dtype_name, dtype_of
@@ -185,6 +186,8 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, split:
     if tokenizer.chat_template is None:
         raise UsageError(f"target '{spec.target}' has no chat template; specbench always applies one")
     (model if split else model.to(device)).eval()
+    if device.type == "cuda":
+        leave_cudnn_out_of_sdpa(not cudnn_sdpa())
     return LoadedModel(spec, model, tokenizer, stop_token_ids(model, tokenizer), device, dtype)
 
 

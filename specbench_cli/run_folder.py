@@ -262,6 +262,11 @@ class PromptJob(Protocol):
     def stats(self) -> str:
         """The progress bar's live text after the latest prompt."""
 
+    def replayed(self) -> list[tuple[int, dict]]:
+        """Once `running`'s block has ended: the rows of prompts this session decoded, written again with their
+        greedy replays (greedy_replay.py) where those had to wait (a batch's, until no sequence was in flight; a
+        production engine's, until it stopped and left its memory to our reference target); else none."""
+
     def facts(self, info: RunInfo) -> dict:
         """After the last prompt: what the session measured (tokens, memory, energy) for run.json's session, and
         any run-level keys into `info.more`."""
@@ -330,13 +335,13 @@ def record(folder: RunFolder, job: PromptJob, prompts: list[Prompt], warmup: lis
         _builtin_warmup_note(warmup, console)
         catch_up(run, warmup)
         with record_progress(console, len(prompts), todo, label) as advance:
-            def finished(index: int, prompt: Prompt, tables: dict, again: bool = False) -> None:
-                """A prompt's rows into the folder (`again`: written before, now rewritten with more in them)."""
+            def finished(index: int, prompt: Prompt, tables: dict) -> None:
                 folder.write_prompt(index, tables)
-                if not again:
-                    advance(prompt, job.stats())
+                advance(prompt, job.stats())
 
             job.decode_all(todo, finished)
+    for index, tables in job.replayed():  # a killed run keeps the rows written above, unreplayed
+        folder.write_prompt(index, tables)
     folder.complete(run.info, prompts=len(todo), **job.facts(run.info))
 
 
@@ -391,6 +396,9 @@ def record_interleaved(members: list[tuple[RunFolder, Interleavable, bool]], pro
                             run.folder.write_prompt(index, {name: _marked(table, p)
                                                             for name, table in run.job.decode(index, prompt).items()})
                             advance(prompt, f"{run.folder.path.name}: {run.job.stats()}")
+    for run in opened:
+        for index, tables in run.job.replayed():
+            run.folder.write_prompt(index, {name: _marked(table, index // n) for name, table in tables.items()})
     for run in opened:
         todo_here = sum(index not in run.done for _, index, _ in units)
         run.folder.complete(run.info, prompts=todo_here, **run.job.facts(run.info))

@@ -35,7 +35,7 @@ from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel
 from specbench_cli.planning import check_lengths, drafter_weights, loaded_target
 from specbench_cli.records import RUN_TABLES, run_parts
-from specbench_cli.greedy_replay import Replayed, Replayer
+from specbench_cli.greedy_replay import Replayed, Replayer, replays
 from specbench_cli.run_folder import OneAtATime, RunFolder, RunInfo, Start, new_session, record
 from specbench_cli.telemetry import GpuTelemetry
 from specbench_cli.core.dtypes import dtype_name
@@ -92,12 +92,6 @@ class Runner:
         return turn_records(self.plan, self.run_name, clock, self.model.decode, index, prompt, turns, replays=replays)
 
 
-def replays(plan: Plan) -> bool:
-    """Whether a run replays its turns (greedy_replay.py): asked for, greedy, and on one device (a --device split
-    target is for acceptance studies)."""
-    return plan.config.replay and plan.config.temperature == 0 and plan.config.device != "split"
-
-
 def compile_record(plan: Plan, capacity: int, seconds: dict[int, float], **more) -> dict:
     """run.json's `compile`: mode, buckets, the cache capacity the graphs were built for, seconds per bucket."""
     return {"mode": plan.compile_mode, "buckets": list(plan.buckets), "capacity": capacity, **more,
@@ -144,7 +138,7 @@ class RunJob(OneAtATime):
         model = loaded_target(plan, self.given, split)
         self.runner = Runner(plan, model)
         self.longest = self.runner.check_lengths()
-        self.replayer = Replayer(model.model, model.device) if replays(plan) else None
+        self.replayer = Replayer(model.model, model.device) if replays(plan.config) else None
         return {"method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
                 "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
                 "prompts_selected": len(plan.prompts), "weight_bytes": hardware.weight_bytes(model.model),
@@ -221,6 +215,9 @@ class RunJob(OneAtATime):
         return (f"τ {tau(self.decode_tokens, self.rounds):.2f}  "
                 f"{self.decode_tokens / max(self.decode_s, 1e-9):.1f} tok/s pooled")
 
+    def replayed(self) -> list[tuple[int, dict]]:
+        return []  # each prompt was replayed as it finished (`tables`)
+
     def facts(self, info: RunInfo) -> dict:
         return {"tokens": self.generated, **hardware.peak_memory(self.plan.device),
                 **self.gpu.stop(self.generated)}  # energy: this session's
@@ -237,6 +234,7 @@ class BatchJob(RunJob):
         super().__init__(plan, console, model)
         self.throughput = Throughput()
         self.batch_rounds = 0
+        self.unreplayed: list[Conversation] = []  # finished this session, replayed once no sequence is in flight
 
     def prepare(self) -> dict:
         more = super().prepare()
@@ -263,24 +261,24 @@ class BatchJob(RunJob):
 
     def decode_all(self, todo: list[tuple[int, Prompt]], finished: Callable[..., None]) -> None:
         """A finished conversation's rows are written at once; its replay waits until no sequence is in flight
-        (a turn's time is wall time, which a replay between rounds would add to every other lane's), then its
-        rows are written again with it. A run killed before then keeps its rows, unreplayed."""
-        later: list[Conversation] = []
+        (a turn's time is wall time, which a replay between rounds would add to every other lane's): `replayed`."""
 
         def done(conv: Conversation) -> None:
             self.throughput.add(conv)
             self.count(conv.turns)
             finished(conv.index, conv.prompt, self.parts(conv.index, conv.prompt, conv.turns))
-            later.append(conv)
+            self.unreplayed.append(conv)
 
         self.gpu.start()
         self.throughput.start()
         self.batch_rounds += self._decode(todo, done).rounds
         self.throughput.stop()
-        if self.replayer is not None:
-            for conv in later:
-                finished(conv.index, conv.prompt, self.parts(conv.index, conv.prompt, conv.turns, self.replay(conv.turns)),
-                         again=True)
+
+    def replayed(self) -> list[tuple[int, dict]]:
+        convs, self.unreplayed = self.unreplayed, []
+        if self.replayer is None:
+            return []
+        return [(c.index, self.parts(c.index, c.prompt, c.turns, self.replay(c.turns))) for c in convs]
 
     def _decode(self, todo: list[tuple[int, Prompt]], done: Callable[[Conversation], None]):
         waiting = collections.deque(Conversation(i, p) for i, p in todo)

@@ -84,3 +84,21 @@ def test_rows_are_grouped_by_where_their_last_block_starts():
     alone = [g for g in order.groups if not isinstance(g.head, tuple)]
     assert sorted(int(g.rows[0]) for g in alone) == [3, 4]
     assert alone[0].head.tolist()[-2:] == [62, 64]  # the root and b (at slot 64), not slot 63 (a)
+
+
+def test_cudnn_leaves_sdpa_unless_the_environment_keeps_it(monkeypatch):
+    """CUDA runs leave cuDNN's attention out of SDPA (a plan per new key span; core.attention), unless asked."""
+    from specbench_cli.core.attention import cudnn_sdpa, leave_cudnn_out_of_sdpa
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        monkeypatch.delenv("SPECBENCH_SDPA_CUDNN", raising=False)
+        assert not cudnn_sdpa()
+        leave_cudnn_out_of_sdpa(not cudnn_sdpa())
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setenv("SPECBENCH_SDPA_CUDNN", "1")
+        assert cudnn_sdpa()
+        leave_cudnn_out_of_sdpa(not cudnn_sdpa())
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

@@ -129,6 +129,22 @@ def test_the_engine_run_records_what_ran(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("method", VLLM_LIST)
+def test_a_vllm_runs_greedy_turns_are_replayed_on_our_exact_reference_once_the_engine_stopped(runs, method):
+    info = json.loads((runs[method] / "run.json").read_text())
+    assert info["replay"] == "batch-invariant target (exact)"
+    prompts = pd.read_parquet(runs[method] / "prompts.parquet")
+    assert (prompts.replay_checked == prompts.new_tokens).all() and (prompts.new_tokens > 0).all()
+    assert (prompts.replay_off == prompts.replay_ties).all(), prompts[["prompt_id", "turn", "replay_off", "replay_ties"]]
+
+
+@pytest.mark.slow
+def test_a_run_on_an_engine_shared_by_a_tune_is_not_replayed(runs):
+    assert json.loads((runs["baseline"] / "run.json").read_text())["replay"] == "off"
+    assert (pd.read_parquet(runs["baseline"] / "prompts.parquet").replay_checked == -1).all()
+
+
+@pytest.mark.slow
 def test_report_puts_vllm_runs_beside_ours_with_their_own_baseline(runs):
     from specbench_cli.analysis.results import load
 

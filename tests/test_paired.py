@@ -23,6 +23,7 @@ class Stand:
 
     def __init__(self, name: str, log: list) -> None:
         self.name, self.log = name, log
+        self.decoded: list = []
 
     def begin(self) -> Start:
         return Start({"method": self.name}, {"started": "now", "environment": {}})
@@ -45,13 +46,20 @@ class Stand:
     def new_pass(self) -> None:
         self.log.append((self.name, "new pass"))
 
-    def decode(self, index: int, prompt: Prompt) -> dict:
-        self.log.append((self.name, "decode", index))
+    def decode(self, index: int, prompt: Prompt, text: str = "") -> dict:
+        if not text:
+            self.log.append((self.name, "decode", index))
+            self.decoded.append((index, prompt))
         row = PromptRecord("r", self.name, "m", "d", "c", "s", prompt.id, 0, index=index, prompt_tokens=1,
                            new_tokens=2, decode_tokens=1, rounds=1, ttft_ms=1.0, decode_ms=1.0, tokens_per_s=1e3,
                            tau=1.0, stop_reason="max_new_tokens", clock="perf_counter_ns", output_hash="h",
-                           output_text="", output_ids=[index, index])
+                           output_text=text, output_ids=[index, index])
         return run_parts([], [row])
+
+    def replayed(self) -> list[tuple[int, dict]]:
+        """Every prompt decoded this session, written again once the block has ended (as a vLLM run's replay)."""
+        done, self.decoded = self.decoded, []
+        return [(index, self.decode(index, prompt, text="replayed")) for index, prompt in done]
 
     def stats(self) -> str:
         return ""
@@ -84,6 +92,7 @@ def test_every_prompt_by_every_member_in_a_rotated_order(tmp_path):
         assert mine[:1] == [("warm", "w")] and mine[4:6] == [("new pass",), ("warm", "w")]
     prompts = read_table(tmp_path / "b", "prompts").sort_values("index")
     assert list(prompts.repeat) == [0, 0, 0, 1, 1, 1] and list(prompts.prompt_id) == ["p0", "p1", "p2"] * 2
+    assert (prompts.output_text == "replayed").all()  # rows written again after the list, each in its own pass
     info = json.loads((tmp_path / "c" / "run.json").read_text())
     assert info["pairing"] == {"id": "x", "member": "c"} and info["status"] == "complete"
 

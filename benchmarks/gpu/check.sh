@@ -11,12 +11,15 @@
 #   runs eager     Spec-Bench, bf16, the default: baseline,suffix,eagle3 as one interleaved list on the plain
 #                  target, every greedy turn replayed on the plain eager reference; report (paired speed, lossless
 #                  and replay tables); CUDA-event phase sums against host wall time (benchmarks/gpu/phase_check.py)
-#   runs compiled  the same list compiled (reduce-overhead) with one bucket (64: EAGLE-3's 61 rows fit): a decode
-#                  and a verify then share every shape, so do the methods' outputs equal the baseline's (issue 48: can the compiled
-#                  path be invariant on a GPU)?
+#   runs eager-cudnn  the same with cuDNN's attention allowed in SDPA (SPECBENCH_SDPA_CUDNN=1), as every run
+#                  before 2026-11-27: does leaving it out (core.attention.leave_cudnn_out_of_sdpa) remove the
+#                  ~57 ms eager rounds and EAGLE-3's slow drafting the H200 showed?
+#   profile        benchmarks/gpu/op_profile.py: eagle3 and the baseline on one long Spec-Bench prompt under
+#                  torch.profiler, per phase host and device time, syncs and cuDNN attention calls
 #   engine         benchmarks/engine.py bf16 eager, plain and batch-invariant target: c(n), decode tok/s, the
 #                  invariant decode's tokens against the plain one's (issue 48's GPU question)
-#   batches        (BATCHES_TOO=1 only: measured on the H200) compiled baseline at B = 1, 8, 32 against batch 1
+#   runs compiled  (COMPILED_TOO=1: measured on the H200 on 2026-11-27) the list compiled with one bucket (64)
+#   batches        (BATCHES_TOO=1: measured on the H200) compiled baseline at B = 1, 8, 32 against batch 1
 #   compiled       benchmarks/engine.py bf16 compiled (reduce-overhead on CUDA): c(n) at a few sizes and decode
 #                  tok/s against eager and generate() with a static cache (last: it compiles one graph per size)
 set -uo pipefail
@@ -91,8 +94,20 @@ stage_runs() {   # the default (plain target timed, every greedy turn replayed o
   runs eager $RUN_LIMIT
 }
 
+stage_runs_cudnn() {  # the same with cuDNN's attention allowed in SDPA, as before 2026-11-27 (core.attention)
+  SPECBENCH_SDPA_CUDNN=1 runs eager-cudnn $RUN_LIMIT
+}
+
 stage_runs_compiled() {  # compiled with one bucket: decodes and verifies share every shape; are the outputs equal?
   runs compiled $RUN_LIMIT --compile --compile-buckets $BUCKET
+}
+
+stage_profile() {  # where eagle3's draft and an eager verify spend a round (the H200's open questions)
+  log "op profile: eagle3 and baseline, one summarization prompt (long context) after the warm-up"
+  timeout 170 $PY benchmarks/gpu/op_profile.py --method eagle3,baseline --category summarization --limit 1 \
+      --max-new-tokens $TOKENS --device "$DEVICE" --out "$WORK/profile" 2>&1 | grep -v -e "Converting" -e "^W11" \
+      | grep -v "^[│┃┏┡└┗]"
+  tar czf "$OUT/profile.tgz" -C "$WORK" profile 2>/dev/null   # each method's run and op_profile.txt
 }
 
 stage_compiled() {
@@ -129,14 +144,16 @@ case "${1:-}" in
   pack) pack ;;
   stash) stash ;;
   run)
-    rm -rf "$WORK"/runs "$WORK"/report_* "$WORK"/batches   # a rerun starts clean (run refuses a used folder)
+    rm -rf "$WORK"/runs "$WORK"/report_* "$WORK"/batches "$WORK"/profile   # a rerun starts clean (run refuses a used folder)
     setup
     { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv 2>/dev/null
       $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
     } 2>&1 | tee -a "$OUT/check.log"
     stage_runs 2>&1 | tee -a "$OUT/check.log"
-    stage_runs_compiled 2>&1 | tee -a "$OUT/check.log"
+    stage_runs_cudnn 2>&1 | tee -a "$OUT/check.log"
+    stage_profile 2>&1 | tee -a "$OUT/check.log"
     stage_engine 2>&1 | tee -a "$OUT/check.log"
+    [ "${COMPILED_TOO:-0}" = 1 ] && stage_runs_compiled 2>&1 | tee -a "$OUT/check.log"
     [ "${BATCHES_TOO:-0}" = 1 ] && stage_batches 2>&1 | tee -a "$OUT/check.log"
     stage_compiled 2>&1 | tee -a "$OUT/check.log"
     log "done" ;;

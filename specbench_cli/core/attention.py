@@ -19,6 +19,7 @@ checks those properties on the running machine; where they fail the rows are com
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,28 @@ def attends_by_matmul(device: torch.device, dtype: torch.dtype) -> bool:
     at 3072 (bf16, 9 heads, 2-core EPYC, medians) against `grouped_attention`'s 171 us and 0.7 ms. Not in
     float32 (SDPA: 49 us vs 85 us) and not for several rows (bf16, 8 rows: SDPA 142 us vs 271 us)."""
     return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
+
+
+def cudnn_sdpa() -> bool:
+    """Whether SDPA may pick cuDNN's attention on CUDA in specbench's processes: only with SPECBENCH_SDPA_CUDNN=1
+    (`leave_cudnn_out_of_sdpa`; run.json's environment.sdpa_cudnn)."""
+    return os.environ.get("SPECBENCH_SDPA_CUDNN", "0") == "1"
+
+
+def leave_cudnn_out_of_sdpa(leave_out: bool = True) -> None:
+    """Whether PyTorch's SDPA may pick cuDNN's attention (process-wide; on a CPU it never does).
+
+    Why leave it out: our forwards call SDPA with an explicit mask over a key span that grows every round (a
+    decode reads one key more than the last), and cuDNN builds an execution plan for every new shape before it
+    runs one (modelscope/FunASR#3704: 0.44 s a new shape on a B200; with cuDNN out of the order those steps ran
+    as fast as the others). PyTorch puts cuDNN first on sm90 and sm100 when the cuDNN runtime is newer than
+    9.15 unless TORCH_CUDNN_SDPA_DEPRIORITIZED is set (`check_prefer_cudnn_attention` in
+    aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, read on pytorch main 2026-11-27).
+    On an H200 (2026-11-27, benchmarks/gpu/README.md) an eager verify inside a run took ~57 ms against 18.6 ms
+    for the same forward repeated at one context, a round that verified a draft (several rows) ~60 ms
+    against ~19 ms for one that verified one row, and a tree drafter's drafting (nine masked SDPA calls a round
+    over its growing cache) 53-57 ms: what per-shape plans would cost. Not yet measured with it left out."""
+    torch.backends.cuda.enable_cudnn_sdp(not leave_out)
 
 
 def one_query_by_matmul(q: torch.Tensor) -> bool:

@@ -36,8 +36,9 @@ from specbench_cli.core.turn import RoundInfo, TurnResult
 from specbench_cli.datasets import Prompt
 from specbench_cli.engines.vllm_routed import Decisions
 from specbench_cli.engines.vllm_methods import TESTED_VERSIONS, engine_method
+from specbench_cli.greedy_replay import Replayed, Replayer, reference, replays
 from specbench_cli.inputs import Plan
-from specbench_cli.loading import LoadedModel, checkpoint_location, load_text
+from specbench_cli.loading import LoadedModel, checkpoint_location, load_model, load_text
 from specbench_cli.planning import check_lengths, drafter_ref, drafter_weights
 from specbench_cli.records import run_parts
 from specbench_cli.run_folder import RunFailed, RunInfo, Start, new_session
@@ -366,6 +367,7 @@ class VllmJob:
         self.warmed = 0
         self.noted = False
         self.shared: Worker | None = None  # an engine started by the caller for several runs (`on`)
+        self.decoded: list[Conversation] = []  # this session's prompts, replayed once the engine has stopped
 
     def on(self, worker: Worker) -> VllmJob:
         """Run on an engine the caller started and will stop, one engine for several runs (`tune --engine vllm`:
@@ -394,8 +396,12 @@ class VllmJob:
             raise RuntimeError(f"{plan.out}: the shared engine was started with other settings than this run's")
         else:
             self.engine, self.clock = nullcontext(self.shared), CLOCK
+        # replayed once the engine has stopped; an engine shared by several runs (tune's) or a server someone else
+        # runs is still up then, and our reference target may find no room beside it
+        self.replaying = replays(plan.config) and self.shared is None and not plan.config.engine_url
         return {"clock": self.clock, "prompts_selected": len(plan.prompts), "drafter_weights": self.weights,
-                "dtype_choice": plan.dtype_reason, "engine": self.spec.record()}
+                "dtype_choice": plan.dtype_reason, "engine": self.spec.record(),
+                "replay": reference(plan.device) if self.replaying else "off"}
 
     @contextmanager
     def running(self, info: RunInfo, save: Callable[[], None]) -> Iterator[None]:
@@ -473,10 +479,24 @@ class VllmJob:
         self.worker.forget()
 
     def _tables(self, conv: Conversation) -> dict:
-        rounds, rows = turn_records(self.plan, self.plan.out.name, self.clock, self.text.decode, conv.index,
-                                    conv.prompt, conv.turns, engine="vllm")
         self.stats_.add(conv)
+        self.decoded.append(conv)
+        return self._parts(conv)
+
+    def _parts(self, conv: Conversation, replays: list[Replayed] | None = None) -> dict:
+        rounds, rows = turn_records(self.plan, self.plan.out.name, self.clock, self.text.decode, conv.index,
+                                    conv.prompt, conv.turns, engine="vllm", replays=replays)
         return run_parts(rounds, rows)
+
+    def replayed(self) -> list[tuple[int, dict]]:
+        """The engine's greedy turns replayed on our reference target (greedy_replay.py), loaded in this process
+        only now that the engine has stopped (on a GPU it held the memory)."""
+        convs, self.decoded = self.decoded, []
+        if not convs or not self.replaying:
+            return []
+        model = load_model(self.plan.spec, self.plan.device, self.plan.dtype)
+        replayer = Replayer(model.model, model.device)
+        return [(c.index, self._parts(c, [replayer.check(ids, r.output_ids) for ids, r in c.turns])) for c in convs]
 
     def stats(self) -> str:
         return self.stats_.line()

@@ -38,8 +38,8 @@ from specbench_cli.engines.vllm_routed import Decisions
 from specbench_cli.engines.vllm_methods import TESTED_VERSIONS, engine_method
 from specbench_cli.greedy_replay import Replayed, Replayer, reference, replays
 from specbench_cli.inputs import Plan
-from specbench_cli.loading import LoadedModel, checkpoint_location, load_model, load_text
-from specbench_cli.planning import check_lengths, drafter_ref, drafter_weights
+from specbench_cli.loading import LoadedModel, checkpoint_location, load_text
+from specbench_cli.planning import check_lengths, drafter_ref, drafter_weights, loaded_target
 from specbench_cli.records import run_parts
 from specbench_cli.run_folder import RunFailed, RunInfo, Start, new_session
 from specbench_cli.core.dtypes import dtype_name
@@ -494,7 +494,7 @@ class VllmJob:
         convs, self.decoded = self.decoded, []
         if not convs or not self.replaying:
             return []
-        model = load_model(self.plan.spec, self.plan.device, self.plan.dtype)
+        model = loaded_target(self.plan, None)
         replayer = Replayer(model.model, model.device)
         return [(c.index, self._parts(c, [replayer.check(ids, r.output_ids) for ids, r in c.turns])) for c in convs]
 

@@ -31,6 +31,7 @@ import torch
 from specbench_cli.analysis.divergence import threshold
 from specbench_cli.core.target import Target
 from specbench_cli.core.tree import DraftTree
+from specbench_cli.core.turn import TurnResult
 
 if TYPE_CHECKING:
     from specbench_cli.inputs import RunConfig
@@ -81,6 +82,10 @@ class Replayer:
         self.reference = reference(device)
         self.target = Target(model, device, invariant=device.type == "cpu")  # eager, packed where it can be
         self.limit = threshold(str(model.get_input_embeddings().weight.dtype))
+
+    def turns(self, turns: list[tuple[list[int], TurnResult]]) -> list[Replayed]:
+        """A conversation's turns (each turn's prompt ids and result), one replay each."""
+        return [self.check(ids, r.output_ids) for ids, r in turns]
 
     @torch.inference_mode()
     def check(self, prompt_ids: list[int], output_ids: list[int]) -> Replayed:

@@ -196,7 +196,7 @@ class RunJob(OneAtATime):
         return self.parts(index, prompt, turns, self.replay(turns))
 
     def replay(self, turns: list[tuple[list[int], TurnResult]]) -> list[Replayed] | None:
-        return [self.replayer.check(ids, r.output_ids) for ids, r in turns] if self.replayer else None
+        return self.replayer.turns(turns) if self.replayer else None
 
     def parts(self, index: int, prompt: Prompt, turns: list[tuple[list[int], TurnResult]],
               replays: list[Replayed] | None = None) -> dict[str, pa.Table]:
@@ -234,7 +234,7 @@ class BatchJob(RunJob):
         super().__init__(plan, console, model)
         self.throughput = Throughput()
         self.batch_rounds = 0
-        self.unreplayed: list[Conversation] = []  # finished this session, replayed once no sequence is in flight
+        self.unreplayed: list[Conversation] = []  # finished this session, to replay once no sequence is in flight
 
     def prepare(self) -> dict:
         more = super().prepare()
@@ -267,7 +267,8 @@ class BatchJob(RunJob):
             self.throughput.add(conv)
             self.count(conv.turns)
             finished(conv.index, conv.prompt, self.parts(conv.index, conv.prompt, conv.turns))
-            self.unreplayed.append(conv)
+            if self.replayer is not None:
+                self.unreplayed.append(conv)
 
         self.gpu.start()
         self.throughput.start()
@@ -276,8 +277,6 @@ class BatchJob(RunJob):
 
     def replayed(self) -> list[tuple[int, dict]]:
         convs, self.unreplayed = self.unreplayed, []
-        if self.replayer is None:
-            return []
         return [(c.index, self.parts(c.index, c.prompt, c.turns, self.replay(c.turns))) for c in convs]
 
     def _decode(self, todo: list[tuple[int, Prompt]], done: Callable[[Conversation], None]):

@@ -367,7 +367,7 @@ class VllmJob:
         self.warmed = 0
         self.noted = False
         self.shared: Worker | None = None  # an engine started by the caller for several runs (`on`)
-        self.decoded: list[Conversation] = []  # this session's prompts, replayed once the engine has stopped
+        self.decoded: list[Conversation] = []  # this session's prompts, to replay once the engine has stopped
 
     def on(self, worker: Worker) -> VllmJob:
         """Run on an engine the caller started and will stop, one engine for several runs (`tune --engine vllm`:
@@ -480,7 +480,8 @@ class VllmJob:
 
     def _tables(self, conv: Conversation) -> dict:
         self.stats_.add(conv)
-        self.decoded.append(conv)
+        if self.replaying:
+            self.decoded.append(conv)
         return self._parts(conv)
 
     def _parts(self, conv: Conversation, replays: list[Replayed] | None = None) -> dict:
@@ -492,11 +493,11 @@ class VllmJob:
         """The engine's greedy turns replayed on our reference target (greedy_replay.py), loaded in this process
         only now that the engine has stopped (on a GPU it held the memory)."""
         convs, self.decoded = self.decoded, []
-        if not convs or not self.replaying:
+        if not convs:
             return []
         model = loaded_target(self.plan, None)
         replayer = Replayer(model.model, model.device)
-        return [(c.index, self._parts(c, [replayer.check(ids, r.output_ids) for ids, r in c.turns])) for c in convs]
+        return [(c.index, self._parts(c, replayer.turns(c.turns))) for c in convs]
 
     def stats(self) -> str:
         return self.stats_.line()

@@ -72,20 +72,35 @@ def assert_tree_rows_are_decodes(model, prefix: list[int], tree: DraftTree, node
         assert diff == 0, f"node {node} (depth {len(path)}) of {len(tree)}: verify differs from its decode by {diff}"
 
 
+@pytest.fixture(params=["row kernel", "pytorch"])
+def attention(request, monkeypatch) -> str:
+    """Both attention forms a batch-invariant CPU target has: the row kernel (`core.row_attention`) and, where it
+    is not built, `core.attention.exact_attention` (SPECBENCH_ROW_ATTENTION=0 stands in for a missing compiler)."""
+    if request.param == "pytorch":
+        monkeypatch.setenv("SPECBENCH_ROW_ATTENTION", "0")
+    return request.param
+
+
+def assert_attention_form(model, attention: str) -> None:
+    assert Target(model, CPU, invariant=True).shared.rows_alone == (attention == "row kernel")
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_tiny_bf16_tree_rows_equal_one_token_decodes(arch):
+def test_tiny_bf16_tree_rows_equal_one_token_decodes(arch, attention):
     """Every node of random trees (siblings, deep paths, a span past 512): no second verify needed. (At these
     shapes the kernels happen to round alike wherever a key sits; the embedded test below is the one a tree
     laid out at its own slots fails.)"""
     model = tiny_model(arch).to(torch.bfloat16)
+    assert_attention_form(model, attention)
     for length, size in ((30, 12), (45, 40), (530, 24)):
         tree = random_tree(random.Random(length), size, 96)
         assert_tree_rows_are_decodes(model, random_prompt(length, seed=length), tree, list(range(1, size + 1)))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_tiny_bf16_chain_rows_equal_one_token_decodes(arch):
+def test_tiny_bf16_chain_rows_equal_one_token_decodes(arch, attention):
     model = tiny_model(arch).to(torch.bfloat16)
+    assert_attention_form(model, attention)
     for length, rows in ((30, 8), (45, 40), (530, 20)):  # a short chain, > 32 rows, a span past 512
         assert_rows_are_decodes(model, random_prompt(length, seed=length), random_prompt(rows, seed=rows))
 

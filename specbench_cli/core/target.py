@@ -28,9 +28,11 @@ The extension points, all generic (this module names no method):
 - `forward(tokens)`: a plain append outside verify, for a method that needs target forwards of its own.
 
 Batch-invariant (`invariant=True`, eager): every row of a verify is computed bit for bit as a
-one-token decode computes it (`_rows`: GEMMs whose rounding does not depend on the row count; attention over
-each row's keys in the order that decode reads them, `attention.exact_attention` on the float copy `FloatKV`),
-so that in bf16 a method's greedy output equals plain one-token decoding's. Where attention runs through SDPA
+one-token decode computes it (`_rows`: GEMMs whose rounding does not depend on the row count; attention one row
+at a time over the keys it sees, in the order that decode reads them: the row kernel `core.row_attention`, or
+where it is not built `attention.exact_attention` on the float copy `FloatKV`), so that in bf16 a method's
+greedy output equals plain one-token decoding's. The plain target attends with the row kernel too, up to
+KERNEL_ROWS rows (a decode's one row was a third of a CPU decode as PyTorch operators), and more with SDPA. Where attention runs through SDPA
 instead (float32, CUDA: one-query problems over a common span, `_kv_span`) a tree's rows are not exact, and its
 accepted path is verified again as a chain (`verify_paths`, `exact_trees` False).
 """
@@ -50,6 +52,7 @@ from specbench_cli.core.attention import (DecodeOrder, attends_by_matmul, decode
                                           grouped_attention, one_query_by_matmul, rows_agree)
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.kernels import GATE_UP, QKV, RowKernels, Stacked, packs, shape, stacked, zero_rows
+from specbench_cli.core.row_attention import row_attention, rows_alone
 from specbench_cli.core.tree import DraftTree
 
 # Families whose decoder layers this forward reproduces: pre-norm residual blocks, rotary attention with
@@ -58,6 +61,10 @@ SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 ROOM = 256  # cache slots kept free past prompt + max-new-tokens for the largest verify (grown if a tree needs more)
 DEFAULT_BUCKETS = (1, 4, 16, 64)  # compiled verify sizes (a 60-node tree + root fits 64, a 16-token block 16)
 ROW_BLOCK = 8  # every batch-invariant GEMM takes exactly this many rows (see `Target._rows`)
+# the most rows of a plain target's verify the row kernel attends (more: SDPA). In bf16 on a 2-core EPYC
+# (2026-11-28, benchmarks/kernel_ab.py, context 512, 5 interleaved blocks): the kernel's verify of 8 rows took
+# 0.91x SDPA's, of 16 0.97x, of 64 1.08x
+KERNEL_ROWS = 16
 T = TypeVar("T")
 _PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(probe, dtype, packed, device): result}
 
@@ -253,10 +260,14 @@ class TargetModel:
         self.slots: list[Target] = []
         self._capture: tuple[int, ...] = ()  # decoder layers every forward returns (what the sequences asked for)
         self._dtype = model.get_input_embeddings().weight.dtype
-        # where a tree's rows are exact too (`attention.exact_attention`); elsewhere its accepted path is verified again
+        # eager attention one row at a time (`core.row_attention`): a decode's, and a batch-invariant verify's every row
+        self.rows_alone = rows_alone(device, self._dtype, model.model.layers[0].self_attn.head_dim)
+        # where a tree's rows are exact too (the row kernel, or `attention.exact_attention` where it is not built);
+        # elsewhere its accepted path is verified again
         self.exact_trees = invariant and attends_by_matmul(device, self._dtype)
-        self.rows_agree = self.exact_trees and rows_agree()  # all rows of a verify in one call (else one each)
-        self.float_kv = FloatKV(self.kv, self.num_layers) if self.exact_trees else None
+        exact_by_orders = self.exact_trees and not self.rows_alone
+        self.rows_agree = exact_by_orders and rows_agree()  # all rows of a verify in one call (else one each)
+        self.float_kv = FloatKV(self.kv, self.num_layers) if exact_by_orders else None
         self.kernels = RowKernels(packs(device, self._dtype, compile is not None) if packed is None else packed)
         self._layer_devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
         self.one_call = False  # see `_rows`; probed once per model, dtype and kernels
@@ -283,6 +294,12 @@ class TargetModel:
         self.slots.append(target)
         self.kv.slots = len(self.slots)
         return len(self.slots) - 1
+
+    @property
+    def attention(self) -> str:
+        """What attends in an eager forward (run.json's `attention`): "row kernel" (`core.row_attention`: up to
+        KERNEL_ROWS rows, and every row of a batch-invariant target), else "pytorch" (`core.attention`, SDPA)."""
+        return "row kernel" if self.rows_alone else "pytorch"
 
     @property
     def num_layers(self) -> int:
@@ -378,7 +395,7 @@ class TargetModel:
         real = None if n == 1 else (torch.arange(rows)[None] < torch.tensor(sizes)[:, None]).to(device)
         embeds = torch.cat([x.embeds for x in work])[None]
         positions = torch.cat([x.positions for x in work])[None]
-        orders = decode_orders(mask, sees, slots, offset) if self.exact_trees else None
+        orders = decode_orders(mask, sees, slots, offset) if self.float_kv is not None else None
         if orders:  # each row reads its whole last block (masked past what it sees)
             kv_len = max(kv_len, *(order.end for order in orders))
         hidden, captured = self.decoder(embeds, positions, mask, slots, sees,
@@ -463,7 +480,9 @@ class TargetModel:
             lanes = torch.arange(batch, device=slots.device)[:, None]
             kv[0][lanes, :, slots] = k.transpose(1, 2)
             kv[1][lanes, :, slots] = v.transpose(1, 2)
-        if self.invariant and mask is not None:
+        if self.rows_alone and mask is not None and (self.invariant or rows <= KERNEL_ROWS):
+            out = row_attention(q, kv[0], kv[1], mask[:, 0], attn.scaling)
+        elif self.invariant and mask is not None:
             out = torch.cat([self._one_query_each(q[b:b + 1], kv[:, b], mask[b, 0], attn.scaling, sees_reserved[b],
                                                   slots[b], offset, orders[b] if orders else None,
                                                   (where[0], where[1] + b))

@@ -1,0 +1,223 @@
+// Attention one query row at a time, each row over the keys its mask shows, in slot order (specbench_cli/core/row_attention.py).
+//
+// Every (sequence, query head, row) is computed by the same code, one thread, over the sequence of keys its mask
+// row shows: its scores, softmax and weighted sum depend on those keys' values and order only, not on the slots
+// they sit at, the number of rows in the call, the row's neighbours or the thread count. So a verify row and the
+// one-token decode at the same position, which see the same keys in the same order, get the same bits.
+//
+// Registered as torch.ops.specbench.row_attention(q [B, H, R, d], k [B, KVH, S, d], v [B, KVH, S, d],
+// mask bool [B, R, S], scale) -> [B, R, H, d] in q's dtype; float32 arithmetic throughout.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 16;  // the width every reduction over head_dim and keys is blocked by (a fixed order)
+constexpr int64_t kRows = 4;    // rows of one sequence and head attended together (they share each key's load)
+
+// exp(x) for x <= 0 (a score minus its row's maximum), branch-free so that a loop of it vectorizes: Cephes' expf
+// (range reduction by ln 2 in two parts, a degree-5 polynomial), a few ulp from std::exp.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+// Vectors of kLanes floats (GCC/Clang vector extensions: one AVX-512 register, two AVX2 ones, four SSE ones).
+typedef float Floats __attribute__((vector_size(kLanes * sizeof(float))));
+typedef float Floats8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float Floats4 __attribute__((vector_size(4 * sizeof(float))));
+typedef uint16_t Halfs __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t Words __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+// kLanes values of the cache's dtype at p as floats
+template <typename T>
+inline Floats widen(const T* p) {
+  Floats x;
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(&x, p, sizeof(x));
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {  // a bf16 is a float's upper 16 bits
+    Halfs h;
+    std::memcpy(&h, p, sizeof(h));
+    const Words w = __builtin_convertvector(h, Words) << 16;
+    std::memcpy(&x, &w, sizeof(x));
+  } else {
+    for (int64_t l = 0; l < kLanes; ++l) x[l] = static_cast<float>(p[l]);
+  }
+  return x;
+}
+
+// the sum of x's lanes, halves added pairwise (a fixed order)
+inline float lanes_sum(Floats x) {
+  const Floats8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
+                    __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Floats4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// softmax in place over a row's n scores (n > 0): exp(score - max), summed in kLanes partial sums added in a fixed
+// order; returns the sum
+inline float softmax_numerators(float* scores, int64_t n) {
+  float top = scores[0];
+  for (int64_t j = 1; j < n; ++j) top = std::max(top, scores[j]);
+  Floats partial = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    Floats x;
+    for (int64_t l = 0; l < kLanes; ++l) x[l] = exp_nonpositive(scores[j + l] - top);
+    std::memcpy(scores + j, &x, sizeof(x));
+    partial += x;
+  }
+  for (int64_t l = 0; j < n; ++j, ++l) {
+    scores[j] = exp_nonpositive(scores[j] - top);
+    partial[l] += scores[j];
+  }
+  return lanes_sum(partial);
+}
+
+// Up to kRows rows of one sequence and query head: softmax(q . k * scale) @ v over the keys each row's mask shows,
+// in slot order, into its dst. The rows share each key's and value's load; each row's arithmetic is the same
+// sequence of operations whichever rows are beside it. `scores[r]` has room for `span` floats; D (the head dim) is
+// a multiple of kLanes.
+template <typename T, int64_t D>
+inline void attend_rows(int64_t rows, const T* const* queries, const bool* const* masks, int64_t mask_stride,
+                        int64_t span, const T* keys, const T* values, int64_t key_stride, int64_t value_stride,
+                        float factor, float* const* scores, T* const* dsts) {
+  constexpr int64_t V = D / kLanes;
+  Floats q[kRows][V];
+  int64_t n[kRows] = {};
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < V; ++c) q[r][c] = widen(queries[r] + c * kLanes);
+  bool sees[kRows];
+  const auto seen_by_any = [&](int64_t s) {
+    bool any = false;
+    for (int64_t r = 0; r < rows; ++r) any |= (sees[r] = masks[r][s * mask_stride]);
+    return any;
+  };
+  for (int64_t s = 0; s < span; ++s) {
+    if (!seen_by_any(s)) continue;
+    Floats k[V];
+    for (int64_t c = 0; c < V; ++c) k[c] = widen(keys + s * key_stride + c * kLanes);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!sees[r]) continue;
+      Floats acc = q[r][0] * k[0];
+      for (int64_t c = 1; c < V; ++c) acc += q[r][c] * k[c];
+      scores[r][n[r]++] = lanes_sum(acc) * factor;
+    }
+  }
+  float total[kRows];
+  for (int64_t r = 0; r < rows; ++r) total[r] = n[r] ? softmax_numerators(scores[r], n[r]) : 0.0f;
+  Floats acc[kRows][V] = {};
+  int64_t j[kRows] = {};
+  for (int64_t s = 0; s < span; ++s) {
+    if (!seen_by_any(s)) continue;
+    Floats v[V];
+    for (int64_t c = 0; c < V; ++c) v[c] = widen(values + s * value_stride + c * kLanes);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!sees[r]) continue;
+      const Floats p = Floats{} + scores[r][j[r]++];
+      for (int64_t c = 0; c < V; ++c) acc[r][c] += p * v[c];
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r)  // a row that sees nothing (padding nobody reads) gets zeros
+    for (int64_t c = 0; c < V; ++c)
+      for (int64_t l = 0; l < kLanes; ++l)
+        dsts[r][c * kLanes + l] = static_cast<T>(n[r] ? acc[r][c][l] / total[r] : 0.0f);
+}
+
+template <typename T>
+void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, double scale,
+            at::Tensor& out) {
+  const int64_t B = q.size(0), H = q.size(1), R = q.size(2), D = q.size(3);
+  const int64_t KVH = k.size(1), S = mask.size(2);  // keys a row may see: the mask's span
+  const int64_t group = H / KVH, blocks = (R + kRows - 1) / kRows;
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  const bool* mp = mask.data_ptr<bool>();
+  T* op = out.data_ptr<T>();
+  const auto qs = q.strides(), ks = k.strides(), vs = v.strides(), ms = mask.strides(), os = out.strides();
+  const float factor = static_cast<float>(scale);
+  at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(kRows * S);
+    float* scores[kRows];
+    for (int64_t r = 0; r < kRows; ++r) scores[r] = buffer.data() + r * S;
+    for (int64_t item = begin; item < end; ++item) {  // (sequence, query head, block of kRows rows)
+      const int64_t first = item % blocks * kRows, h = item / blocks % H, b = item / (blocks * H), kh = h / group;
+      const int64_t rows = std::min(kRows, R - first);
+      const T* queries[kRows];
+      const bool* masks[kRows];
+      T* dsts[kRows];
+      for (int64_t r = 0; r < rows; ++r) {
+        queries[r] = qp + b * qs[0] + h * qs[1] + (first + r) * qs[2];
+        masks[r] = mp + b * ms[0] + (first + r) * ms[1];
+        dsts[r] = op + b * os[0] + (first + r) * os[1] + h * os[2];
+      }
+      const T* keys = kp + b * ks[0] + kh * ks[1];
+      const T* values = vp + b * vs[0] + kh * vs[1];
+      switch (D / kLanes) {
+#define SPECBENCH_HEAD_DIM(v)                                                                                   \
+  case v:                                                                                                       \
+    attend_rows<T, v * kLanes>(rows, queries, masks, ms[2], S, keys, values, ks[2], vs[2], factor, scores, dsts); \
+    break;
+        SPECBENCH_HEAD_DIM(1) SPECBENCH_HEAD_DIM(2) SPECBENCH_HEAD_DIM(3) SPECBENCH_HEAD_DIM(4)
+        SPECBENCH_HEAD_DIM(5) SPECBENCH_HEAD_DIM(6) SPECBENCH_HEAD_DIM(7) SPECBENCH_HEAD_DIM(8)
+        SPECBENCH_HEAD_DIM(10) SPECBENCH_HEAD_DIM(12) SPECBENCH_HEAD_DIM(16)
+#undef SPECBENCH_HEAD_DIM
+      }
+    }
+  });
+}
+
+bool supported_head_dim(int64_t d) {
+  const int64_t v = d / kLanes;
+  return d % kLanes == 0 && ((v >= 1 && v <= 8) || v == 10 || v == 12 || v == 16);
+}
+
+at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                         double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && mask.dim() == 3, "row_attention: q, k, v 4-d, mask 3-d");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(), "row_attention: one dtype");
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "row_attention: a bool mask");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "row_attention: query heads a multiple of kv heads");
+  TORCH_CHECK(supported_head_dim(q.size(3)), "row_attention: head dim 16 to 128 in steps of 16, 160, 192 or 256");
+  TORCH_CHECK(mask.size(0) == q.size(0) && mask.size(1) == q.size(2) && mask.size(2) <= k.size(2),
+              "row_attention: mask [B, R, S <= keys]");
+  // innermost dimension contiguous (the cache's head_dim is); anything else is copied
+  const at::Tensor qc = q.stride(3) == 1 ? q : q.contiguous();
+  const at::Tensor kc = k.stride(3) == 1 ? k : k.contiguous();
+  const at::Tensor vc = v.stride(3) == 1 ? v : v.contiguous();
+  at::Tensor out = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "row_attention", [&] {
+    attend<scalar_t>(qc, kc, vc, mask, scale, out);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(specbench, m) {
+  m.def("row_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specbench, CPU, m) { m.impl("row_attention", &row_attention); }

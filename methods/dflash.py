@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specbench_cli.core.acceptance import greedy_tokens
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, CheckpointError
@@ -304,7 +305,7 @@ class DFlash(FeatureDrafter):
         with states[0].timed("draft_head"):
             logits = draft.logits(hidden[:, 1:])
         if states[0].temperature <= 0 or self.options.sampling == "argmax":
-            return [DraftTree.chain(row) for row in logits.argmax(-1).tolist()]  # a point mass each: see the module docstring
+            return [DraftTree.chain(row) for row in greedy_tokens(logits).tolist()]  # a point mass each: see the module docstring
         probs = torch.softmax(logits / states[0].temperature, dim=-1)
         return [DraftTree.chain(torch.multinomial(p, 1, generator=s.generator)[:, 0].tolist(), draft_probs=p)
                 for p, s in zip(probs, states)]

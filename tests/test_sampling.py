@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from specbench_cli.core.acceptance import accept
+from specbench_cli.core.acceptance import accept, greedy_tokens
 from specbench_cli.core.tree import DraftTree
 from tests.helpers import chi_square_p
 
@@ -83,3 +83,13 @@ def test_the_chi_square_check_can_fail():
         key = tuple(rng.randrange(V) for _ in range(3))
         counts[key] = counts.get(key, 0) + 1
     assert chi_square_table(counts, exact_probs(), n) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_greedy_tokens_are_argmax_first_maximum(dtype):
+    """Greedy acceptance reads the first maximal index, as torch.argmax defines it, ties included (bf16 logits
+    tie often)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        logits = torch.randint(-3, 4, (9, 300), generator=g).to(dtype)
+        assert torch.equal(greedy_tokens(logits), logits.argmax(-1))

@@ -217,7 +217,7 @@ def test_tune_per_batch_size_chooses_per_level_and_run_tuned_applies_it(tmp_path
     assert record["schedule"] == [[1, 1, record["levels"][0]["k"]], [2, 2, record["levels"][1]["k"]]]
     frame = pd.read_csv(tmp_path / "tune" / "candidates.csv")
     assert sorted(set(frame["load"])) == [1, 2] and len(frame) == 4
-    assert (tmp_path / "cache" / "tune" / "costs-smollm2-135m-float32-cpu-2t-b2-r4.json").exists()
+    assert (tmp_path / "cache" / "tune" / f"costs-smollm2-135m-float32-cpu-2t-b2-r{tuning.COSTS_REVISION}.json").exists()
 
     result = CliRunner().invoke(app, ["run", "--method", "pld", "--tuned", "--batch-size", "2", *common,
                                       "--out", str(tmp_path / "r")])

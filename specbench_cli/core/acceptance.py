@@ -31,6 +31,14 @@ class Acceptance:
         return len(self.path) - 1
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax over the last dim (the first maximal index, as `torch.argmax` defines it), through `max`:
+    PyTorch's argmax over bf16 logits on a CPU took 14.4 ms for a 61-node tree's rows of a 49,152-token
+    vocabulary against 1.7 ms for `max` and 0.16 ms against 0.03 for one row (2-core EPYC, 2026-11-28, another
+    job running beside it); `torch.max(dim)` also returns the first maximal index."""
+    return logits.max(dim=-1).indices
+
+
 def accept(tree: DraftTree, logits: torch.Tensor, temperature: float,
            generator: torch.Generator | None = None) -> Acceptance:
     if temperature <= 0:
@@ -39,7 +47,7 @@ def accept(tree: DraftTree, logits: torch.Tensor, temperature: float,
 
 
 def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
-    best = logits.argmax(dim=-1).tolist()  # the round's one host sync
+    best = greedy_tokens(logits).tolist()  # the round's one host sync
     children = tree.children()
     node, path, tokens = 0, [0], []
     while True:

@@ -1,6 +1,10 @@
 """Attention over the target's cache as batched matmuls, and its batch-invariant form: every row of a verify
 computed bit for bit as the one-token decode at its position computes it, all rows in a few calls.
 
+Where the row attention kernel is built (`core.row_attention`, the usual case) an eager half-precision CPU
+target attends with it instead; these PyTorch forms serve a compiled forward (`grouped_attention` over
+`RowsApart`) and machines where the kernel cannot be built.
+
 Why a form of our own: on a CPU in half precision, SDPA's one-query kernel is slow (`attends_by_matmul`), and
 the kernels' rounding follows where a key sits and how many rows share a call. Measured with MKL's float32
 matmuls on a 2-core EPYC (2026-11-26, random bf16-valued inputs, kv heads 3, head dim 64):

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specbench_cli.core.acceptance import greedy_tokens
+
 
 @dataclass(kw_only=True)
 class RoundInfo:
@@ -45,7 +47,7 @@ class DecodeSettings:
 def pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
     """Sample (or take the argmax of) one token from next-token logits [V]."""
     if temperature <= 0:
-        return int(logits.argmax())
+        return int(greedy_tokens(logits))
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
 

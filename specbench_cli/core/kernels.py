@@ -119,8 +119,16 @@ class RowKernels:
         # weight shapes whose one-row call is padded to two rows (a batch-invariant target's probe, `Target._rows`);
         # None: none is, and the target pads a one-row call of every module itself where it must
         self.pad_one_row: frozenset[tuple[int, int]] | None = None
+        self._callables: dict[int, tuple[torch.nn.Module | Stacked, Callable]] = {}  # id(module) -> (module, callable)
 
     def __call__(self, module: torch.nn.Module | Stacked) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The callable for `module`, chosen once per module (a forward asks ~120 times)."""
+        held = self._callables.get(id(module))
+        if held is None or held[0] is not module:
+            held = self._callables[id(module)] = module, self._choose(module)
+        return held[1]
+
+    def _choose(self, module: torch.nn.Module | Stacked) -> Callable[[torch.Tensor], torch.Tensor]:
         if not self.packed:
             return module
         if isinstance(module, Stacked) or (isinstance(module, torch.nn.Linear)
@@ -138,10 +146,9 @@ class RowKernels:
         if held is None or held[0] != key:
             packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS)
             held = _PACKED[module] = key, packed, module.bias
-        rows = x.shape[-2]
-        if self.pad_one_row and rows == 1 and shape(module) in self.pad_one_row:
-            x = zero_rows(x, 2)
-        return torch.ops.mkldnn._linear_pointwise(x, held[1], held[2], "none", [], "")[..., :rows, :]
+        if self.pad_one_row and x.shape[-2] == 1 and shape(module) in self.pad_one_row:
+            return torch.ops.mkldnn._linear_pointwise(zero_rows(x, 2), held[1], held[2], "none", [], "")[..., :1, :]
+        return torch.ops.mkldnn._linear_pointwise(x, held[1], held[2], "none", [], "")
 
     def gated_mlp(self, mlp: torch.nn.Module, x: torch.Tensor, stack: bool | None = None) -> torch.Tensor:
         """Llama/Qwen's MLP, down(act(gate(x)) * up(x)), as its `forward` computes it; gate and up stacked where

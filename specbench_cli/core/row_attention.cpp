@@ -108,37 +108,32 @@ inline void attend_rows(int64_t rows, const T* const* queries, const bool* const
   int64_t n[kRows] = {};
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < V; ++c) q[r][c] = widen(queries[r] + c * kLanes);
-  bool sees[kRows];
-  const auto seen_by_any = [&](int64_t s) {
-    bool any = false;
-    for (int64_t r = 0; r < rows; ++r) any |= (sees[r] = masks[r][s * mask_stride]);
-    return any;
-  };
-  for (int64_t s = 0; s < span; ++s) {
-    if (!seen_by_any(s)) continue;
-    Floats k[V];
-    for (int64_t c = 0; c < V; ++c) k[c] = widen(keys + s * key_stride + c * kLanes);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (!sees[r]) continue;
-      Floats acc = q[r][0] * k[0];
-      for (int64_t c = 1; c < V; ++c) acc += q[r][c] * k[c];
-      scores[r][n[r]++] = lanes_sum(acc) * factor;
+  // every slot some row sees, in slot order: its key (or value) as floats, visited for each row that sees it
+  const auto each_seen = [&](const T* base, int64_t stride, auto&& visit) {
+    bool sees[kRows];
+    for (int64_t s = 0; s < span; ++s) {
+      bool any = false;
+      for (int64_t r = 0; r < rows; ++r) any |= (sees[r] = masks[r][s * mask_stride]);
+      if (!any) continue;
+      Floats x[V];
+      for (int64_t c = 0; c < V; ++c) x[c] = widen(base + s * stride + c * kLanes);
+      for (int64_t r = 0; r < rows; ++r)
+        if (sees[r]) visit(r, x);
     }
-  }
+  };
+  each_seen(keys, key_stride, [&](int64_t r, const Floats* k) {
+    Floats acc = q[r][0] * k[0];
+    for (int64_t c = 1; c < V; ++c) acc += q[r][c] * k[c];
+    scores[r][n[r]++] = lanes_sum(acc) * factor;
+  });
   float total[kRows];
   for (int64_t r = 0; r < rows; ++r) total[r] = n[r] ? softmax_numerators(scores[r], n[r]) : 0.0f;
   Floats acc[kRows][V] = {};
   int64_t j[kRows] = {};
-  for (int64_t s = 0; s < span; ++s) {
-    if (!seen_by_any(s)) continue;
-    Floats v[V];
-    for (int64_t c = 0; c < V; ++c) v[c] = widen(values + s * value_stride + c * kLanes);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (!sees[r]) continue;
-      const Floats p = Floats{} + scores[r][j[r]++];
-      for (int64_t c = 0; c < V; ++c) acc[r][c] += p * v[c];
-    }
-  }
+  each_seen(values, value_stride, [&](int64_t r, const Floats* v) {
+    const Floats p = Floats{} + scores[r][j[r]++];
+    for (int64_t c = 0; c < V; ++c) acc[r][c] += p * v[c];
+  });
   for (int64_t r = 0; r < rows; ++r)  // a row that sees nothing (padding nobody reads) gets zeros
     for (int64_t c = 0; c < V; ++c)
       for (int64_t l = 0; l < kLanes; ++l)

@@ -92,12 +92,14 @@ def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch, dr
     # a bar per candidate, a point per live one, with its interval
     assert set(drawn["candidates"]["legend"]) == {"predicted", "measured (95% interval)"}
     assert 2 in drawn["candidates"]["points"] and (tmp_path / "tune" / "candidates.png").exists()
+    # live: the chosen budget and the paper's, or the paper's alone when it is the choice (1 prompt of 24 tokens
+    # can leave the two within noise of each other: a clean-clone CI run on 2026-11-28 chose the paper's)
     live = frame.dropna(subset=["measured_speedup"])
-    assert len(live) == 2 and (live.measured_low <= live.measured_speedup).all()
+    assert len(live) == (2 if record["opts"] else 1) and (live.measured_low <= live.measured_speedup).all()
     assert (live.measured_speedup <= live.measured_high).all()
     # the live runs were interleaved with a baseline of their own, prompt by prompt
     pairing = {json.loads((tmp_path / "tune" / f / "run.json").read_text())["pairing"]["id"]
-               for f in ("live_baseline", "live_0", "live_1")}
+               for f in ("live_baseline", "live_0", *(["live_1"] if record["opts"] else []))}
     assert len(pairing) == 1
 
     result = CliRunner().invoke(app, ["run", "--method", "suffix", "--tuned", *common, "--out", str(tmp_path / "r")])

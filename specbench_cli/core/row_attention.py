@@ -12,9 +12,9 @@ puts them, but in the same order), so they get the same bits by construction, tr
 
 Built with torch's `cpp_extension` (g++ and ninja, `-O3 -march=native`) into torch's extension cache, under a
 name keyed by the source, torch's version and this CPU's flags, so a cache shared by machines never hands one
-CPU another's build. Where it cannot be built (no compiler, no ninja) or SPECBENCH_ROW_ATTENTION=0, `kernel()`
-is None and the target keeps the PyTorch forms (`core.attention`); run.json records which ran
-(`settings.row_attention`).
+CPU another's build. Where it cannot be built (no compiler, no ninja) `kernel()` is None, and there or with
+SPECBENCH_ROW_ATTENTION=0 (`rows_alone`) the target keeps the PyTorch forms (`core.attention`); run.json's
+`attention` says which ran.
 """
 
 from __future__ import annotations
@@ -47,10 +47,6 @@ def _cpu_flags() -> str:
 def kernel() -> Callable[..., torch.Tensor] | None:
     """`torch.ops.specbench.row_attention(q [B, H, R, d], k, v [B, KVH, S, d], mask bool [B, R, S], scale)` ->
     [B, R, H, d] in q's dtype, built on first use (tens of seconds once per machine); None where it cannot be."""
-    if os.environ.get("SPECBENCH_ROW_ATTENTION", "1") == "0":
-        return None
-    if hasattr(torch.ops, "specbench") and hasattr(torch.ops.specbench, "row_attention"):
-        return torch.ops.specbench.row_attention
     key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:12]
     try:
         from torch.utils import cpp_extension

@@ -32,9 +32,10 @@ one-token decode computes it (`_rows`: GEMMs whose rounding does not depend on t
 at a time over the keys it sees, in the order that decode reads them: the row kernel `core.row_attention`, or
 where it is not built `attention.exact_attention` on the float copy `FloatKV`), so that in bf16 a method's
 greedy output equals plain one-token decoding's. The plain target attends with the row kernel too, up to
-KERNEL_ROWS rows (a decode's one row was a third of a CPU decode as PyTorch operators), and more with SDPA. Where attention runs through SDPA
-instead (float32, CUDA: one-query problems over a common span, `_kv_span`) a tree's rows are not exact, and its
-accepted path is verified again as a chain (`verify_paths`, `exact_trees` False).
+KERNEL_ROWS rows (a decode's one row was a third of a CPU decode as PyTorch operators), and more with SDPA.
+Where attention runs through SDPA instead (float32, CUDA: one-query problems over a common span, `_kv_span`) a
+tree's rows are not exact, and its accepted path is verified again as a chain (`verify_paths`, `exact_trees`
+False).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 `--change stack`: q/k/v and gate/up as one stacked call each (core/kernels.py, `Stacked`) against one call per
 linear. `--change row-attention`: the row attention kernel (core/row_attention.py) against the PyTorch forms
 it replaced (`core.attention`: a decode's grouped matmuls, a batch-invariant verify's `exact_attention`).
+`--change decoder-layers`: every layer in one C++ call (core/decoder_layers.py) against the layers as PyTorch
+operators (both with the row kernel).
 
 Four targets over one bf16 model (plain and batch-invariant, each with the change off and on): their greedy
 tokens from a 512-token context compared, then blocks of decodes (and verifies of 8, 16 and 64 tokens) timed in
@@ -29,19 +31,26 @@ from specbench_cli.models import MODELS
 CONTEXT = list(range(100, 612))
 
 
+SWITCHES = {"row-attention": "SPECBENCH_ROW_ATTENTION", "decoder-layers": "SPECBENCH_DECODER_LAYERS"}
+
+
 def target(model: torch.nn.Module, invariant: bool, change: str, on: bool) -> Target:
-    if change == "row-attention" and not on:  # read when a target is made
-        os.environ["SPECBENCH_ROW_ATTENTION"] = "0"
+    switch = SWITCHES.get(change)
+    if switch and not on:  # read when a target is made
+        os.environ[switch] = "0"
     try:
         t = Target(model, torch.device("cpu"), invariant=invariant)
     finally:
-        os.environ.pop("SPECBENCH_ROW_ATTENTION", None)
+        if switch:
+            os.environ.pop(switch, None)
     if change == "stack":
         t.shared.kernels.stack = on and t.shared.kernels.stack  # off: each linear its own call
     return t
 
 
 def is_on(t: Target, change: str) -> bool:
+    if change == "decoder-layers":
+        return t.shared.layers_op is not None
     return t.shared.kernels.stack if change == "stack" else t.shared.rows_alone
 
 
@@ -70,7 +79,7 @@ def median_ms(t: Target, tokens: int, reps: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--change", choices=("stack", "row-attention"), required=True, help="what is turned off and on")
+    ap.add_argument("--change", choices=("stack", *SWITCHES), required=True, help="what is turned off and on")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--blocks", type=int, default=5)

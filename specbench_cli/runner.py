@@ -144,7 +144,7 @@ class RunJob(OneAtATime):
                 "prompts_selected": len(plan.prompts), "weight_bytes": hardware.weight_bytes(model.model),
                 "drafter_weights": self.weights, "dtype_choice": plan.dtype_reason,
                 "replay": self.replayer.reference if self.replayer else "off",
-                "attention": self.runner.target.shared.attention,
+                "attention": self.runner.target.shared.attention, "layers": self.runner.target.shared.layers,
                 **({"tuned_from": plan.tuned_from} if plan.tuned_from else {}),
                 **({"device_map": getattr(model.model, "hf_device_map", "auto")} if split else {})}  # acceptance studies only
 

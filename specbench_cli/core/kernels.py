@@ -90,6 +90,17 @@ def _identity(weight: torch.Tensor) -> tuple[int, int]:
     return weight.data_ptr(), 0 if weight.is_inference() else weight._version  # inference tensors have no version
 
 
+def packed(module: torch.nn.Linear | Stacked) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`module`'s weight packed for oneDNN's linear (made once, again if a weight changed) and its bias."""
+    linears = module.linears if isinstance(module, Stacked) else [module]
+    key = tuple((_identity(m.weight), None if m.bias is None else _identity(m.bias)) for m in linears)
+    held = _PACKED.get(module)
+    if held is None or held[0] != key:
+        weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS)
+        held = _PACKED[module] = key, weight, module.bias
+    return held[1], held[2]
+
+
 def zero_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     """x [..., r, H] with zero rows below it, `rows` in all (a call padded to a row count its kernel rounds alike)."""
     return torch.cat((x, x.new_zeros(*x.shape[:-2], rows - x.shape[-2], x.shape[-1])), dim=-2)
@@ -140,15 +151,10 @@ class RowKernels:
         return module
 
     def linear(self, module: torch.nn.Linear | Stacked, x: torch.Tensor) -> torch.Tensor:
-        linears = module.linears if isinstance(module, Stacked) else [module]
-        key = tuple((_identity(m.weight), None if m.bias is None else _identity(m.bias)) for m in linears)
-        held = _PACKED.get(module)
-        if held is None or held[0] != key:
-            packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS)
-            held = _PACKED[module] = key, packed, module.bias
+        weight, bias = packed(module)
         if self.pad_one_row and x.shape[-2] == 1 and shape(module) in self.pad_one_row:
-            return torch.ops.mkldnn._linear_pointwise(zero_rows(x, 2), held[1], held[2], "none", [], "")[..., :1, :]
-        return torch.ops.mkldnn._linear_pointwise(x, held[1], held[2], "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(zero_rows(x, 2), weight, bias, "none", [], "")[..., :1, :]
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
     def gated_mlp(self, mlp: torch.nn.Module, x: torch.Tensor, stack: bool | None = None) -> torch.Tensor:
         """Llama/Qwen's MLP, down(act(gate(x)) * up(x)), as its `forward` computes it; gate and up stacked where

@@ -12,6 +12,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "row_kernels.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -189,7 +191,9 @@ bool supported_head_dim(int64_t d) {
   return d % kLanes == 0 && ((v >= 1 && v <= 8) || v == 10 || v == 12 || v == 16);
 }
 
-at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+}  // namespace
+
+at::Tensor specbench::row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                          double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && mask.dim() == 3, "row_attention: q, k, v 4-d, mask 3-d");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(), "row_attention: one dtype");
@@ -209,10 +213,8 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return out;
 }
 
-}  // namespace
-
-TORCH_LIBRARY(specbench, m) {
+TORCH_LIBRARY_FRAGMENT(specbench, m) {
   m.def("row_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(specbench, CPU, m) { m.impl("row_attention", &row_attention); }
+TORCH_LIBRARY_IMPL(specbench, CPU, m) { m.impl("row_attention", &specbench::row_attention); }

@@ -29,6 +29,9 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("row_attention.cpp")
+# built into one library with the kernel: what they share, and the decoder layers (`core.decoder_layers`)
+SOURCES = (SOURCE, SOURCE.with_name("decoder_layers.cpp"))
+HEADER = SOURCE.with_name("row_kernels.h")
 log = logging.getLogger(__name__)
 
 
@@ -47,10 +50,11 @@ def _cpu_flags() -> str:
 def kernel() -> Callable[..., torch.Tensor] | None:
     """`torch.ops.specbench.row_attention(q [B, H, R, d], k, v [B, KVH, S, d], mask bool [B, R, S], scale)` ->
     [B, R, H, d] in q's dtype, built on first use (tens of seconds once per machine); None where it cannot be."""
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:12]
+    code = b"".join(path.read_bytes() for path in (*SOURCES, HEADER))
+    key = hashlib.sha256(code + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:12]
     try:
         from torch.utils import cpp_extension
-        cpp_extension.load(name=f"specbench_row_attention_{key}", sources=[str(SOURCE)],
+        cpp_extension.load(name=f"specbench_row_attention_{key}", sources=[str(path) for path in SOURCES],
                            extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                            is_python_module=False, verbose=False)
     except Exception as error:  # no compiler, no ninja, a failed build: the PyTorch forms stay

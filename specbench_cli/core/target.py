@@ -51,6 +51,8 @@ import torch.nn.functional as F
 
 from specbench_cli.core.attention import (DecodeOrder, attends_by_matmul, decode_orders, exact_attention,
                                           grouped_attention, one_query_by_matmul, rows_agree)
+from specbench_cli.core import decoder_layers
+from specbench_cli.core.decoder_layers import DecoderLayers
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.kernels import GATE_UP, QKV, RowKernels, Stacked, packs, shape, stacked, zero_rows
 from specbench_cli.core.row_attention import row_attention, rows_alone
@@ -279,6 +281,9 @@ class TargetModel:
             self.one_call = self._probed("one call", self._one_call_keeps_rows)
             if self.one_call and self.kernels.packed:
                 self.kernels.pad_one_row = self._probed("one row", self._one_row_differs)
+        # every layer of a forward the row kernel attends in one C++ call (`core.decoder_layers`)
+        self.layers_op = (DecoderLayers(model) if self.rows_alone and compile is None and (not invariant or self.one_call)
+                          and decoder_layers.fits(model, self.kernels, self._layer_devices) else None)
         self.compile_mode = compile
         self.buckets = tuple(sorted(buckets))
         self.compile_seconds: dict[int, float] = {}  # bucket -> seconds its warm-up (compile, record) took
@@ -301,6 +306,12 @@ class TargetModel:
         """What attends in an eager forward (run.json's `attention`): "row kernel" (`core.row_attention`: up to
         KERNEL_ROWS rows, and every row of a batch-invariant target), else "pytorch" (`core.attention`, SDPA)."""
         return "row kernel" if self.rows_alone else "pytorch"
+
+    @property
+    def layers(self) -> str:
+        """How an eager forward the row kernel attends runs its decoder layers (run.json's `layers`): "one call"
+        (`core.decoder_layers`), else "pytorch" (PyTorch operators, one module at a time)."""
+        return "one call" if self.layers_op is not None else "pytorch"
 
     @property
     def num_layers(self) -> int:
@@ -444,6 +455,9 @@ class TargetModel:
         base_model = self.model.model
         h = embeds.to(self._dtype)
         cos, sin = base_model.rotary_emb(h, positions)
+        if self.layers_op is not None and mask is not None and apart is None and self._row_kernel_attends(mask.shape[2]):
+            h, captured = self._layers_at_once(h, cos, sin, mask, slots, kv, real)
+            return base_model.norm(h), captured
         captured = []
         for i, block_module in enumerate(base_model.layers):
             if self._layer_devices[i] != h.device:  # --device split: the layer's inputs follow it
@@ -481,7 +495,7 @@ class TargetModel:
             lanes = torch.arange(batch, device=slots.device)[:, None]
             kv[0][lanes, :, slots] = k.transpose(1, 2)
             kv[1][lanes, :, slots] = v.transpose(1, 2)
-        if self.rows_alone and mask is not None and (self.invariant or rows <= KERNEL_ROWS):
+        if mask is not None and self._row_kernel_attends(rows):
             out = row_attention(q, kv[0], kv[1], mask[:, 0], attn.scaling)
         elif self.invariant and mask is not None:
             out = torch.cat([self._one_query_each(q[b:b + 1], kv[:, b], mask[b, 0], attn.scaling, sees_reserved[b],
@@ -494,6 +508,26 @@ class TargetModel:
             out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, is_causal=mask is None,
                                                  scale=attn.scaling, enable_gqa=True).transpose(1, 2).reshape(batch, rows, -1)
         return self._rows(attn.o_proj, out if real is None else out[real][None])
+
+    def _row_kernel_attends(self, rows: int) -> bool:
+        """Whether a masked eager forward of `rows` rows a sequence attends with the row kernel."""
+        return self.rows_alone and (self.invariant or rows <= KERNEL_ROWS)
+
+    def _layers_at_once(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                        slots: torch.Tensor, kv: Callable[[int], torch.Tensor], real: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """`decoder`'s layers in one call of `core.decoder_layers` over h [1, T, H] (packed rows where `real`):
+        [1, T, H] after the last layer, and the captured layers' outputs."""
+        if real is None:  # one sequence, its rows as they are
+            place = torch.arange(h.shape[1], device=h.device)
+            slots = slots[0]
+        else:
+            place = real.flatten().nonzero().flatten()
+            slots = slots[real]
+        out, captured = self.layers_op(h[0], cos[0], sin[0], [kv(i) for i in range(self.num_layers)], mask[:, 0],
+                                       place, slots.contiguous(), self.kernels.pad_one_row if self.invariant else None,
+                                       self._capture)
+        return out[None], [c[None] for c in captured]
 
     def _rotated_qkv(self, attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -97,10 +97,61 @@ inline float softmax_numerators(float* scores, int64_t n) {
   return lanes_sum(partial);
 }
 
+// q . k over V vectors, lane by lane (its lanes summed by the caller): the one expression every score comes from
+template <int64_t V>
+inline Floats dot(const Floats* q, const Floats* k) {
+  Floats acc = q[0] * k[0];
+  for (int64_t c = 1; c < V; ++c) acc += q[c] * k[c];
+  return acc;
+}
+
+// acc += p * v over V vectors: the one expression every weighted value goes through
+template <int64_t V>
+inline void accumulate(Floats* acc, float p, const Floats* v) {
+  const Floats weight = Floats{} + p;
+  for (int64_t c = 0; c < V; ++c) acc[c] += weight * v[c];
+}
+
+// lane j: lanes_sum(x[j]) for 16 vectors at once, by the same additions in the same order (lane l + lane l + 8,
+// then + 4, then (0 + 2) + (1 + 3)), so a score is the same bits whichever way it was summed
+inline Floats lanes_sums(const Floats* x) {
+  Floats a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i)  // keys 2i, 2i+1: lanes 0-7 and 8-15 hold each one's lane l + lane l + 8
+    a[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(x[2 * i], x[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int i = 0; i < 4; ++i)  // keys 4i..4i+3: four lanes each, b_l = a_l + a_(l+4)
+    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  for (int i = 0; i < 2; ++i)  // keys 8i..8i+7: two lanes each, b_0 + b_2 and b_1 + b_3
+    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+// whether every one of `rows` mask rows shows all kLanes slots from s
+inline bool all_seen(const bool* const* masks, int64_t rows, int64_t mask_stride, int64_t s) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool* m = masks[r] + s * mask_stride;
+    if (mask_stride == 1) {
+      uint64_t w[2];
+      std::memcpy(w, m, sizeof(w));
+      if ((w[0] & w[1]) != 0x0101010101010101ull) return false;
+    } else {
+      for (int64_t l = 0; l < kLanes; ++l)
+        if (!m[l * mask_stride]) return false;
+    }
+  }
+  return true;
+}
+
 // Up to kRows rows of one sequence and query head: softmax(q . k * scale) @ v over the keys each row's mask shows,
 // in slot order, into its dst. The rows share each key's and value's load; each row's arithmetic is the same
 // sequence of operations whichever rows are beside it. `scores[r]` has room for `span` floats; D (the head dim) is
-// a multiple of kLanes.
+// a multiple of kLanes. Slots come kLanes at a time: where every row sees all of them (a verify's prefix, all of a
+// decode's keys but the last few) without a look at each slot, else slot by slot; a score and a weighted value are
+// the same bits either way (`dot`, `lanes_sums`, `accumulate`), so a row's result never depends on which way its
+// keys went.
 template <typename T, int64_t D>
 inline void attend_rows(int64_t rows, const T* const* queries, const bool* const* masks, int64_t mask_stride,
                         int64_t span, const T* keys, const T* values, int64_t key_stride, int64_t value_stride,
@@ -110,10 +161,10 @@ inline void attend_rows(int64_t rows, const T* const* queries, const bool* const
   int64_t n[kRows] = {};
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < V; ++c) q[r][c] = widen(queries[r] + c * kLanes);
-  // every slot some row sees, in slot order: its key (or value) as floats, visited for each row that sees it
-  const auto each_seen = [&](const T* base, int64_t stride, auto&& visit) {
+  // the slots in [from, to) some row sees, in slot order: its key (or value) as floats, visited for each row that sees it
+  const auto each_seen = [&](const T* base, int64_t stride, int64_t from, int64_t to, auto&& visit) {
     bool sees[kRows];
-    for (int64_t s = 0; s < span; ++s) {
+    for (int64_t s = from; s < to; ++s) {
       bool any = false;
       for (int64_t r = 0; r < rows; ++r) any |= (sees[r] = masks[r][s * mask_stride]);
       if (!any) continue;
@@ -123,19 +174,40 @@ inline void attend_rows(int64_t rows, const T* const* queries, const bool* const
         if (sees[r]) visit(r, x);
     }
   };
-  each_seen(keys, key_stride, [&](int64_t r, const Floats* k) {
-    Floats acc = q[r][0] * k[0];
-    for (int64_t c = 1; c < V; ++c) acc += q[r][c] * k[c];
-    scores[r][n[r]++] = lanes_sum(acc) * factor;
-  });
+  const auto score = [&](int64_t r, const Floats* k) { scores[r][n[r]++] = lanes_sum(dot<V>(q[r], k)) * factor; };
+  for (int64_t s = 0; s < span; s += kLanes) {
+    if (s + kLanes > span || !all_seen(masks, rows, mask_stride, s)) {
+      each_seen(keys, key_stride, s, std::min(s + kLanes, span), score);
+      continue;
+    }
+    Floats sums[kRows][kLanes];
+    for (int64_t l = 0; l < kLanes; ++l) {
+      Floats k[V];
+      for (int64_t c = 0; c < V; ++c) k[c] = widen(keys + (s + l) * key_stride + c * kLanes);
+      for (int64_t r = 0; r < rows; ++r) sums[r][l] = dot<V>(q[r], k);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const Floats x = lanes_sums(sums[r]) * factor;
+      std::memcpy(scores[r] + n[r], &x, sizeof(x));
+      n[r] += kLanes;
+    }
+  }
   float total[kRows];
   for (int64_t r = 0; r < rows; ++r) total[r] = n[r] ? softmax_numerators(scores[r], n[r]) : 0.0f;
   Floats acc[kRows][V] = {};
   int64_t j[kRows] = {};
-  each_seen(values, value_stride, [&](int64_t r, const Floats* v) {
-    const Floats p = Floats{} + scores[r][j[r]++];
-    for (int64_t c = 0; c < V; ++c) acc[r][c] += p * v[c];
-  });
+  const auto weigh = [&](int64_t r, const Floats* v) { accumulate<V>(acc[r], scores[r][j[r]++], v); };
+  for (int64_t s = 0; s < span; s += kLanes) {
+    if (s + kLanes > span || !all_seen(masks, rows, mask_stride, s)) {
+      each_seen(values, value_stride, s, std::min(s + kLanes, span), weigh);
+      continue;
+    }
+    for (int64_t l = 0; l < kLanes; ++l) {
+      Floats v[V];
+      for (int64_t c = 0; c < V; ++c) v[c] = widen(values + (s + l) * value_stride + c * kLanes);
+      for (int64_t r = 0; r < rows; ++r) weigh(r, v);
+    }
+  }
   for (int64_t r = 0; r < rows; ++r)  // a row that sees nothing (padding nobody reads) gets zeros
     for (int64_t c = 0; c < V; ++c)
       for (int64_t l = 0; l < kLanes; ++l)

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import torch
 
+from specbench_cli.core import row_attention
 from specbench_cli.core.attention import cudnn_sdpa, leave_cudnn_out_of_sdpa
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.models import EMBEDDED, EMBEDDED_WHEEL, END_OF_TURN_TOKENS, ModelSpec, cache_root
@@ -90,12 +91,17 @@ def resolve_dtype(dtype: str, device: torch.device, cpu_bf16: bool = True) -> Dt
     return DtypeChoice(torch.float32, "auto: float32, the CPU has no native bf16 (no amx_bf16/avx512_bf16 flag)")
 
 
-def resolve_invariant(setting: str, compiled: bool) -> bool:
-    """Whether the timed target runs batch-invariant (`core.target.Target`): only when asked (`on`). `auto` is
-    off: exactness costs verify time a serving engine does not pay (README, Losslessness), so the timed target
-    runs as an engine runs it and the greedy replay (greedy_replay.py) checks every token apart from the timing."""
+def resolve_invariant(setting: str, compiled: bool, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the timed target runs batch-invariant (`core.target.Target`). `auto`: where exactness costs nothing
+    worth measuring — an eager target in half precision on a CPU where the row attention kernel builds
+    (`core.row_attention.available`; README, Losslessness: its decode and verifies within a few percent of the
+    plain target's). Elsewhere (float32, CUDA, compiled, no kernel) exactness costs verify time a serving engine
+    does not pay, so `auto` is off there: the timed target runs as an engine runs it and the greedy replay
+    (greedy_replay.py) checks every token apart from the timing."""
     if setting == "on" and compiled:
         raise UsageError("--batch-invariant on runs the target eager; drop --compile (or pass --batch-invariant off)")
+    if setting == "auto":
+        return not compiled and row_attention.available(device, dtype)
     return setting == "on"
 
 

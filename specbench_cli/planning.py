@@ -40,7 +40,7 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
     dtype = resolve_dtype(config.dtype, device, cpu_bf16)
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if config.compile else None
     engine = config.engine == "specbench"
-    invariant = engine and resolve_invariant(config.batch_invariant, compiled=mode is not None)
+    invariant = engine and resolve_invariant(config.batch_invariant, mode is not None, device, dtype.dtype)
     tuned_from = ""
     if config.tuned:  # the tuned budget first, so that an explicit --opt still wins
         machine = machine_key(dtype.dtype, device, torch.get_num_threads(), invariant, config.engine)

@@ -21,6 +21,7 @@ from specbench_cli.cli import app
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.target import Target
 from specbench_cli.core.tree import DraftTree
+from specbench_cli.core.row_attention import kernel
 from specbench_cli.loading import resolve_invariant
 from specbench_cli.records import read_table
 from tests.conftest import needs_embedded, tiny_model
@@ -160,13 +161,17 @@ def test_embedded_bf16_runs_equal_the_bf16_baseline_turn_by_turn(tmp_path):
         assert outputs[method] == outputs["baseline"], f"{method} leaves the bf16 baseline"
 
 
-def test_auto_times_the_plain_target():
-    """`auto` is off (the timed target runs as a serving engine runs it; the replay checks exactness apart)."""
-    assert not resolve_invariant("auto", compiled=False)
-    assert resolve_invariant("on", compiled=False)
-    assert not resolve_invariant("off", compiled=False)
+def test_auto_is_exact_where_exactness_costs_nothing():
+    """`auto` times the batch-invariant target in half precision on a CPU where the row kernel builds, and the plain
+    one elsewhere (as a serving engine runs it; the replay checks exactness apart)."""
+    assert resolve_invariant("auto", False, CPU, torch.bfloat16) == (kernel() is not None)  # exact at no cost
+    assert not resolve_invariant("auto", True, CPU, torch.bfloat16)
+    assert not resolve_invariant("auto", False, CPU, torch.float32)
+    assert not resolve_invariant("auto", False, torch.device("cuda"), torch.bfloat16)
+    assert resolve_invariant("on", False, CPU, torch.float32)
+    assert not resolve_invariant("off", False, CPU, torch.bfloat16)
     with pytest.raises(UsageError, match="drop --compile"):
-        resolve_invariant("on", compiled=True)
+        resolve_invariant("on", True, CPU, torch.bfloat16)
 
 
 def test_bad_settings_exit_2_before_a_model_loads(tmp_path):

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from specbench_cli import loading
 from specbench_cli.cli import app
+from specbench_cli.core.row_attention import kernel
 from specbench_cli.loading import resolve_dtype
 
 CPU = torch.device("cpu")
@@ -62,8 +63,8 @@ def test_explicit_dtypes_and_the_oracle_keep_their_choice(cpuinfo):
 
 @pytest.mark.slow
 def test_a_run_records_the_choice_and_why(cpuinfo, tmp_path):
-    """On a CPU with avx512_bf16 a default run decodes in bf16 on the plain target, replays on the batch-invariant
-    one, and says so."""
+    """On a CPU with avx512_bf16 a default run decodes in bf16 on the batch-invariant target (where the row kernel
+    builds), replays on it, and says so."""
     cpuinfo(EPYC)
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", "--method", "baseline", "--limit", "1", "--max-new-tokens", "4",
@@ -71,7 +72,7 @@ def test_a_run_records_the_choice_and_why(cpuinfo, tmp_path):
     assert result.exit_code == 0, result.output
     assert "target in bfloat16 (auto: bfloat16, the CPU has avx512_bf16" in result.output
     info = json.loads((out / "run.json").read_text())
-    assert info["settings"]["dtype"] == "bfloat16" and info["settings"]["batch_invariant"] is False
+    assert info["settings"]["dtype"] == "bfloat16" and info["settings"]["batch_invariant"] is (kernel() is not None)
     assert info["replay"] == "batch-invariant target (exact)"
     assert info["dtype_choice"] == "auto: bfloat16, the CPU has avx512_bf16"
     assert "baseline · smollm2-135m · spec-bench · bfloat16" in result.output  # the summary's title

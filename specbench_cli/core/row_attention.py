@@ -67,12 +67,18 @@ def kernel() -> Callable[..., torch.Tensor] | None:
 HEAD_DIMS = (16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 256)  # what the kernel is built for (16-float vectors)
 
 
-def rows_alone(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether an eager target attends one row at a time with the kernel: half precision on a CPU (where SDPA's
+def available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the kernel attends for targets on `device` in `dtype`: half precision on a CPU (where SDPA's
     one-query kernel is slow and a batch-invariant verify needs rows computed alone; float32 keeps SDPA, the
-    reference path), a head dim it is built for, and a kernel that builds."""
-    return (device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and head_dim in HEAD_DIMS
+    reference path), SPECBENCH_ROW_ATTENTION not 0, and a kernel that builds."""
+    return (device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
             and os.environ.get("SPECBENCH_ROW_ATTENTION", "1") != "0" and kernel() is not None)
+
+
+def rows_alone(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether an eager target attends one row at a time with the kernel (`available`, and a head dim it is
+    built for)."""
+    return head_dim in HEAD_DIMS and available(device, dtype)
 
 
 def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:

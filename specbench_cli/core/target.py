@@ -31,11 +31,11 @@ Batch-invariant (`invariant=True`, eager): every row of a verify is computed bit
 one-token decode computes it (`_rows`: GEMMs whose rounding does not depend on the row count; attention one row
 at a time over the keys it sees, in the order that decode reads them: the row kernel `core.row_attention`, or
 where it is not built `attention.exact_attention` on the float copy `FloatKV`), so that in bf16 a method's
-greedy output equals plain one-token decoding's. The plain target attends with the row kernel too, up to
-KERNEL_ROWS rows (a decode's one row was a third of a CPU decode as PyTorch operators), and more with SDPA.
-Where attention runs through SDPA instead (float32, CUDA: one-query problems over a common span, `_kv_span`) a
-tree's rows are not exact, and its accepted path is verified again as a chain (`verify_paths`, `exact_trees`
-False).
+greedy output equals plain one-token decoding's. The plain target attends with the row kernel too (a decode's one
+row was a third of a CPU decode as PyTorch operators). Wherever the row kernel attends, every decoder layer runs in
+one C++ call (`core.decoder_layers`: the same GEMMs and kernel, the glue between them row by row). Where attention
+runs through SDPA instead (float32, CUDA: one-query problems over a common span, `_kv_span`) a tree's rows are not
+exact, and its accepted path is verified again as a chain (`verify_paths`, `exact_trees` False).
 """
 
 from __future__ import annotations
@@ -64,10 +64,6 @@ SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 ROOM = 256  # cache slots kept free past prompt + max-new-tokens for the largest verify (grown if a tree needs more)
 DEFAULT_BUCKETS = (1, 4, 16, 64)  # compiled verify sizes (a 60-node tree + root fits 64, a 16-token block 16)
 ROW_BLOCK = 8  # every batch-invariant GEMM takes exactly this many rows (see `Target._rows`)
-# the most rows of a plain target's verify the row kernel attends (more: SDPA). In bf16 on a 2-core EPYC
-# (2026-11-28, benchmarks/kernel_ab.py, context 512, 5 interleaved blocks): the kernel's verify of 8 rows took
-# 0.91x SDPA's, of 16 0.97x, of 64 1.08x
-KERNEL_ROWS = 16
 T = TypeVar("T")
 _PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(probe, dtype, packed, device): result}
 
@@ -303,8 +299,8 @@ class TargetModel:
 
     @property
     def attention(self) -> str:
-        """What attends in an eager forward (run.json's `attention`): "row kernel" (`core.row_attention`: up to
-        KERNEL_ROWS rows, and every row of a batch-invariant target), else "pytorch" (`core.attention`, SDPA)."""
+        """What attends in an eager forward (run.json's `attention`): "row kernel" (`core.row_attention`, every row of
+        a masked forward; a prefill keeps SDPA), else "pytorch" (`core.attention`, SDPA)."""
         return "row kernel" if self.rows_alone else "pytorch"
 
     @property
@@ -455,7 +451,7 @@ class TargetModel:
         base_model = self.model.model
         h = embeds.to(self._dtype)
         cos, sin = base_model.rotary_emb(h, positions)
-        if self.layers_op is not None and mask is not None and apart is None and self._row_kernel_attends(mask.shape[2]):
+        if self.layers_op is not None and mask is not None and apart is None:
             h, captured = self._layers_at_once(h, cos, sin, mask, slots, kv, real)
             return base_model.norm(h), captured
         captured = []
@@ -495,7 +491,7 @@ class TargetModel:
             lanes = torch.arange(batch, device=slots.device)[:, None]
             kv[0][lanes, :, slots] = k.transpose(1, 2)
             kv[1][lanes, :, slots] = v.transpose(1, 2)
-        if mask is not None and self._row_kernel_attends(rows):
+        if mask is not None and self.rows_alone:
             out = row_attention(q, kv[0], kv[1], mask[:, 0], attn.scaling)
         elif self.invariant and mask is not None:
             out = torch.cat([self._one_query_each(q[b:b + 1], kv[:, b], mask[b, 0], attn.scaling, sees_reserved[b],
@@ -508,10 +504,6 @@ class TargetModel:
             out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, is_causal=mask is None,
                                                  scale=attn.scaling, enable_gqa=True).transpose(1, 2).reshape(batch, rows, -1)
         return self._rows(attn.o_proj, out if real is None else out[real][None])
-
-    def _row_kernel_attends(self, rows: int) -> bool:
-        """Whether a masked eager forward of `rows` rows a sequence attends with the row kernel."""
-        return self.rows_alone and (self.invariant or rows <= KERNEL_ROWS)
 
     def _layers_at_once(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                         slots: torch.Tensor, kv: Callable[[int], torch.Tensor], real: torch.Tensor | None

@@ -28,6 +28,7 @@ from torch import nn
 
 from specbench_cli.core.acceptance import greedy_tokens
 from specbench_cli.core.errors import UsageError
+from specbench_cli.core.kernels import Linear, linear
 from specbench_cli.core.method import DecodeState
 from methods.checkpoints import Checkpoint, CheckpointError
 from methods.features import FeatureDrafter
@@ -154,7 +155,7 @@ class DFlashDraft(nn.Module):
         super().__init__()
         self.config = c
         self.layers = nn.ModuleList(DFlashLayer(c) for _ in range(c.layers))
-        self.fc = nn.Linear(len(c.capture) * c.hidden, c.hidden, bias=False)
+        self.fc = Linear(len(c.capture) * c.hidden, c.hidden, bias=False)
         self.hidden_norm = RMSNorm(c.hidden, c.eps)
         self.norm = RMSNorm(c.hidden, c.eps)
         self.rotary = Rotary(c.head_dim, c.rope_theta, c.rope_scaling)
@@ -225,7 +226,7 @@ class DFlashDraft(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.target_parts[1](hidden).float() * self.config.output_multiplier
+        logits = linear(self.target_parts[1], hidden).float() * self.config.output_multiplier
         if self.config.softcap:
             logits = torch.tanh(logits / self.config.softcap) * self.config.softcap
         return logits

@@ -4,7 +4,8 @@ Drafter layers differ from a stock decoder layer in their inputs (EAGLE-3's atte
 DFlash injects context keys/values into every layer), so they are written here in a few lines instead of
 bending transformers' classes. Activations are [T, H] and keys/values [heads, T, d], with one more leading
 dimension for a batch of sequences ([B, T, H], [B, heads, T, d]; a drafter at --batch-size > 1).
-The numerics follow the Llama/Qwen3 reference layers (RMSNorm in fp32, rotate-half RoPE).
+The numerics follow the Llama/Qwen3 reference layers (RMSNorm in fp32, rotate-half RoPE). Linears are
+`core.kernels.Linear`: `nn.Linear`'s bits, on packed weights at inference in half precision on a CPU.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from specbench_cli.core.kernels import Linear
 
 
 class RMSNorm(nn.Module):
@@ -84,10 +87,10 @@ class Attention(nn.Module):
                  qk_norm: bool = False, eps: float = 1e-6) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * head_dim, out_dim, bias=False)
+        self.q_proj = Linear(in_dim, heads * head_dim, bias=False)
+        self.k_proj = Linear(in_dim, kv_heads * head_dim, bias=False)
+        self.v_proj = Linear(in_dim, kv_heads * head_dim, bias=False)
+        self.o_proj = Linear(heads * head_dim, out_dim, bias=False)
         self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
 
@@ -125,9 +128,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_proj = Linear(hidden, intermediate, bias=False)
+        self.up_proj = Linear(hidden, intermediate, bias=False)
+        self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

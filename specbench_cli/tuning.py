@@ -150,8 +150,9 @@ def measure_costs(target: Target | TargetModel, vocab: int, context: int = 256, 
 # before are not reused (2: prepacked CPU weights, matmul attention for one-query rows, compiled forwards that
 # leave the cache write to the host; core.kernels, core.target. 3: the sizes past each 8-row block. 4: a
 # batch-invariant target's one-call GEMMs, exact attention in a few calls per layer, trees verified once. 5: the
-# row attention kernel, core.row_attention).
-COSTS_REVISION = 5
+# row attention kernel, core.row_attention. 6: every decoder layer in one C++ call, core.decoder_layers, and the
+# plain target's verifies of more than 16 rows in the row kernel).
+COSTS_REVISION = 6
 
 
 def cached_costs(key: str, measure) -> tuple[Costs, Path]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specbench_cli.core.kernels import GATE_UP, QKV, RowKernels, can_pack, stacked
+from specbench_cli.core.kernels import GATE_UP, QKV, Linear, RowKernels, can_pack, stacked
 from specbench_cli.core.attention import grouped_attention
 
 CPU = torch.device("cpu")
@@ -24,6 +24,24 @@ def test_packed_bf16_linear_equals_the_module_at_every_row_count(out_features, i
         for rows in (1, 2, 3, 7, 8, 9, 16, 33, 64):
             x = torch.randn(1, rows, in_features, dtype=torch.bfloat16)
             assert torch.equal(packed(x), module(x)), rows
+
+
+@pytest.mark.skipif(not can_pack(CPU, torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")
+@pytest.mark.parametrize("out_features, in_features", [(576, 1728), (192, 1152), (1024, 576), (4096, 576)])
+def test_a_drafters_linear_is_the_modules_and_trains_as_one(out_features, in_features):
+    """`kernels.Linear` (drafters' layers; the embedded EAGLE-3 drafter's shapes): outside autograd its packed call
+    gives nn.Linear's bits at every row count, batched or not; with autograd it is nn.Linear (gradients flow)."""
+    torch.manual_seed(0)
+    ours = Linear(in_features, out_features, bias=False).to(torch.bfloat16)
+    theirs = torch.nn.Linear(in_features, out_features, bias=False).to(torch.bfloat16)
+    theirs.load_state_dict(ours.state_dict())
+    with torch.inference_mode():
+        for shape in ((1, in_features), (9, in_features), (3, 5, in_features)):
+            x = torch.randn(*shape, dtype=torch.bfloat16)
+            assert torch.equal(ours(x), theirs(x)), shape
+    x = torch.randn(4, in_features, dtype=torch.bfloat16)
+    ours(x).float().sum().backward()
+    assert ours.weight.grad is not None and ours.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.skipif(not can_pack(CPU, torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specbench_cli.core.kernels import Linear
 from methods.checkpoints import Checkpoint, CheckpointError
 from methods.eagle3.checkpoint import Eagle3Config, _checkpoint_name, read_config
 from methods.layers import MLP, Attention, RMSNorm, Rotary
@@ -53,10 +54,10 @@ class Eagle3Draft(nn.Module):
     def __init__(self, c: Eagle3Config, embedding: torch.Tensor) -> None:
         super().__init__()
         self.config = c
-        self.fc = nn.Linear(3 * c.target_hidden, c.hidden, bias=False)
+        self.fc = Linear(3 * c.target_hidden, c.hidden, bias=False)
         self.midlayer = self.layer_class(c)
         self.norm = RMSNorm(c.hidden, c.eps)
-        self.lm_head = nn.Linear(c.hidden, c.draft_vocab, bias=False)
+        self.lm_head = Linear(c.hidden, c.draft_vocab, bias=False)
         self.rotary = Rotary(c.head_dim, c.rope_theta, c.rope_scaling)
         self.embed_tokens = nn.Embedding(c.vocab, c.hidden) if c.own_embedding else None
         self.target_embedding = None if c.own_embedding else embedding

@@ -45,28 +45,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
           .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, std::string_view,
                             c10::List<std::optional<c10::Scalar>>, std::optional<std::string_view>)>();
+  const c10::List<std::optional<c10::Scalar>> none;
   if (pad && x.size(0) == 1)  // this weight's one-row kernel rounds otherwise: two rows, the second zeros
-    return op.call(at::cat({x, at::zeros_like(x)}), weight, bias, "none", c10::List<std::optional<c10::Scalar>>(), std::nullopt).narrow(0, 0, 1);
-  return op.call(x, weight, bias, "none", c10::List<std::optional<c10::Scalar>>(), std::nullopt);
-}
-
-// exp(x), branch-free so that loops of it vectorize: Cephes' expf (range reduction by ln 2 in two parts, a degree-5
-// polynomial), a few ulp from std::exp; x clamped to [-87, 88]
-inline float exp_clamped(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return y * scale;
+    return op.call(at::cat({x, at::zeros_like(x)}), weight, bias, "none", none, std::nullopt).narrow(0, 0, 1);
+  return op.call(x, weight, bias, "none", none, std::nullopt);
 }
 
 // RMSNorm of n values at x into out, as Hugging Face's LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in float32, rounded,
@@ -87,8 +69,10 @@ inline void rms_norm(const T* x, const T* weight, T* out, int64_t n, float eps) 
   float sum = 0.0f;
   for (int64_t l = 0; l < kSums; ++l) sum += partial[l];
   const float inv = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
-  for (i = 0; i < n; ++i)
-    out[i] = static_cast<T>(static_cast<float>(weight[i]) * static_cast<float>(static_cast<T>(static_cast<float>(x[i]) * inv)));
+  for (i = 0; i < n; ++i) {
+    const T normed = static_cast<T>(static_cast<float>(x[i]) * inv);
+    out[i] = static_cast<T>(static_cast<float>(weight[i]) * static_cast<float>(normed));
+  }
 }
 
 // one head's d values rotated in place (the rotate-half convention): x*cos + rotate(x)*sin, each product rounded
@@ -196,7 +180,7 @@ struct Layers {
       T* dst = op + t * n;
       for (int64_t i = 0; i < n; ++i) {
         const float g = static_cast<float>(gate[i]);
-        const T silu = static_cast<T>(g / (1.0f + exp_clamped(-g)));
+        const T silu = static_cast<T>(g / (1.0f + specbench::exp_clamped(-g)));
         dst[i] = static_cast<T>(static_cast<float>(silu) * static_cast<float>(up[i]));
       }
     });

@@ -28,11 +28,12 @@ GEMMS = 4  # per layer: q/k/v, o, gate/up, down (the op's `pad` indices)
 
 
 def fits(model: torch.nn.Module, kernels: RowKernels, devices: list[torch.device]) -> bool:
-    """Whether the op can run this model's layers: packed and stacked projections, SiLU MLPs, every layer on one
-    CPU, a kernel that builds, and SPECBENCH_DECODER_LAYERS not 0."""
+    """Whether the op can run this model's layers: packed and stacked projections, SiLU MLPs, rotary over whole
+    heads, every layer on one CPU, a kernel that builds, and SPECBENCH_DECODER_LAYERS not 0."""
     layers = model.model.layers
     return (kernels.packed and kernels.stack and len(set(devices)) == 1 and devices[0].type == "cpu"
             and getattr(model.config, "hidden_act", None) == "silu"
+            and getattr(model.config, "partial_rotary_factor", 1.0) == 1.0  # the op rotates whole heads
             and all(hasattr(layer.mlp, name) for layer in layers for name in GATE_UP + ("down_proj",))
             and os.environ.get("SPECBENCH_DECODER_LAYERS", "1") != "0" and kernel() is not None)
 

@@ -26,25 +26,6 @@ namespace {
 constexpr int64_t kLanes = 16;  // the width every reduction over head_dim and keys is blocked by (a fixed order)
 constexpr int64_t kRows = 4;    // rows of one sequence and head attended together (they share each key's load)
 
-// exp(x) for x <= 0 (a score minus its row's maximum), branch-free so that a loop of it vectorizes: Cephes' expf
-// (range reduction by ln 2 in two parts, a degree-5 polynomial), a few ulp from std::exp.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return y * scale;
-}
-
 // Vectors of kLanes floats (GCC/Clang vector extensions: one AVX-512 register, two AVX2 ones, four SSE ones).
 typedef float Floats __attribute__((vector_size(kLanes * sizeof(float))));
 typedef float Floats8 __attribute__((vector_size(8 * sizeof(float))));
@@ -86,12 +67,12 @@ inline float softmax_numerators(float* scores, int64_t n) {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     Floats x;
-    for (int64_t l = 0; l < kLanes; ++l) x[l] = exp_nonpositive(scores[j + l] - top);
+    for (int64_t l = 0; l < kLanes; ++l) x[l] = specbench::exp_clamped(scores[j + l] - top);
     std::memcpy(scores + j, &x, sizeof(x));
     partial += x;
   }
   for (int64_t l = 0; j < n; ++j, ++l) {
-    scores[j] = exp_nonpositive(scores[j] - top);
+    scores[j] = specbench::exp_clamped(scores[j] - top);
     partial[l] += scores[j];
   }
   return lanes_sum(partial);
@@ -161,7 +142,8 @@ inline void attend_rows(int64_t rows, const T* const* queries, const bool* const
   int64_t n[kRows] = {};
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < V; ++c) q[r][c] = widen(queries[r] + c * kLanes);
-  // the slots in [from, to) some row sees, in slot order: its key (or value) as floats, visited for each row that sees it
+  // the slots in [from, to) some row sees, in slot order: its key (or value) as floats, visited for each row that
+  // sees it
   const auto each_seen = [&](const T* base, int64_t stride, int64_t from, int64_t to, auto&& visit) {
     bool sees[kRows];
     for (int64_t s = from; s < to; ++s) {
@@ -265,8 +247,8 @@ bool supported_head_dim(int64_t d) {
 
 }  // namespace
 
-at::Tensor specbench::row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                         double scale) {
+at::Tensor specbench::row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& mask, double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && mask.dim() == 3, "row_attention: q, k, v 4-d, mask 3-d");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(), "row_attention: one dtype");
   TORCH_CHECK(mask.scalar_type() == at::kBool, "row_attention: a bool mask");

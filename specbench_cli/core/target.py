@@ -52,7 +52,6 @@ import torch.nn.functional as F
 from specbench_cli.core.attention import (DecodeOrder, attends_by_matmul, decode_orders, exact_attention,
                                           grouped_attention, one_query_by_matmul, rows_agree)
 from specbench_cli.core import decoder_layers
-from specbench_cli.core.decoder_layers import DecoderLayers
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.kernels import GATE_UP, QKV, RowKernels, Stacked, packs, shape, stacked, zero_rows
 from specbench_cli.core.row_attention import row_attention, rows_alone
@@ -278,8 +277,9 @@ class TargetModel:
             if self.one_call and self.kernels.packed:
                 self.kernels.pad_one_row = self._probed("one row", self._one_row_differs)
         # every layer of a forward the row kernel attends in one C++ call (`core.decoder_layers`)
-        self.layers_op = (DecoderLayers(model) if self.rows_alone and compile is None and (not invariant or self.one_call)
-                          and decoder_layers.fits(model, self.kernels, self._layer_devices) else None)
+        eligible = self.rows_alone and compile is None and (not invariant or self.one_call)
+        self.layers_op = (decoder_layers.DecoderLayers(model)
+                          if eligible and decoder_layers.fits(model, self.kernels, self._layer_devices) else None)
         self.compile_mode = compile
         self.buckets = tuple(sorted(buckets))
         self.compile_seconds: dict[int, float] = {}  # bucket -> seconds its warm-up (compile, record) took

@@ -10,9 +10,9 @@ rows beside it: a batch-invariant target stays exact with it (its one-row GEMMs 
 says). Its norms, rotary and activation round where Hugging Face's modules do but sum and exponentiate in their
 own order, so bf16 outputs move by a last bit here and there against the PyTorch forms (float32 never runs here).
 
-Used where the row kernel attends every row of the forward (`TargetModel.attention_rows`) and the layers are
-what the op knows: packed and stacked projections (`core.kernels`), SiLU MLPs, one device. SPECBENCH_DECODER_LAYERS=0
-turns it off (A/B: benchmarks/kernel_ab.py --change decoder-layers).
+Used for every masked eager forward of a target whose rows the row kernel attends (`TargetModel.rows_alone`)
+and whose layers are what the op knows (`fits`): packed and stacked projections (`core.kernels`), SiLU MLPs, one
+device. SPECBENCH_DECODER_LAYERS=0 turns it off (A/B: benchmarks/kernel_ab.py --change decoder-layers).
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ import torch
 
 from specbench_cli.core.kernels import GATE_UP, QKV, RowKernels, packed, shape, stacked
 from specbench_cli.core.row_attention import kernel
-
-GEMMS = 4  # per layer: q/k/v, o, gate/up, down (the op's `pad` indices)
-
 
 def fits(model: torch.nn.Module, kernels: RowKernels, devices: list[torch.device]) -> bool:
     """Whether the op can run this model's layers: packed and stacked projections, SiLU MLPs, rotary over whole

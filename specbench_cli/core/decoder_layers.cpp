@@ -33,7 +33,12 @@
 
 namespace {
 
-constexpr int64_t kSums = 16;       // partial sums of a row's reduction (a fixed order, vectorizable)
+using specbench::Floats;
+using specbench::kLanes;
+using specbench::narrow;
+using specbench::rounded;
+using specbench::widen;
+
 constexpr int64_t kWeights = 6;     // per layer: input norm, q/k/v (stacked, packed), o, post norm, gate/up, down
 constexpr int64_t kExtras = 6;      // per layer: the four GEMMs' biases, q norm, k norm (each may be None)
 enum Gemm : int64_t { kQKV = 0, kOut = 1, kGateUp = 2, kDown = 3 };
@@ -51,44 +56,60 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   return op.call(x, weight, bias, "none", none, std::nullopt);
 }
 
+// f(i, m) over [0, n) kLanes at a time, the last few (m < kLanes) in a vector of their own (`widen_first`,
+// `narrow_first`): every value goes through the same vector code wherever it sits
+template <typename F>
+inline void in_vectors(int64_t n, F&& f) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) f(i, kLanes);
+  if (i < n) f(i, n - i);
+}
+
+// m values at p as floats (m <= kLanes), and back
+template <typename T>
+inline Floats load(const T* p, int64_t m) {
+  return m == kLanes ? widen(p) : specbench::widen_first(p, m);
+}
+template <typename T>
+inline void store(Floats x, T* p, int64_t m) {
+  if (m == kLanes)
+    narrow(x, p);
+  else
+    specbench::narrow_first(x, p, m);
+}
+
 // RMSNorm of n values at x into out, as Hugging Face's LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in float32, rounded,
-// times the weight, rounded
+// times the weight, rounded. The squares are summed in kLanes partial sums, added in lane order.
 template <typename T>
 inline void rms_norm(const T* x, const T* weight, T* out, int64_t n, float eps) {
-  float partial[kSums] = {};
-  int64_t i = 0;
-  for (; i + kSums <= n; i += kSums)
-    for (int64_t l = 0; l < kSums; ++l) {
-      const float v = static_cast<float>(x[i + l]);
-      partial[l] += v * v;
-    }
-  for (int64_t l = 0; i < n; ++i, ++l) {
-    const float v = static_cast<float>(x[i]);
-    partial[l] += v * v;
-  }
+  Floats partial = {};
+  in_vectors(n, [&](int64_t i, int64_t m) {
+    const Floats v = load(x + i, m);
+    partial += v * v;
+  });
   float sum = 0.0f;
-  for (int64_t l = 0; l < kSums; ++l) sum += partial[l];
+  for (int64_t l = 0; l < kLanes; ++l) sum += partial[l];
   const float inv = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
-  for (i = 0; i < n; ++i) {
-    const T normed = static_cast<T>(static_cast<float>(x[i]) * inv);
-    out[i] = static_cast<T>(static_cast<float>(weight[i]) * static_cast<float>(normed));
-  }
+  in_vectors(n, [&](int64_t i, int64_t m) {
+    const Floats normed = rounded<T>(load(x + i, m) * inv);
+    store(load(weight + i, m) * normed, out + i, m);
+  });
 }
 
 // one head's d values rotated in place (the rotate-half convention): x*cos + rotate(x)*sin, each product rounded
 template <typename T>
 inline void rotate(T* x, const T* cos, const T* sin, int64_t d) {
   const int64_t half = d / 2;
-  T rotated[512];
+  T turned[512];
   for (int64_t i = 0; i < half; ++i) {
-    rotated[i] = static_cast<T>(-static_cast<float>(x[i + half]));
-    rotated[i + half] = x[i];
+    turned[i] = static_cast<T>(-static_cast<float>(x[i + half]));
+    turned[i + half] = x[i];
   }
-  for (int64_t i = 0; i < d; ++i) {
-    const T a = static_cast<T>(static_cast<float>(x[i]) * static_cast<float>(cos[i]));
-    const T b = static_cast<T>(static_cast<float>(rotated[i]) * static_cast<float>(sin[i]));
-    x[i] = static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
-  }
+  in_vectors(d, [&](int64_t i, int64_t m) {
+    const Floats a = rounded<T>(load(x + i, m) * load(cos + i, m));
+    const Floats b = rounded<T>(load(turned + i, m) * load(sin + i, m));
+    store(a + b, x + i, m);
+  });
 }
 
 // rows [first, last) of the parallel loops below: rows apart from the first few run on other threads; every row's
@@ -164,8 +185,9 @@ struct Layers {
     T* hp = h.data_ptr<T>();
     const T* xp = x.data_ptr<T>();
     each_row(h.size(0), [&](int64_t t) {
-      for (int64_t i = t * n; i < (t + 1) * n; ++i)
-        hp[i] = static_cast<T>(static_cast<float>(hp[i]) + static_cast<float>(xp[i]));
+      T* dst = hp + t * n;
+      const T* src = xp + t * n;
+      in_vectors(n, [&](int64_t i, int64_t m) { store(load(dst + i, m) + load(src + i, m), dst + i, m); });
     });
   }
 
@@ -178,11 +200,11 @@ struct Layers {
       const T* gate = gp + t * 2 * n;
       const T* up = gate + n;
       T* dst = op + t * n;
-      for (int64_t i = 0; i < n; ++i) {
-        const float g = static_cast<float>(gate[i]);
-        const T silu = static_cast<T>(g / (1.0f + specbench::exp_clamped(-g)));
-        dst[i] = static_cast<T>(static_cast<float>(silu) * static_cast<float>(up[i]));
-      }
+      in_vectors(n, [&](int64_t i, int64_t m) {
+        const Floats g = load(gate + i, m);
+        const Floats silu = rounded<T>(g / (1.0f + specbench::exp_clamped(-g)));
+        store(silu * load(up + i, m), dst + i, m);
+      });
     });
   }
 };

@@ -23,32 +23,14 @@
 
 namespace {
 
-constexpr int64_t kLanes = 16;  // the width every reduction over head_dim and keys is blocked by (a fixed order)
-constexpr int64_t kRows = 4;    // rows of one sequence and head attended together (they share each key's load)
+using specbench::Floats;
+using specbench::kLanes;
+using specbench::widen;
 
-// Vectors of kLanes floats (GCC/Clang vector extensions: one AVX-512 register, two AVX2 ones, four SSE ones).
-typedef float Floats __attribute__((vector_size(kLanes * sizeof(float))));
+constexpr int64_t kRows = 4;  // rows of one sequence and head attended together (they share each key's load)
+
 typedef float Floats8 __attribute__((vector_size(8 * sizeof(float))));
 typedef float Floats4 __attribute__((vector_size(4 * sizeof(float))));
-typedef uint16_t Halfs __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-typedef uint32_t Words __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-
-// kLanes values of the cache's dtype at p as floats
-template <typename T>
-inline Floats widen(const T* p) {
-  Floats x;
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(&x, p, sizeof(x));
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {  // a bf16 is a float's upper 16 bits
-    Halfs h;
-    std::memcpy(&h, p, sizeof(h));
-    const Words w = __builtin_convertvector(h, Words) << 16;
-    std::memcpy(&x, &w, sizeof(x));
-  } else {
-    for (int64_t l = 0; l < kLanes; ++l) x[l] = static_cast<float>(p[l]);
-  }
-  return x;
-}
 
 // the sum of x's lanes, halves added pairwise (a fixed order)
 inline float lanes_sum(Floats x) {
@@ -58,8 +40,8 @@ inline float lanes_sum(Floats x) {
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
-// softmax in place over a row's n scores (n > 0): exp(score - max), summed in kLanes partial sums added in a fixed
-// order; returns the sum
+// softmax in place over a row's n scores (n > 0): exp(score - max), kLanes at a time (the last few in a vector of
+// their own), summed in kLanes partial sums added in a fixed order; returns the sum
 inline float softmax_numerators(float* scores, int64_t n) {
   float top = scores[0];
   for (int64_t j = 1; j < n; ++j) top = std::max(top, scores[j]);
@@ -67,13 +49,17 @@ inline float softmax_numerators(float* scores, int64_t n) {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     Floats x;
-    for (int64_t l = 0; l < kLanes; ++l) x[l] = specbench::exp_clamped(scores[j + l] - top);
+    std::memcpy(&x, scores + j, sizeof(x));
+    x = specbench::exp_clamped(x - top);
     std::memcpy(scores + j, &x, sizeof(x));
     partial += x;
   }
-  for (int64_t l = 0; j < n; ++j, ++l) {
-    scores[j] = specbench::exp_clamped(scores[j] - top);
-    partial[l] += scores[j];
+  if (j < n) {
+    const Floats x = specbench::exp_clamped(specbench::widen_first(scores + j, n - j) - top);
+    for (int64_t l = 0; j < n; ++j, ++l) {
+      scores[j] = x[l];
+      partial[l] += x[l];
+    }
   }
   return lanes_sum(partial);
 }

@@ -45,6 +45,40 @@ def test_top_nodes_keeps_parents_on_ties():
     assert kept == [0, 1] and parents == [0, 1]
 
 
+@pytest.mark.parametrize("top_k,depth,total", [(1, 3, 3), (1, 8, 5), (2, 4, 4), (4, 3, 8), (3, 6, 6), (10, 8, 12)])
+def test_levels_past_what_total_keeps_change_no_tree(top_k, depth, total):
+    """Eagle3.propose runs min(depth, total - 2) levels: the levels after those hold no kept node, so the trees
+    equal those of all `depth` levels (random log-probs, some rounded coarsely so that scores tie)."""
+    g = torch.Generator().manual_seed(top_k * 100 + depth * 10 + total)
+    vocab = 12
+    for case in range(20):
+        coarse = case % 2 == 0
+        draw = lambda *shape: _log_probs(torch.rand(*shape, vocab, generator=g), coarse)  # noqa: E731
+        first, levels = draw(), [draw(top_k) for _ in range(depth)]
+        full = beam_search(first, lambda tokens, rows, level: levels[level], top_k, depth)
+        cut = beam_search(first, lambda tokens, rows, level: levels[level], top_k, min(depth, total - 2))
+        assert top_nodes(cut, total - 1) == top_nodes(full, total - 1)
+
+
+def _log_probs(x: torch.Tensor, coarse: bool) -> torch.Tensor:
+    logp = torch.log_softmax(x * 4, dim=-1)
+    return (logp * 2).round() / 2 if coarse else logp
+
+
+def test_a_chain_drafts_only_the_steps_it_keeps(distilled):
+    """A 2-token chain at depth 5: the newest position's step and one level, not six steps."""
+    from tests.drafter_fixtures import make_method
+    from tests.helpers import run_method
+
+    target, corpus, folder = distilled("eagle3", "llama")
+    method = make_method("eagle3", target, folder, depth=5, top_k=1, total_token=3)
+    steps = []
+    step = method.draft.step
+    method.draft.step = lambda *args, **kwargs: steps.append(1) or step(*args, **kwargs)
+    result = run_method(target, method, corpus[0][:40], max_new=24)
+    assert len(steps) == 2 * len(result.rounds)
+
+
 # ---------------------------------------------------------------------------------------------- loading
 @pytest.mark.parametrize("variant", [
     dict(layout="flat"),

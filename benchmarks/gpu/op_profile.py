@@ -8,7 +8,7 @@ per phase, the host time, the device time and the count of host-device synchroni
 attention calls inside it, then the operators with the most self host time and self device time.
 
     python benchmarks/gpu/op_profile.py --method eagle3,baseline --limit 2 --max-new-tokens 48 [--category summarization]
-        [--device cuda] [--out DIR]
+        [--device cuda] [--out DIR] [--opt depth=3 ...]
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="also each method's Chrome trace (<method>/trace.json: "
                     "~80 MB for eagle3 over a prompt and the warm-up on a CPU)")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--opt", action="append", default=[], help="an option of the (one) method profiled, as profile's --opt: depth=3 (repeatable)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -118,7 +119,7 @@ def main() -> None:
     for method in args.method.split(","):
         config = RunConfig(method=method, categories=args.category, limit=args.limit, max_new_tokens=args.max_new_tokens,
                            dtype=args.dtype, device=args.device, out=out / method / "run", replay=False,
-                           threads=args.threads)
+                           threads=args.threads, opts=args.opt)
         chosen = plan(config, {})
         model = model or load_model(chosen.spec, chosen.device, chosen.dtype)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if chosen.device.type == "cuda" else [])

@@ -192,7 +192,11 @@ class Eagle3(FeatureDrafter):
             with states[0].timed("draft_head"):
                 return draft.log_probs(out)
 
-        cands = beam_search(first, expand, o.top_k, o.depth)
+        # A node of level l (1 = the root's children) is kept only with its l - 1 ancestors (a child never outscores
+        # its parent: log-probs add up), so no level past total_token - 1 holds a kept node; the beam stops there. The
+        # same trees as all `depth` levels (SafeAILab's topK_genrate runs them whatever total_token keeps), without
+        # the draft steps that cannot change them: a chain of 2 at depth 3 drafts 2 steps, not 4.
+        cands = beam_search(first, expand, o.top_k, min(o.depth, o.total_token - 2))
         scores, tokens, parents = cands.scores.cpu(), draft.to_target(cands.tokens).cpu(), cands.parents.cpu()  # one read
         trees = []
         for b in range(batch):

@@ -342,7 +342,7 @@ def tune(
     concurrency: Annotated[str, typer.Option(help="--engine vllm: a comma list of requests kept in flight (1,2,4,8), one choice of K each. Default: 1.")] = "1",
     engine_python: Annotated[Optional[str], typer.Option(help="--engine vllm: the Python that has vLLM (as run --engine-python).")] = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option(help="--engine vllm: KEY=VALUE for vllm.EngineArgs, as run --engine-arg (every engine of the tune gets them; `run --tuned` must pass the same).")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Tune folder (baseline, replay_<i> per candidate i, live_<i> for the checked ones, candidates.csv and .png/.pdf, tune.json; per level b<N>/ or c<N>/ with the level's runs); an existing one is resumed. Default: results/tune_<model>_<method>[_vllm].")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Tune folder (baseline, replay_cold_<i> per candidate i, live_<i> for the checked ones, candidates.csv and .png/.pdf, tune.json; per level b<N>/ or c<N>/ with the level's runs); an existing one is resumed. Default: results/tune_<model>_<method>[_vllm].")] = None,
     target: TargetRef = None,
     drafter: Drafters = None,
 ) -> None:

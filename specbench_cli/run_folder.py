@@ -39,7 +39,8 @@ from specbench_cli.folders import claim, write_atomically
 from specbench_cli.progress import record_progress
 
 # What a setting meant in runs written before it existed (a resume compares it as this).
-LEGACY_SETTINGS = {"compile": None, "batch_invariant": False, "prepacked": False, "repeat": 1, "batch_size": 1}
+LEGACY_SETTINGS = {"compile": None, "batch_invariant": False, "prepacked": False, "repeat": 1, "batch_size": 1,
+                   "cold_drafts": False}
 # Environment facts that change what a timing means: a resume of a timed run must keep them.
 MEASURED = ("device", "cpu", "gpu", "torch_threads")
 

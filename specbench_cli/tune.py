@@ -97,15 +97,15 @@ def execute(config: TuneConfig, console) -> tuning.TuneRecord:
 
 
 def replay_walks(config: TuneConfig, base, model, console) -> list[tuple[tuple[str, ...], list[pd.DataFrame]]]:
-    """Each candidate budget (the paper's first) replayed along the baseline's greedy traces (`<out>/replay_<i>`,
+    """Each candidate budget (the paper's first) replayed along the baseline's greedy traces (`<out>/replay_cold_<i>`,
     resumed where it stopped): its walks, one frame per turn (accepted, drafted, branched, draft_ms per position)."""
     run, method = config.run, config.method
     walks = []
     for i, candidate in enumerate([(), *tuning.GRIDS[method]]):
-        folder = run.out / f"replay_{i}"
+        folder = run.out / f"replay_cold_{i}"  # drafts timed after a target forward (replay_{i}: before that, hot)
         oracle_run.execute(OracleConfig([method], dataclasses.replace(run, dtype=dtype_name(base.dtype), out=folder,
                                                                        resume=_exists(folder)),
-                                        [f"{method}.{o}" for o in candidate]), console, model)
+                                        [f"{method}.{o}" for o in candidate], cold_drafts=True), console, model)
         replay = read_table(folder, "replay")
         walks.append((candidate, [g.sort_values("position") for _, g in replay.groupby(["prompt_id", "turn"], sort=False)]))
     return walks

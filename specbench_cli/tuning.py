@@ -9,7 +9,9 @@ For every candidate budget of a method (`GRIDS`) tune predicts
 - τ: tokens per round, from trace replay of that candidate along the greedy traces of the tuning prompts,
   rounds stepped as a live run steps them (`analysis.oracles.round_starts`); the costs below are averaged
   over those rounds' start positions, where a live run drafts, not over every position;
-- t_draft: the candidate's measured propose + observe time there during that replay;
+- t_draft: the candidate's measured propose + observe time there during that replay, each round start timed right
+  after an untimed forward of the target (`oracle.replay.replay_turn`'s cold_drafts), as a live round drafts
+  after its verify: hot, the drafter's weights stayed in cache and its drafts took half the live time;
 - n̄: its draft size (tree nodes), c(n): the verify cost curve measured on this machine's target, in the
   run's dtype and batch invariance (cached per model, dtype, device, threads and invariance);
 - t_base: the live baseline's decode time per token on the same prompts; t_loop = t_base − t(1), the loop's own

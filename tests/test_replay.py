@@ -64,3 +64,22 @@ def test_replay_signals_and_oracle_bound(distilled):
     assert torch.isfinite(r.entropy).all() and (r.entropy >= 0).all()
     al = np.array([r.walks["eagle3"].accepted, r.walks["dflash"].accepted])
     assert best_rounds(al) <= min(static_rounds(al[0]), static_rounds(al[1]))
+
+
+def test_cold_drafts_run_a_target_forward_before_each_round_start_and_change_no_walk(distilled):
+    """`tune`'s replay times each round start after a forward of the target (its weights out of cache as in a live
+    round); the walks stay what they were, and the replay target's teacher-forced rows are untouched."""
+    from specbench_cli.analysis.oracles import round_starts
+
+    target, corpus, make = makers(distilled)
+    prompt = corpus[2][:24]
+    live = run_method(target, make["eagle3"](), prompt, max_new=60)
+    trace = Trace("p", 0, "c", "s", prompt, live.output_ids)
+    hot = replay_turn(Target(target, torch.device("cpu")), {"eagle3": make["eagle3"]()}, trace).walks["eagle3"]
+    cold_target = Target(target, torch.device("cpu"))
+    forwards = []
+    verify = cold_target.verify
+    cold_target.verify = lambda *args, **kwargs: forwards.append(1) or verify(*args, **kwargs)
+    cold = replay_turn(cold_target, {"eagle3": make["eagle3"]()}, trace, cold_drafts=True).walks["eagle3"]
+    assert (cold.accepted, cold.drafted, cold.branched) == (hot.accepted, hot.drafted, hot.branched)
+    assert len(forwards) == len(round_starts(np.array(cold.accepted))) > 1

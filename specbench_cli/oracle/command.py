@@ -46,6 +46,9 @@ class OracleConfig:
     drafters: list[str]
     run: RunConfig  # model, dataset, selection, max_new_tokens, warmup, target, --drafter checkpoints
     opts: list[str] = field(default_factory=list)  # "METHOD.key=value"
+    # time each of a drafter's round starts right after a forward of the target, as a live round drafts (`tune`
+    # prices drafts by these times; replay_turn)
+    cold_drafts: bool = False
 
 
 def drafter_options(names: list[str], opts: list[str]) -> dict[str, list[str]]:
@@ -114,7 +117,8 @@ class OracleJob(OneAtATime):
 
     def begin(self) -> Start:
         settings = {**self.checked.settings(), "method": "oracle", "drafters": self.config.drafters,
-                    "opts": self.config.opts, "options": {n: options_record(o) for n, o in self.options.items()}}
+                    "opts": self.config.opts, "options": {n: options_record(o) for n, o in self.options.items()},
+                    "cold_drafts": self.config.cold_drafts}
         # replay measures no time: a resume on another machine or thread count makes the same records
         return Start(settings, new_session(self.checked.device), kind="oracle", measured=())
 
@@ -154,7 +158,7 @@ class OracleJob(OneAtATime):
     def _replay(self, prompt) -> tuple[list[Trace], list]:
         traces = [Trace(prompt.id, t, prompt.category, prompt.subtask, ids, r.output_ids)
                   for t, (ids, r) in enumerate(self.runner.decode_prompt(prompt))]
-        return traces, [replay_turn(self.runner.target, self.drafters, tr) for tr in traces]
+        return traces, [replay_turn(self.runner.target, self.drafters, tr, self.config.cold_drafts) for tr in traces]
 
 
 def _typed(info: dict) -> dict:

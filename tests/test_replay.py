@@ -68,7 +68,8 @@ def test_replay_signals_and_oracle_bound(distilled):
 
 def test_cold_drafts_run_a_target_forward_before_each_round_start_and_change_no_walk(distilled):
     """`tune`'s replay times each round start after a forward of the target (its weights out of cache as in a live
-    round); the walks stay what they were, and the replay target's teacher-forced rows are untouched."""
+    round) and once per round start; the walks stay what they were (the forward writes past the teacher-forced
+    sequence, whose rows the drafter reads)."""
     from specbench_cli.analysis.oracles import round_starts
 
     target, corpus, make = makers(distilled)

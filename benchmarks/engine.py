@@ -46,7 +46,7 @@ from specbench_cli.core.turn import DecodeSettings
 from specbench_cli.hardware import read_bandwidth, weight_bytes
 from specbench_cli.loading import load_model, resolve_dtype
 from specbench_cli.models import MODELS
-from specbench_cli.tuning import random_tree
+from specbench_cli.commands.tune.pricing import random_tree
 from specbench_cli.core.dtypes import dtype_name
 
 NS = (1, 2, 4, 8, 16, 32, 64)

@@ -21,7 +21,7 @@ from specbench_cli.analysis.metrics import summarise
 from specbench_cli.records import read_table
 from specbench_cli.inputs import RunConfig
 from specbench_cli.planning import plan
-from specbench_cli.runner import execute
+from specbench_cli.engines.specbench import execute
 
 METHODS = ("baseline", "hf-generate", "suffix", "pld")
 

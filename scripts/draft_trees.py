@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
     import specbench_cli.core.engine  # noqa: F401  (the loop's modules, so their `accept` can be seen)
-    import specbench_cli.runner  # noqa: F401
+    import specbench_cli.engines.specbench  # noqa: F401
 
     trees = {m: record(m, args.dtype) for m in args.methods.split(",")}
     args.out.write_text(json.dumps(trees))

@@ -37,7 +37,7 @@ from scripts.slim_training_prompts import UPSTREAM  # noqa: E402
 from specbench_cli.datasets import DATASET_DIR, write_vendored  # noqa: E402
 from specbench_cli.loading import load_model  # noqa: E402
 from specbench_cli.models import get_model_spec  # noqa: E402
-from specbench_cli.training.distill import calibration_prompts, generate, row_prompt  # noqa: E402
+from specbench_cli.commands.train.distill import calibration_prompts, generate, row_prompt  # noqa: E402
 
 OUT = DATASET_DIR / "train" / "written-tasks.jsonl.xz"
 COUNTS = {"summarize": 640, "rag": 640, "translate": 320}

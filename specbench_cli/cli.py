@@ -102,12 +102,12 @@ def run(
 ) -> None:
     """Decode a dataset with one method and write rounds.parquet, prompts.parquet and run.json."""
     if list_:
-        from specbench_cli.listing import show_lists
+        from specbench_cli.commands.listing import show_lists
 
         show_lists(console)
         return
     from specbench_cli.inputs import RunConfig
-    from specbench_cli.run_command import execute_levels
+    from specbench_cli.commands.run import execute_levels
 
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        shard=shard, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
@@ -183,14 +183,14 @@ def profile(
                        out=out or Path("results") / "profile" / f"{model}_{dataset_slug(dataset)}_{method}{suffix}"
                        f"{f'_b{batch_size}' if batch_size > 1 else ''}")
     if phases:
-        from specbench_cli.run_command import execute
+        from specbench_cli.commands.run import execute
 
         run_dir = execute(config, threads, console)  # checks the run's input before torch (which profile imports) loads
-        from specbench_cli import profile as prof
+        from specbench_cli.commands import profile as prof
 
         written = prof.phases(run_dir, console)
     else:
-        from specbench_cli import profile as prof
+        from specbench_cli.commands import profile as prof
 
         use_threads(threads)
         written = prof.component(config, reps, warmup_reps, "switching" if switching else "head",
@@ -228,7 +228,7 @@ def train_drafter(
     device: Annotated[str, typer.Option(help="auto (cuda if available, else cpu), cpu, cuda or cuda:N: where the target answers, and the drafter trains (float32 either way).")] = "auto",
 ) -> None:
     """Train a drafter for a target on its own answers to datasets/train prompts (self-distillation)."""
-    from specbench_cli.training import command
+    from specbench_cli.commands.train import command
 
     flags = {"ttt": ttt, "draft_vocab": draft_vocab, "intermediate": intermediate, "draft_layers": draft_layers,
              "block_size": block_size, "anchors": anchors, "slots": slots, "gamma": gamma}
@@ -267,7 +267,7 @@ def oracle(
                            resume=resume, target=target, drafters=drafter or [], compile=compile,
                            compile_buckets=compile_buckets)
     at_least("--threads", threads, 1)
-    from specbench_cli.oracle import command as oracle_run
+    from specbench_cli.commands.oracle import command as oracle_run
 
     config = oracle_run.OracleConfig([d.strip() for d in drafters.split(",") if d.strip()], run_config, opt or [])
     use_threads(threads)
@@ -298,7 +298,7 @@ def calibrate(
 ) -> None:
     """Calibrate a router from trace replay and latencies measured on this machine; writes an artifact that
     `run` loads automatically (config.json card, router.safetensors or predictor.safetensors, sweep.csv)."""
-    from specbench_cli.calibration import calibrate as cal
+    from specbench_cli.commands.calibrate import command as cal
     from specbench_cli.core.errors import unknown
     from specbench_cli.inputs import DTYPE_NAMES, at_least
     from specbench_cli.registry import calibrator
@@ -350,7 +350,7 @@ def tune(
     each candidate's τ and draft time from trace replay, then the chosen budget run live (run --tuned uses it);
     per batch size (--batch-size 1,2,4,8), or per concurrency in vLLM (--engine vllm --concurrency 1,2,4,8)."""
     from specbench_cli.inputs import RunConfig
-    from specbench_cli.tune_command import execute
+    from specbench_cli.commands.tune.command import execute
 
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        max_new_tokens=max_new_tokens, dtype=dtype, device=device, warmup=warmup, target=target,
@@ -377,7 +377,7 @@ def report(
     subtask and category, lossless check, oracle rows, phases, environment; throughput, speedup and latency
     against concurrency (engine sweeps); the cross-engine step check (a method run in our engine and in vLLM);
     optional regression and parity gates."""
-    from specbench_cli import reporting
+    from specbench_cli.commands import report as reporting
 
     problems, undecided = reporting.execute(console, results_dirs, out, overwrite, compare, max_regression, along,
                                             plots, classify, expect, export)
@@ -404,14 +404,14 @@ def sweep(
 ) -> None:
     """Expand a (model x dataset x method x option) grid into jobs with stable hashes and run them here, one
     shard of them, or as a Slurm array. Finished jobs are skipped; `specbench report <out>` merges them."""
-    from specbench_cli import sweep as sw
+    from specbench_cli.commands import sweep as sw
     from specbench_cli.inputs import at_least
 
     at_least("--threads", threads, 1)
     at_least("--shards", shards, 1)
     grid = sw.load(config)
     if list_:
-        from specbench_cli.listing import show_jobs
+        from specbench_cli.commands.listing import show_jobs
 
         show_jobs(console, grid, shards)
         return

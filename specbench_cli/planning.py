@@ -21,7 +21,7 @@ from specbench_cli.inputs import Plan, RunConfig, check_run
 from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype, resolve_invariant
 from specbench_cli.models import checkpoint_ref
 from specbench_cli.registry import method_class
-from specbench_cli.tuning import machine_key, tuned_opts
+from specbench_cli.commands.tune.pricing import machine_key, tuned_opts
 
 TEMPLATE_MARGIN = 64  # chat-template tokens per turn beyond the joined turns' (role headers, end-of-turn)
 

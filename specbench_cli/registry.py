@@ -26,8 +26,8 @@ class MethodEntry:
     profiles: tuple[str, ...] = ()  # profile --component/--switching measurements it supports
 
 
-RECIPES = "specbench_cli.training.recipes"
-CALIBRATION = "specbench_cli.calibration"
+RECIPES = "specbench_cli.commands.train.recipes"
+CALIBRATION = "specbench_cli.commands.calibrate"
 METHODS: dict[str, MethodEntry] = {
     "baseline": MethodEntry("methods.baseline:Baseline", "autoregressive decoding on the same engine (one token per round)"),
     "hf-generate": MethodEntry("methods.hf_generate:HFGenerate", "transformers generate(), an outside reference"),
@@ -46,9 +46,9 @@ METHODS: dict[str, MethodEntry] = {
     "flashhead": MethodEntry("methods.flashhead:FlashHead", "SpS whose draft head is FlashHead (clustered head, top-p probes)",
                              profiles=("head",)),
     "whiflash-entropy": MethodEntry("methods.whiflash:WhiFlashEntropy", "WhiFlash: per-round eagle3/dflash routing by target entropy, lazy KV-only catch-up",
-                                    calibrator=f"{CALIBRATION}.calibrate:calibrate_entropy", profiles=("switching",)),
+                                    calibrator=f"{CALIBRATION}.command:calibrate_entropy", profiles=("switching",)),
     "whiflash-neural": MethodEntry("methods.whiflash:WhiFlashNeural", "WhiFlash: per-round eagle3/dflash routing by a learned ΔAL predictor",
-                                   calibrator=f"{CALIBRATION}.calibrate:calibrate_neural", profiles=("switching",)),
+                                   calibrator=f"{CALIBRATION}.command:calibrate_neural", profiles=("switching",)),
     "hvd": MethodEntry("methods.hvd:Hvd", "Hybrid Verified Decoding: verify the suffix-cache draft when its predicted payoff is high, else eagle3",
                        calibrator=f"{CALIBRATION}.hvd:calibrate_hvd"),
     "hvd-freq": MethodEntry("methods.hvd:HvdFreq", "HVD's frequency baseline: the suffix-cache draft when its frequency score is high, else eagle3"),

@@ -63,8 +63,8 @@ def distil(method: str, folder: Path, target: torch.nn.Module, corpus: list[list
     """`method`'s training recipe around a draft of `shape` (its config fields), trained `steps` steps on the
     corpus held in memory (random when there is no corpus or no steps) and written to `folder` by the trainer."""
     from specbench_cli.registry import recipe_class
-    from specbench_cli.training.distill import Corpus
-    from specbench_cli.training.train import TrainSettings, train
+    from specbench_cli.commands.train.distill import Corpus
+    from specbench_cli.commands.train.train import TrainSettings, train
 
     torch.manual_seed(seed)
     sequences = corpus or [[0, 1]]

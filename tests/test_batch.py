@@ -135,7 +135,7 @@ def test_compiled_batch_verify_computes_the_eager_one(tiny):
     those of the eager batched verify."""
     import random
 
-    from specbench_cli.tuning import random_tree
+    from specbench_cli.commands.tune.pricing import random_tree
 
     results = []
     for compile in (None, "aot_eager"):

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from methods.predictors import Router
-from specbench_cli.calibration.calibrate import (TABLE2_THRESHOLDS, Latency, break_even_threshold, entropy_grid, entropy_sweep,
+from specbench_cli.commands.calibrate.command import (TABLE2_THRESHOLDS, Latency, break_even_threshold, entropy_grid, entropy_sweep,
                                      fit, simulate, throughput)
 from specbench_cli.analysis.oracles import static_rounds
 

@@ -287,7 +287,7 @@ def test_a_deprecated_train_drafter_flag_still_works_with_a_note():
 
 
 def test_train_drafter_recipe_settings_take_the_dotted_dialect():
-    from specbench_cli.training.inputs import TrainSettings, train_settings
+    from specbench_cli.commands.train.inputs import TrainSettings, train_settings
 
     base = TrainSettings(method="dart", steps=50)
     dotted = train_settings(base, ["dart.slots=6", "dart.gamma=0.5", "dart.draft-vocab=2048"])
@@ -318,7 +318,7 @@ def test_default_drafter_folder_falls_back_to_the_cache_when_the_project_is_read
 
 
 def test_a_default_init_inside_the_project_is_recorded_relative(tmp_path, monkeypatch):
-    from specbench_cli.training.inputs import relative_to_cwd as _relative_to_cwd
+    from specbench_cli.commands.train.inputs import relative_to_cwd as _relative_to_cwd
     (tmp_path / "drafters" / "eagle3").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     assert _relative_to_cwd(str(tmp_path / "drafters" / "eagle3")) == "drafters/eagle3"

@@ -15,8 +15,8 @@ from methods.checkpoints import CheckpointError
 from methods.eagle3 import Eagle3
 from methods.hvd import CLASSES, FEATURES, History, Hvd, HvdFreq, features, token_classes
 from methods.predictors import PayoffPredictor
-from specbench_cli.calibration.calibrate import Latency
-from specbench_cli.calibration.hvd import CacheTurn, frequency_rule, quality, rollout, simulated
+from specbench_cli.commands.calibrate.command import Latency
+from specbench_cli.commands.calibrate.hvd import CacheTurn, frequency_rule, quality, rollout, simulated
 from tests.drafter_fixtures import SAMPLING_TEMPERATURE, loaded
 from tests.helpers import assert_lossless, assert_multi_turn_lossless, run_method, sampling_p_value
 
@@ -103,7 +103,7 @@ def test_replayed_features_are_the_live_ones(setup, median_score):
     """Calibration's rollout over a replay of the live output reproduces every round's features and route."""
     from methods.eagle3 import Eagle3
     from methods.suffix import Suffix
-    from specbench_cli.oracle.replay import Trace, replay_turn
+    from specbench_cli.commands.oracle.replay import Trace, replay_turn
     from specbench_cli.core.target import Target
 
     target, corpus, drafters = setup

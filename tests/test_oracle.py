@@ -76,8 +76,8 @@ def test_draft_parts_read_back_when_one_prompt_never_drafted(tmp_path):
     """A part whose drafts are all empty must not give the column a type the other parts do not share."""
     import torch
 
-    from specbench_cli.oracle.command import ORACLE_TABLES, _parts
-    from specbench_cli.oracle.replay import Trace, TurnReplay, Walk
+    from specbench_cli.commands.oracle.command import ORACLE_TABLES, _parts
+    from specbench_cli.commands.oracle.replay import Trace, TurnReplay, Walk
     from specbench_cli.run_folder import RunFolder
 
     folder = RunFolder(tmp_path, ORACLE_TABLES)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from specbench_cli.cli import app
 from specbench_cli.analysis.parity import load_expectations
 from specbench_cli.analysis.results import method_label
-from specbench_cli.sweep import load as load_sweep
+from specbench_cli.commands.sweep import load as load_sweep
 from tests.fake_runs import Turn, write_run
 
 PARITY = Path(__file__).parent.parent / "benchmarks" / "parity"

@@ -36,7 +36,7 @@ def test_profile_asks_the_registry_which_methods_it_can_measure():
 
 
 def test_a_method_listing_a_profile_measurement_offers_its_probes():
-    from specbench_cli.profile import PROBES
+    from specbench_cli.commands.profile import PROBES
 
     for name, e in METHODS.items():
         assert set(e.profiles) <= set(PROBES), f"{name} lists an unknown profile measurement"

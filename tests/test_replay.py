@@ -12,7 +12,7 @@ import torch
 from methods.pld import PromptLookup
 from methods.suffix import Suffix
 from specbench_cli.analysis.oracles import best_rounds, static_rounds
-from specbench_cli.oracle.replay import Trace, replay_turn
+from specbench_cli.commands.oracle.replay import Trace, replay_turn
 from specbench_cli.core.target import Target
 from specbench_cli.core.tree import DraftTree
 from tests.drafter_fixtures import make_method

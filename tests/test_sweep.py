@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specbench_cli import sweep
+from specbench_cli.commands import sweep
 from specbench_cli.cli import app
 from specbench_cli.core.errors import UsageError
 

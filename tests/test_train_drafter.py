@@ -14,11 +14,11 @@ import torch
 
 from methods.checkpoints import Checkpoint
 from methods.layers import causal_mask
-from specbench_cli.training.distill import Corpus, cache_features, cache_topk, calibration_prompts, training_prompts
+from specbench_cli.commands.train.distill import Corpus, cache_features, cache_topk, calibration_prompts, training_prompts
 from specbench_cli.core.errors import UsageError
 from specbench_cli.registry import recipe_class
-from specbench_cli.training.recipes import Sample, kl_to_topk
-from specbench_cli.training.train import TrainSettings, lr_factor, train, trained_span
+from specbench_cli.commands.train.recipes import Sample, kl_to_topk
+from specbench_cli.commands.train.train import TrainSettings, lr_factor, train, trained_span
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import greedy_corpus, make_method
 from tests.helpers import assert_lossless
@@ -176,8 +176,8 @@ def test_resume_takes_this_sessions_learning_rate(corpus, tmp_path, monkeypatch)
 def test_a_run_resumed_on_a_grown_corpus_keeps_its_choices_and_its_held_out_set(corpus, tmp_path):
     """After the corpus grows, --resume keeps the draft's corpus-derived choices (DFlash's mask token, picked
     among tokens the first corpus never uses) and never moves a sequence it trained on into the held-out set."""
-    from specbench_cli.training.recipes.dflash import unused_token
-    from specbench_cli.training.train import split
+    from specbench_cli.commands.train.recipes.dflash import unused_token
+    from specbench_cli.commands.train.train import split
 
     target, data = corpus
     mask = unused_token(data.first(4), 96)
@@ -201,7 +201,7 @@ def test_a_run_resumed_on_a_grown_corpus_keeps_its_choices_and_its_held_out_set(
 def test_a_run_started_from_a_checkpoint_keeps_its_weights_choices_and_held_out_set(corpus, tmp_path, method):
     """--init: the draft starts from the checkpoint's weights, shape and vocabulary (not the settings'), and
     when the checkpoint trained on the same corpus its held-out sequences stay held out."""
-    from specbench_cli.training.train import split
+    from specbench_cli.commands.train.train import split
 
     target, data = corpus
     first = TrainSettings(method=method, steps=4, warmup=2, ttt=2, draft_vocab=64, intermediate=64, anchors=8,
@@ -251,7 +251,7 @@ def test_a_long_sequence_trains_on_its_answer_and_the_end_of_its_prompt():
 def test_a_late_source_joins_after_the_corpora_built_without_it(monkeypatch):
     """The prompts the project wrote joined the order at `LATE_JOIN`: the list's first 2,000 (the committed
     drafters' corpus) and the calibration prompts the routers used are what they were without them."""
-    from specbench_cli.training import distill
+    from specbench_cli.commands.train import distill
 
     with_late, calibration = training_prompts(), calibration_prompts(200)
     name = "written-tasks.jsonl.xz"
@@ -313,7 +313,7 @@ def test_an_interrupted_export_never_leaves_a_loadable_half_drafter(tmp_path, mo
     moves leaves a folder no loader takes for a drafter (the old weights under a new config, or the reverse)."""
     import os
 
-    from specbench_cli.training import train as training
+    from specbench_cli.commands.train import train as training
 
     out, staging = tmp_path / "drafter", tmp_path / "drafter" / ".export-1"
     staging.mkdir(parents=True)
@@ -370,7 +370,7 @@ def test_recipes_make_every_tensor_on_the_samples_device(corpus, method, trainin
 
 def test_teacher_passes_over_several_sequences_give_what_one_pass_each_gives(corpus, monkeypatch):
     """Right padding never reaches a real position: grouped passes match a pass per sequence."""
-    from specbench_cli.training import distill
+    from specbench_cli.commands.train import distill
 
     target, data = corpus
     seqs = [s[:30 + 17 * i] for i, s in enumerate(data.sequences)]  # unequal lengths: every group is padded
@@ -391,7 +391,7 @@ def test_teacher_passes_over_several_sequences_give_what_one_pass_each_gives(cor
 def test_a_grown_corpus_holds_what_a_build_of_all_its_prompts_holds(embedded, tmp_path):
     """`--prompts` past a corpus' size answers only the new prompts; the grown folder must hold what building
     all of them at once gives (the batches line up), its first rows untouched, and its old top-k files gone."""
-    from specbench_cli.training import distill
+    from specbench_cli.commands.train import distill
 
     texts, layers = training_prompts(4), [1, 8]
     grown = distill.build(embedded, texts[:2], tmp_path / "grown", layers, max_new_tokens=6, batch_size=2)
@@ -419,7 +419,7 @@ def test_a_killed_build_resumes_from_its_answers_and_a_shipped_corpus_is_not_gen
     must give the corpus an uninterrupted build gives, and answers to other prompts are refused."""
     from specbench_cli.datasets import write_vendored
 
-    from specbench_cli.training import distill
+    from specbench_cli.commands.train import distill
 
     texts, layers = training_prompts(6), [1, 8]
     whole = distill.build(embedded, texts, tmp_path / "whole", layers, max_new_tokens=6, batch_size=2)

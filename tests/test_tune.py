@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from specbench_cli import tuning
+from specbench_cli.commands.tune import pricing as tuning
 from specbench_cli.cli import app
-from specbench_cli.tuning import Costs, choose, predict
+from specbench_cli.commands.tune.pricing import Costs, choose, predict
 from tests.conftest import needs_embedded
 
 GPU_LIKE = Costs(10.0, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.01, 16: 1.02, 32: 1.05, 64: 1.1})  # verify is nearly free

@@ -122,7 +122,7 @@ def test_a_calibration_made_with_other_drafters_is_flagged(setup, tmp_path, caps
 
 
 def test_switching_sweep_measures_catch_up_against_a_round(setup):
-    from specbench_cli.profile import switching_sweep
+    from specbench_cli.commands.profile import switching_sweep
     from specbench_cli.core.target import Target
 
     target, _, _ = setup

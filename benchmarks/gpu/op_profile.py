@@ -29,7 +29,7 @@ from specbench_cli.core import timing  # noqa: E402
 from specbench_cli.inputs import RunConfig  # noqa: E402
 from specbench_cli.loading import load_model  # noqa: E402
 from specbench_cli.planning import plan  # noqa: E402
-from specbench_cli.runner import execute  # noqa: E402
+from specbench_cli.engines.specbench import execute  # noqa: E402
 
 # Host-side events that wait for the device or move data across: what a host-bound loop must not do per step.
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense",

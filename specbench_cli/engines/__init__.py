@@ -44,7 +44,7 @@ class EnginePlan:
 
 
 ENGINES: dict[str, EngineEntry] = {
-    "specbench": EngineEntry("specbench_cli.runner:run_job", None, "our decode loop (core/engine.py)"),
+    "specbench": EngineEntry("specbench_cli.engines.specbench:run_job", None, "our decode loop (core/engine.py)"),
     "vllm": EngineEntry("specbench_cli.engines.vllm:VllmJob", "specbench_cli.engines.vllm:plan_engine",
                         "a vLLM engine in its own Python, or a vLLM server"),
 }

@@ -20,7 +20,7 @@ def execute_levels(config: RunConfig, concurrency: str, batch_size: str, threads
     from specbench_cli.inputs import check_run, level_configs, parse_levels
 
     if "," in config.method or config.repeat != 1:
-        from specbench_cli.interleave import execute as execute_interleaved
+        from specbench_cli.commands.interleave import execute as execute_interleaved
 
         execute_interleaved(config, batch_size, concurrency, threads, console)
         return
@@ -44,7 +44,7 @@ def execute(config: RunConfig, threads: int | None, console: Console) -> Path:
     at_least("--threads", threads, 1)
     chosen = check_run(config, dict(os.environ))
     from specbench_cli.planning import plan
-    from specbench_cli.runner import execute as record
+    from specbench_cli.engines.specbench import execute as record
 
     use_threads(threads)
     return record(plan(config, dict(os.environ), chosen), console)

@@ -17,7 +17,7 @@ def execute(console: Console, err_console: Console, *, method: str, model: str, 
     from specbench_cli.inputs import at_least, use_threads
     from specbench_cli.models import drafter_folder, get_model_spec
     from specbench_cli.registry import corpus_layers, recipe_class
-    from specbench_cli.training.inputs import TrainSettings, init_checkpoint, train_settings, training_folder
+    from specbench_cli.commands.train.inputs import TrainSettings, init_checkpoint, train_settings, training_folder
 
     recipe = recipe_class(method)  # an unknown method fails here, before anything loads
     spec = get_model_spec(model)
@@ -38,8 +38,8 @@ def execute(console: Console, err_console: Console, *, method: str, model: str, 
     from specbench_cli.loading import load_model, resolve_device
     from specbench_cli.models import cache_root
     from specbench_cli.progress import progress_bar
-    from specbench_cli.training import distill
-    from specbench_cli.training.train import command_line, train
+    from specbench_cli.commands.train import distill
+    from specbench_cli.commands.train.train import command_line, train
 
     use_threads(threads)
     # Gradients that travel back through a frozen target (ConFu) become denormal floats, which x86 CPUs

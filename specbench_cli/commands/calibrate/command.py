@@ -222,7 +222,7 @@ def card(config: CalibrateConfig, drafters: tuple[str, ...], **fields) -> dict:
     from methods.checkpoints import fingerprint, locate, timed_as
     from specbench_cli.hardware import environment
     from specbench_cli.models import get_model_spec
-    from specbench_cli.training.train import command_line
+    from specbench_cli.commands.train.train import command_line
 
     refs = get_model_spec(config.model).drafters
     timed = config.target()
@@ -284,7 +284,7 @@ def calibration_prompts(config: CalibrateConfig) -> list[dict]:
     """whiflash-entropy: each category's last `prompts` prompts; whiflash-neural and hvd: the training files'
     calibration share, which no drafter trains on (and never an evaluation set)."""
     if config.method in ("whiflash-neural", "hvd"):
-        from specbench_cli.training.distill import calibration_prompts as held_prompts
+        from specbench_cli.commands.train.distill import calibration_prompts as held_prompts
 
         texts = held_prompts(config.prompts)
         return [{"id": f"train-{i}", "category": "train", "turns": [t]} for i, t in enumerate(texts)]
@@ -302,7 +302,7 @@ def measure(config: CalibrateConfig, prompts_file: Path, console: Console, other
     """Replay EAGLE-3 (with `eagle3_opts`) and `other` over the prompts into <work>/oracle, and time both
     drafters' rounds and EAGLE-3's catch-up on this machine (cached in <work>/latency.json)."""
     from methods.eagle3 import Eagle3
-    from specbench_cli.oracle import command as oracle_run
+    from specbench_cli.commands.oracle import command as oracle_run
     from specbench_cli.inputs import RunConfig
 
     oracle_dir = config.work / "oracle"
@@ -324,7 +324,7 @@ def live_run(config: CalibrateConfig, prompts_file: Path, method: str, out: Path
     """A short real decode (2 prompts, ≤ 96 tokens) of the calibration prompts; resumed if it exists."""
     from specbench_cli.inputs import RunConfig
     from specbench_cli.planning import plan
-    from specbench_cli.runner import execute
+    from specbench_cli.engines.specbench import execute
 
     execute(plan(RunConfig(method=method, model=config.model, dataset=str(prompts_file), categories=categories or [],
                            limit=2, max_new_tokens=min(config.max_new_tokens, 96), warmup=warmup, opts=opts, out=out,

@@ -164,7 +164,7 @@ def run_shard(config: str, shard: str | None, console=None, env: dict[str, str] 
     from rich.console import Console
 
     from specbench_cli.planning import plan
-    from specbench_cli.runner import execute
+    from specbench_cli.engines.specbench import execute
 
     sweep = load(Path(config))
     todo = [job for job in sweep.shard(shard, env) if status(job, sweep.out) != "done"]

@@ -18,8 +18,8 @@ import torch
 from methods.checkpoints import save
 from methods.flashhead import build_clustering, save_assets
 from methods.sps import EMBEDDING_FROM_TARGET, load_draft_model
-from specbench_cli.training.distill import Corpus
-from specbench_cli.training.recipes import Recipe, Sample, half, kl_to_topk, top1
+from specbench_cli.commands.train.distill import Corpus
+from specbench_cli.commands.train.recipes import Recipe, Sample, half, kl_to_topk, top1
 
 
 # target config keys that do not describe the draft: how the target was stored and where it came from

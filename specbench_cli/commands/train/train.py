@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from specbench_cli.folders import write_atomically
-from specbench_cli.training.distill import Corpus
-from specbench_cli.training.inputs import TrainSettings
+from specbench_cli.commands.train.distill import Corpus
+from specbench_cli.commands.train.inputs import TrainSettings
 from specbench_cli.core.errors import UsageError
 from specbench_cli.registry import recipe_class
-from specbench_cli.training.recipes import Recipe, Sample
+from specbench_cli.commands.train.recipes import Recipe, Sample
 
 
 def trained_span(length: int, max_len: int) -> slice:

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 from rich.console import Console
 
-from specbench_cli.calibration.calibrate import (CalibrateConfig, Latency, accepted_wide, calibration_prompts, card, fit,
+from specbench_cli.commands.calibrate.command import (CalibrateConfig, Latency, accepted_wide, calibration_prompts, card, fit,
                                      held_out, measure, round_starts, simulate, write_artifact, write_prompts)
 from specbench_cli.analysis.metrics import tau
 

@@ -18,8 +18,8 @@ import torch
 from methods.checkpoints import Checkpoint, save
 from methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
 from methods.layers import causal_mask
-from specbench_cli.training.distill import Corpus
-from specbench_cli.training.recipes import Recipe, Sample, check_layers, half, top1
+from specbench_cli.commands.train.distill import Corpus
+from specbench_cli.commands.train.recipes import Recipe, Sample, check_layers, half, top1
 
 
 def new_draft(target: torch.nn.Module, corpus: Corpus, draft_vocab: int, intermediate: int, capture: list[int],

@@ -9,7 +9,7 @@ from rich.table import Table
 
 def show_jobs(console: Console, grid, shards: int | None) -> None:
     """A sweep's jobs: shard, hash, directory, options and status."""
-    from specbench_cli.sweep import status
+    from specbench_cli.commands.sweep import status
 
     n = shards or len(grid.jobs)
     t = Table(title=f"{len(grid.jobs)} jobs under {grid.out}")

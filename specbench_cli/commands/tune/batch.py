@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table as RichTable
 
-from specbench_cli import tuning
+from specbench_cli.commands.tune import pricing as tuning
 from specbench_cli.analysis import intervals
 from specbench_cli.core.attention import attends_by_matmul
 from specbench_cli.core.errors import UsageError
@@ -42,9 +42,9 @@ from specbench_cli.loading import load_model
 from specbench_cli.planning import drafter_ref, plan
 from specbench_cli.records import read_table
 from specbench_cli.registry import method_class
-from specbench_cli.runner import execute as record_run
-from specbench_cli.training.train import command_line
-from specbench_cli.tune import TuneConfig, replay_walks
+from specbench_cli.engines.specbench import execute as record_run
+from specbench_cli.commands.train.train import command_line
+from specbench_cli.commands.tune.budget import TuneConfig, replay_walks
 
 
 def execute(config: TuneConfig, levels: list[int], console) -> tuning.TuneRecord:

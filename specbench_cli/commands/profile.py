@@ -157,7 +157,7 @@ def component(config, reps: int, warmup_reps: int, what: str, kv_lens: list[int]
     from specbench_cli.folders import claim
     from specbench_cli.planning import loaded_target, plan
     from specbench_cli.progress import progress_bar
-    from specbench_cli.runner import Runner
+    from specbench_cli.engines.specbench import Runner
 
     checked = plan(config, dict(os.environ))
     with claim(checked.out, resume=False, note=console.print):

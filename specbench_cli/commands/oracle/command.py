@@ -30,12 +30,12 @@ from specbench_cli.options import options_record, parse_options
 from specbench_cli.core.errors import UsageError
 from specbench_cli.datasets import dataset_slug
 from specbench_cli.models import checkpoint_ref
-from specbench_cli.oracle.replay import Trace, replay_turn
+from specbench_cli.commands.oracle.replay import Trace, replay_turn
 from specbench_cli.inputs import Plan, RunConfig
 from specbench_cli.planning import drafter_ref, loaded_target, plan
 from specbench_cli.registry import method_class
 from specbench_cli.run_folder import OneAtATime, RunFolder, RunInfo, Start, new_session, record
-from specbench_cli.runner import Runner
+from specbench_cli.engines.specbench import Runner
 
 NOT_REPLAYABLE = {"confu": "its future token comes from the target's verify pass, which replay does not run",
                   "hf-generate": "it runs its own loop", "baseline": "it drafts nothing"}

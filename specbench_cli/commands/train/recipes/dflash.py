@@ -21,8 +21,8 @@ import torch
 
 from methods.checkpoints import Checkpoint, save
 from methods.dflash import DFlashConfig, DFlashDraft, default_capture
-from specbench_cli.training.distill import Corpus
-from specbench_cli.training.recipes import Recipe, Sample, check_layers, half, pick_anchors, top1
+from specbench_cli.commands.train.distill import Corpus
+from specbench_cli.commands.train.recipes import Recipe, Sample, check_layers, half, pick_anchors, top1
 
 DECAY = {16: 7.0, 10: 5.0, 8: 4.0}  # loss decay γ per block size (DFlash paper, training details)
 

@@ -21,9 +21,9 @@ from transformers import DynamicCache
 
 from methods.checkpoints import save
 from methods.confu import ConFuConfig, new_parts
-from specbench_cli.training.distill import Corpus
-from specbench_cli.training.recipes import Recipe, Sample, half, pick_anchors
-from specbench_cli.training.recipes.eagle3 import start_draft, ttt_loss
+from specbench_cli.commands.train.distill import Corpus
+from specbench_cli.commands.train.recipes import Recipe, Sample, half, pick_anchors
+from specbench_cli.commands.train.recipes.eagle3 import start_draft, ttt_loss
 
 REPLICATE = 3  # draft positions that share one anchor's f
 

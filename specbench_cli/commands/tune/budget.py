@@ -17,18 +17,18 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table as RichTable
 
-from specbench_cli import tuning
+from specbench_cli.commands.tune import pricing as tuning
 from specbench_cli.analysis import intervals
 from specbench_cli.core.attention import attends_by_matmul
 from specbench_cli.core.target import Target
-from specbench_cli.interleave import record_plans
+from specbench_cli.commands.interleave import record_plans
 from specbench_cli.loading import load_model
-from specbench_cli.oracle import command as oracle_run
-from specbench_cli.oracle.command import OracleConfig
+from specbench_cli.commands.oracle import command as oracle_run
+from specbench_cli.commands.oracle.command import OracleConfig
 from specbench_cli.planning import plan
 from specbench_cli.records import read_table
-from specbench_cli.runner import execute as record_run
-from specbench_cli.training.train import command_line
+from specbench_cli.engines.specbench import execute as record_run
+from specbench_cli.commands.train.train import command_line
 from specbench_cli.core.dtypes import dtype_name
 
 

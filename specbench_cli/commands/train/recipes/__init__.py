@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from specbench_cli.training.distill import Corpus
+from specbench_cli.commands.train.distill import Corpus
 from specbench_cli.core.errors import UsageError
 
 

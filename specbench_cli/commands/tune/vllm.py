@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table as RichTable
 
-from specbench_cli import tuning
+from specbench_cli.commands.tune import pricing as tuning
 from specbench_cli.analysis import intervals
 from specbench_cli.engines.vllm import Launch, VllmJob, Worker, launch
 from specbench_cli.folders import is_complete
@@ -40,7 +40,7 @@ from specbench_cli.inputs import Plan
 from specbench_cli.planning import plan
 from specbench_cli.records import RUN_TABLES, read_table
 from specbench_cli.run_folder import RunFolder, record
-from specbench_cli.training.train import command_line
+from specbench_cli.commands.train.train import command_line
 
 
 NO_PER_STEP_K = "vllm/v1/spec_decode/suffix_decoding.py asserts num_speculative_tokens == its configured K"

@@ -15,7 +15,7 @@ from specbench_cli.inputs import RunConfig, at_least, check_run, parse_levels, u
 
 
 def execute(config: RunConfig, batch_size: str, concurrency: str, check: bool, console: Console) -> None:
-    from specbench_cli import tuning
+    from specbench_cli.commands.tune import pricing as tuning
 
     at_least("--threads", config.threads, 1)
     at_least("--limit", config.limit, 1)
@@ -39,16 +39,16 @@ def execute(config: RunConfig, batch_size: str, concurrency: str, check: bool, c
     import torch
 
     from specbench_cli.folders import claim
-    from specbench_cli.tune import TuneConfig
+    from specbench_cli.commands.tune.budget import TuneConfig
 
     tune = TuneConfig(config.method, config, config.threads or torch.get_num_threads(), check)
     with claim(config.out, resume=config.out.exists(), note=lambda line: console.print(line, highlight=False)):
         if vllm:
-            from specbench_cli.tune_vllm import execute as tune_levels
+            from specbench_cli.commands.tune.vllm import execute as tune_levels
         elif levels != [1]:
-            from specbench_cli.tune_batch import execute as tune_levels
+            from specbench_cli.commands.tune.batch import execute as tune_levels
         else:
-            from specbench_cli.tune import execute as tune_one
+            from specbench_cli.commands.tune.budget import execute as tune_one
 
             tune_one(tune, console)
             return

@@ -22,9 +22,9 @@ from methods.checkpoints import save
 from methods.dart import DartDraft
 from methods.layers import causal_mask
 from methods.ngram import Trie
-from specbench_cli.training.distill import Corpus
-from specbench_cli.training.recipes import Recipe, Sample, half, kl_to_topk, pick_anchors, top1
-from specbench_cli.training.recipes.eagle3 import start_draft
+from specbench_cli.commands.train.distill import Corpus
+from specbench_cli.commands.train.recipes import Recipe, Sample, half, kl_to_topk, pick_anchors, top1
+from specbench_cli.commands.train.recipes.eagle3 import start_draft
 
 TRIE_ORDER = 3  # the reference ngram_build.py default
 

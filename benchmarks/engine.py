@@ -178,7 +178,7 @@ def versus_vllm(loaded, device, prompt: list[int], new: int, reps: int, log: Pat
     import os
 
     from specbench_cli.core.errors import UsageError
-    from specbench_cli.engines import engine_python
+    from specbench_cli.engines.options import engine_python
     from specbench_cli.engines.vllm import ENV_DEFAULTS, Launch, Worker
     from specbench_cli.loading import checkpoint_location
 

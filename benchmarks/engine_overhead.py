@@ -21,7 +21,7 @@ from specbench_cli.analysis.metrics import summarise
 from specbench_cli.records import read_table
 from specbench_cli.inputs import RunConfig
 from specbench_cli.planning import plan
-from specbench_cli.engines.specbench import execute
+from specbench_cli.run_folder import record_run
 
 METHODS = ("baseline", "hf-generate", "suffix", "pld")
 
@@ -41,7 +41,7 @@ def main() -> None:
         config = RunConfig(method=method, model=args.model, dataset="spec-bench", categories=args.categories.split(","),
                            limit=args.limit, max_new_tokens=args.max_new_tokens, warmup=1,
                            out=args.root / method)
-        execute(plan(config, dict(os.environ)), console)
+        record_run(plan(config, dict(os.environ)), console)
 
     base = read_table(args.root / "baseline", "prompts")
     table = Table(title=f"{args.model}, spec-bench {args.categories}, {args.limit} prompts, {args.max_new_tokens} new tokens, "

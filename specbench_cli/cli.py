@@ -107,7 +107,7 @@ def run(
         show_lists(console)
         return
     from specbench_cli.inputs import RunConfig
-    from specbench_cli.commands.run import execute_levels
+    from specbench_cli.commands.run import run_levels
 
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        shard=shard, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
@@ -116,7 +116,7 @@ def run(
                        batch_invariant=batch_invariant, tuned=tuned, engine=engine, engine_args=engine_arg or [],
                        engine_python=engine_python, engine_url=engine_url, engine_serve=engine_serve, threads=threads, repeat=repeat,
                        replay=replay)
-    execute_levels(config, concurrency, batch_size, threads, console)
+    run_levels(config, concurrency, batch_size, threads, console)
 
 
 @app.command()
@@ -183,9 +183,9 @@ def profile(
                        out=out or Path("results") / "profile" / f"{model}_{dataset_slug(dataset)}_{method}{suffix}"
                        f"{f'_b{batch_size}' if batch_size > 1 else ''}")
     if phases:
-        from specbench_cli.commands.run import execute
+        from specbench_cli.commands.run import run_one
 
-        run_dir = execute(config, threads, console)  # checks the run's input before torch (which profile imports) loads
+        run_dir = run_one(config, threads, console)  # checks the run's input before torch (which profile imports) loads
         from specbench_cli.commands import profile as prof
 
         written = prof.phases(run_dir, console)
@@ -232,7 +232,7 @@ def train_drafter(
 
     flags = {"ttt": ttt, "draft_vocab": draft_vocab, "intermediate": intermediate, "draft_layers": draft_layers,
              "block_size": block_size, "anchors": anchors, "slots": slots, "gamma": gamma}
-    command.execute(console, err_console, method=method, model=model, out=out, corpus=corpus, prompts=prompts,
+    command.train(console, err_console, method=method, model=model, out=out, corpus=corpus, prompts=prompts,
                     max_new_tokens=max_new_tokens, batch_size=batch_size, steps=steps, eval_every=eval_every,
                     minutes=minutes, lr=lr, anneal=anneal, opt=opt, flags=flags, init=init, seed=seed, resume=resume,
                     threads=threads, device=device)
@@ -271,7 +271,7 @@ def oracle(
 
     config = oracle_run.OracleConfig([d.strip() for d in drafters.split(",") if d.strip()], run_config, opt or [])
     use_threads(threads)
-    folder = oracle_run.execute(config, console)
+    folder = oracle_run.run_oracle(config, console)
     from specbench_cli.analysis import report as rep
     from specbench_cli.analysis.results import load
 
@@ -350,14 +350,14 @@ def tune(
     each candidate's τ and draft time from trace replay, then the chosen budget run live (run --tuned uses it);
     per batch size (--batch-size 1,2,4,8), or per concurrency in vLLM (--engine vllm --concurrency 1,2,4,8)."""
     from specbench_cli.inputs import RunConfig
-    from specbench_cli.commands.tune.command import execute
+    from specbench_cli.commands.tune import command as tune_command
 
     config = RunConfig(method=method, model=model, dataset=dataset, categories=category or [], limit=limit,
                        max_new_tokens=max_new_tokens, dtype=dtype, device=device, warmup=warmup, target=target,
                        drafters=drafter or [], batch_invariant=batch_invariant, engine=engine,
                        engine_python=engine_python, engine_args=engine_arg or [], threads=threads,
-                       out=out or Path("results") / f"tune_{model}_{method}{'_vllm' if engine == 'vllm' else ''}")
-    execute(config, batch_size, concurrency, check, console)
+                       out=out)
+    tune_command.tune(config, batch_size, concurrency, check, console)
 
 
 @app.command()
@@ -379,7 +379,7 @@ def report(
     optional regression and parity gates."""
     from specbench_cli.commands import report as reporting
 
-    problems, undecided = reporting.execute(console, results_dirs, out, overwrite, compare, max_regression, along,
+    problems, undecided = reporting.report(console, results_dirs, out, overwrite, compare, max_regression, along,
                                             plots, classify, expect, export)
     for line in (*problems, *undecided):
         err_console.print(line, highlight=False, soft_wrap=True, markup=False)

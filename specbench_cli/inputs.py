@@ -17,11 +17,9 @@ from typing import TYPE_CHECKING
 
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.options import options_record
-from specbench_cli.engines import EnginePlan, engine_entry, engine_python, parse_engine_args
-from specbench_cli.engines.vllm_methods import MAPPINGS
 from specbench_cli.datasets import Prompt, dataset_slug, load_dataset, parse_shard, select, warmup_prompts
 from specbench_cli.models import ModelSpec, get_model_spec
-from specbench_cli.registry import METHODS
+from specbench_cli.registry import METHODS, engine_entry, load
 from specbench_cli.core.dtypes import SPELLINGS, dtype_name
 
 if TYPE_CHECKING:
@@ -67,6 +65,21 @@ class RunConfig:
     threads: int | None = None  # --threads: an engine process's CPU threads too
     repeat: int = 1  # passes over the selection (`run --repeat`), interleaved with the other methods of a list
     replay: bool = True  # each temperature-0 turn's tokens checked against the target's greedy choice (greedy_replay.py)
+
+
+@dataclass
+class EnginePlan:
+    """What a run on a production engine adds to its plan (`Plan.engine`; None on our engine): the parsed
+    --engine-arg and the engine's Python (its `check`, engines/options.py), then what the engine's `plan` hook
+    fills (the speculative config the method maps to, where the engine drafts otherwise, a specbench proposer run
+    inside it)."""
+
+    args: dict = field(default_factory=dict)  # --engine-arg, parsed (`engines.options.parse_engine_args`)
+    python: str = ""  # the Python that runs the engine ("" for a server at --engine-url)
+    speculative_config: dict | None = None  # what the run asks the engine for (engines/vllm_methods.py)
+    known_differences: list[str] = field(default_factory=list)  # where the engine drafts otherwise (run.json)
+    proposer: dict | None = None  # specbench's own proposer inside the engine (engines/vllm_routed.py)
+    schedule: list[list[int]] | None = None  # `run --tuned`: the draft length per batch size `tune` chose (vLLM's form)
 
 
 @dataclass
@@ -165,34 +178,14 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
 
 
 def check_engine(config: RunConfig, env: dict[str, str]) -> EnginePlan | None:
-    """--engine and what goes with it; returns the engine's plan so far (parsed --engine-arg, the engine's
-    Python), None for our engine."""
-    engine_entry(config.engine)  # an unknown engine: one line with the known ones
-    at_least("--concurrency", config.concurrency, 1)
-    at_least("--batch-size", config.batch_size, 1)
-    if config.engine == "specbench":
-        if config.engine_args or config.engine_python or config.engine_url or config.engine_serve:
-            raise UsageError("--engine-arg, --engine-python, --engine-url and --engine-serve are for --engine vllm")
-        if config.concurrency != 1:
-            raise UsageError("--concurrency is for --engine vllm; our engine decodes --batch-size sequences together")
-        return None
-    if config.batch_size != 1:
-        raise UsageError(f"--batch-size is our engine's; --engine {config.engine} batches the requests it has in "
-                         "flight: use --concurrency")
-    if config.method not in MAPPINGS:
-        raise UsageError(f"--engine {config.engine} runs {', '.join(MAPPINGS)}; not {config.method}")
-    ours = {"--compile": config.compile, "--batch-invariant on": config.batch_invariant == "on",
-            "--device split": config.device == "split"}
-    for flag in (f for f, given in ours.items() if given):
-        raise UsageError(f"{flag} is our engine's; with --engine {config.engine} pass engine settings as --engine-arg")
-    if config.engine_url is not None:
-        if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", config.engine_url):
-            raise UsageError(f"--engine-url '{config.engine_url}': expected http://HOST:PORT of a running vLLM server")
-        if config.engine_serve or config.engine_args or config.engine_python:
-            raise UsageError("--engine-url measures a server as it was started: drop --engine-serve, --engine-arg "
-                             "and --engine-python (start the server with the settings you want)")
-        return EnginePlan()
-    return EnginePlan(parse_engine_args(config.engine_args), engine_python(config.engine_python, env))
+    """--engine and what goes with it: the load the engine takes (the other one stays 1), then the engine's own
+    checks (its registry entry's `check`); returns the engine's plan so far, None for our engine."""
+    entry = engine_entry(config.engine)  # an unknown engine: one line with the known ones
+    for setting, (_, option) in LOADS.items():
+        at_least(option, getattr(config, setting), 1)
+        if setting != entry.load and getattr(config, setting) != 1:
+            raise UsageError(f"{option} is not --engine {config.engine}'s: {entry.load_about}")
+    return load(entry.check)(config, env)
 
 
 # The loads a run can be swept over, one run per level: the setting, its folder tag (name suffix _<tag><N>, or
@@ -223,7 +216,8 @@ def level_configs(config: RunConfig, levels: list[int], load: str = "concurrency
 
 
 def default_name(c: RunConfig, shard: tuple[int, int]) -> str:
-    engine = "" if c.engine == "specbench" else f"{c.engine}-"
+    tag = engine_entry(c.engine).tag
+    engine = f"{tag}-" if tag else ""
     concurrency = "".join(f"_{tag}{getattr(c, load)}" for load, (tag, _) in LOADS.items() if getattr(c, load) > 1)
     name = f"{c.model}_{dataset_slug(c.dataset)}_{engine}{c.method}{'-tuned' if c.tuned else ''}{concurrency}_t{c.temperature:g}"
     return name + (f"_shard{shard[0]}of{shard[1]}" if shard[1] > 1 else "")

@@ -16,12 +16,11 @@ from specbench_cli.core.kernels import packs
 from specbench_cli.core.method import Method, OwnLoop
 from specbench_cli.options import parse_options
 from specbench_cli.datasets import Prompt
-from specbench_cli.engines import plan_for_engine
 from specbench_cli.inputs import Plan, RunConfig, check_run
 from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype, resolve_invariant
 from specbench_cli.models import checkpoint_ref
-from specbench_cli.registry import method_class
-from specbench_cli.commands.tune.pricing import machine_key, tuned_opts
+from specbench_cli.registry import engine_entry, method_class, plan_for_engine
+from specbench_cli.budgets import machine_key, tuned_opts
 
 TEMPLATE_MARGIN = 64  # chat-template tokens per turn beyond the joined turns' (role headers, end-of-turn)
 
@@ -39,8 +38,8 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, cpu_bf16)
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if config.compile else None
-    engine = config.engine == "specbench"
-    invariant = engine and resolve_invariant(config.batch_invariant, mode is not None, device, dtype.dtype)
+    ours = engine_entry(config.engine).our_target  # batch invariance and prepacked weights are our target's
+    invariant = ours and resolve_invariant(config.batch_invariant, mode is not None, device, dtype.dtype)
     tuned_from = ""
     if config.tuned:  # the tuned budget first, so that an explicit --opt still wins
         machine = machine_key(dtype.dtype, device, torch.get_num_threads(), invariant, config.engine)
@@ -54,7 +53,7 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
     planned = dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device,
                                   dtype=dtype.dtype, dtype_reason=dtype.reason, tuned_from=tuned_from,
                                   compile_mode=mode, batch_invariant=invariant, notes=notes,
-                                  prepacked=engine and packs(device, dtype.dtype, compiled=mode is not None))
+                                  prepacked=ours and packs(device, dtype.dtype, compiled=mode is not None))
     if config.batch_size > 1 and issubclass(cls, OwnLoop):
         raise UsageError(f"{config.method} runs its own loop, one sequence at a time; --batch-size > 1 runs every "
                          "other method")

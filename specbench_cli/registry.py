@@ -1,6 +1,7 @@
 """Everything about a method in one entry: its class, its training recipe, its calibrator, the components
 `profile` measures on it and the target layers its drafter reads (the distillation corpus keeps their
-features). Adding a method is one module (or folder) in methods/ and one line here.
+features). Adding a method is one module (or folder) in methods/ and one line here. Everything about an engine
+(`run --engine`) the same way: its job, its checks, its plan hook, how `tune` measures on it, the load it takes.
 
 Entries name their code as "module:attribute" and are imported only when used (the lm-evaluation-harness
 way), so naming a method costs nothing, an unknown one is answered at once with "did you mean", and a heavy
@@ -97,3 +98,50 @@ def corpus_layers(target_layers: int) -> list[int]:
 def supports(name: str, profile: str) -> list[str]:
     """The methods whose entries list this profile measurement (for the message when `name` has none)."""
     return [] if profile in entry(name).profiles else [n for n, e in METHODS.items() if profile in e.profiles]
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """An engine behind `run --engine`: where its code is, and what a command must know of it without an `if`."""
+
+    job: str  # "module:callable" (plan, console, model or None) -> the run_folder.PromptJob that runs a checked plan
+    check: str  # "module:function" (config, env) -> its EnginePlan or None: its own input checks (no torch)
+    tune: str  # the module that tunes a budget on it: `check(config, levels)`, `tune(settings, levels, console)`
+    about: str
+    load: str  # the load setting it takes (inputs.LOADS): our engine batches, a serving engine keeps requests in flight
+    load_about: str  # said when the other load is given
+    plan: str | None = None  # "module:function" (Plan) -> Plan: what the engine adds to a checked plan
+    tag: str = ""  # names its folders and tuned budgets ("" for our engine, whose names predate engines)
+    our_target: bool = False  # it decodes on our TargetModel (batch invariance, prepacked weights, --compile apply)
+    draft_table: bool = False  # it takes a draft length per batch size (`tune`'s schedule) and picks one each step
+
+    def make_job(self, plan, console, model=None):
+        return load(self.job)(plan, console, model)
+
+    def tuner(self):
+        """The module that tunes a budget on this engine (`commands/tune/`)."""
+        return importlib.import_module(self.tune)
+
+
+ENGINES: dict[str, EngineEntry] = {
+    "specbench": EngineEntry("specbench_cli.engines.specbench:RunJob", "specbench_cli.engines.options:ours",
+                             "specbench_cli.commands.tune.batch", "our decode loop (core/engine.py)", "batch_size",
+                             "our engine decodes --batch-size sequences together", our_target=True),
+    "vllm": EngineEntry("specbench_cli.engines.vllm:VllmJob", "specbench_cli.engines.options:vllm",
+                        "specbench_cli.commands.tune.vllm", "a vLLM engine in its own Python, or a vLLM server",
+                        "concurrency", "it batches the requests it has in flight: use --concurrency",
+                        plan="specbench_cli.engines.vllm:plan_engine", tag="vllm", draft_table=True),
+}
+
+
+def engine_entry(name: str) -> EngineEntry:
+    if name not in ENGINES:
+        raise unknown("engine", name, ENGINES)
+    return ENGINES[name]
+
+
+def plan_for_engine(plan):
+    """The checked plan with what its engine adds (the vLLM speculative config, its Python), before anything
+    starts."""
+    entry = engine_entry(plan.config.engine)
+    return plan if entry.plan is None else load(entry.plan)(plan)

@@ -326,6 +326,24 @@ def _builtin_warmup_note(warmup: list[Prompt], console: Console) -> None:
         console.print("warm-up: every prompt of the dataset is scored, so a built-in prompt warms up", highlight=False)
 
 
+def record_run(plan, console: Console, model=None) -> Path:
+    """`run`'s whole life for one checked plan (`planning.plan`): take the results folder (one writer per folder),
+    record the run with its engine's job (`registry.ENGINES`), print its summary. `model`: an already loaded
+    target of the plan's model, device and dtype (our engine)."""
+    from specbench_cli.analysis.summary import print_summary
+    from specbench_cli.records import RUN_TABLES
+    from specbench_cli.registry import engine_entry
+
+    for line in plan.notes:
+        console.print(line, highlight=False, soft_wrap=True)
+    folder = RunFolder(plan.out, RUN_TABLES)
+    job = engine_entry(plan.config.engine).make_job(plan, console, model)
+    with folder.session(plan.config.resume, lambda line: console.print(line, highlight=False)):
+        record(folder, job, plan.prompts, plan.warmup, plan.config.resume, console, job.label)
+    print_summary(plan.out, console)
+    return plan.out
+
+
 def record(folder: RunFolder, job: PromptJob, prompts: list[Prompt], warmup: list[Prompt], resume: bool,
            console: Console, label: str) -> None:
     """Run `job` over the folder (inside `folder.session`): every prompt of the selection not yet finished is

@@ -89,7 +89,7 @@ def drawn(monkeypatch) -> dict:
 def engine_python() -> str:
     """The Python that runs vLLM (the engine tests skip without one, unless SPECBENCH_REQUIRE_ENGINES=1: CI)."""
     from specbench_cli.core.errors import UsageError
-    from specbench_cli.engines import engine_python
+    from specbench_cli.engines.options import engine_python
 
     try:
         return engine_python(None, dict(os.environ))

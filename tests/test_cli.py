@@ -27,7 +27,7 @@ BAD = [
     (["run", "--engine", "vllm", "--engine-arg", "model=x"], "may not set model"),
     (["run", "--engine", "vllm", "--compile"], "--compile is our engine's"),
     (["run", "--device", "split", "--compile"], "--compile runs on one device"),
-    (["run", "--concurrency", "4"], "--concurrency is for --engine vllm"),
+    (["run", "--concurrency", "4"], "--concurrency is not --engine specbench's"),
     (["run", "--engine-arg", "seed=1"], "are for --engine vllm"),
     (["run", "--engine-url", "http://localhost:8000"], "are for --engine vllm"),
     (["run", "--engine", "vllm", "--engine-url", "localhost:8000"], "expected http://HOST:PORT"),

@@ -73,11 +73,12 @@ def tuned_in_vllm(folder, engine_python) -> dict:
     baseline and eagle3 (the chain of 3: candidate_1) at both levels (engines started once), the table, and its
     check (`run --engine vllm --tuned` beside the baseline and the paper chain again)."""
     from specbench_cli.commands.tune import pricing as tuning
+    from specbench_cli import budgets
 
     chain = tuple(METHODS["eagle3"][1::2])
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECBENCH_CACHE", str(folder.parent / "cache"))
-        patch.setitem(tuning.VLLM_GRIDS, "eagle3", [chain])
+        patch.setitem(budgets.VLLM_GRIDS, "eagle3", [chain])
         result = CliRunner().invoke(app, ["tune", "--method", "eagle3", "--concurrency", f"1,{LEVELS}",
                                           *SELECTION[:-2], "--threads", "1", *ENGINE, "--engine-python", engine_python,
                                           "--out", str(folder)])

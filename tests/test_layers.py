@@ -1,6 +1,6 @@
-"""The layers point one way: core imports nothing above it, methods import only core (and each other), analysis
-imports no command, and no module of the package imports itself back through others (no import circles, the
-command layer included)."""
+"""The layers point one way: every module of the package sits in one layer of `LAYERS`, and imports only modules
+of its own layer or below (core imports nothing above it, methods only core, analysis no command...), and no
+module imports itself back through others (no import circles, within a layer included)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def ours(module: str) -> bool:
 
 
 def test_core_imports_nothing_above_it() -> None:
-    for path in sorted((ROOT / "specbench_cli" / "core").glob("*.py")):
+    for path in sorted((ROOT / "specbench_cli" / "core").rglob("*.py")):
         above = [m for m in imports(path) if ours(m) and not m.startswith("specbench_cli.core")]
         assert not above, f"{path.name} (core) imports {above}"
 
@@ -47,7 +47,7 @@ def test_core_names_no_method() -> None:
 
     names = {n for m in METHODS for n in (m, m.replace("-", "_"), *m.split("-"))} - {"hf", "generate", "neural", "freq"}
     names |= {"eagle-3", "eagle", "sps", "confu", "flashhead", "dflash", "dart", "whiflash", "hvd"}
-    for path in sorted((ROOT / "specbench_cli" / "core").glob("*.py")):
+    for path in sorted((ROOT / "specbench_cli" / "core").rglob("*.py")):
         text = path.read_text().lower()
         found = sorted(n for n in names if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", text))
         assert not found, f"core/{path.name} names {found}"
@@ -136,3 +136,58 @@ def test_the_circle_finder_finds_circles() -> None:  # the check above would pas
     graph = import_graph()
     assert "specbench_cli.commands.tune.pricing" in graph["specbench_cli.commands.tune.budget"]  # `from specbench_cli.commands.tune import pricing as tuning`
     assert "specbench_cli.run_folder" in graph["specbench_cli.engines.specbench"]
+
+
+# The layers, bottom first: a module's layer is that of the longest prefix naming it. The pieces commands share sit
+# in two layers: what needs no record of a run (settings, registries, the loader, the machine) and what runs one
+# (the results folder's life, conversations, the greedy replay, the plan).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("specbench_cli.core",)),
+    ("methods", ("methods",)),
+    ("shared", ("specbench_cli", "specbench_cli.registry", "specbench_cli.models", "specbench_cli.resources",
+                "specbench_cli.datasets", "specbench_cli.hub_datasets", "specbench_cli.options", "specbench_cli.folders",
+                "specbench_cli.records", "specbench_cli.hardware", "specbench_cli.telemetry", "specbench_cli.progress",
+                "specbench_cli.loading", "specbench_cli.inputs", "specbench_cli.budgets")),
+    ("analysis", ("specbench_cli.analysis",)),
+    ("running", ("specbench_cli.run_folder", "specbench_cli.conversations", "specbench_cli.greedy_replay",
+                 "specbench_cli.planning")),
+    ("engines", ("specbench_cli.engines",)),
+    ("commands", ("specbench_cli.commands",)),
+    ("cli", ("specbench_cli.cli", "specbench_cli.__main__")),
+]
+
+
+def layer(module: str) -> int:
+    """The index in LAYERS of the longest prefix that names `module` (a package's modules share its layer)."""
+    best, found = -1, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), i
+    return found
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a module to one of a higher layer, as "importer -> imported"."""
+    return sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps if layer(b) > layer(a))
+
+
+def test_every_module_has_a_layer() -> None:
+    """The package's top level is a list of layers: a new module is placed in one (a prefix in LAYERS)."""
+    shared = dict(LAYERS)["shared"]
+    loose = [m for m in modules() if layer(m) < 0 or (layer(m) == 2 and m.count(".") == 1 and m not in shared)]
+    assert not loose, f"modules in no layer: {loose}"
+
+
+def test_no_import_runs_up_a_layer() -> None:
+    found = upward(import_graph())
+    assert not found, "imports from a lower layer to a higher one: " + "; ".join(found)
+
+
+def test_the_direction_check_sees_an_upward_import() -> None:  # the check above would pass vacuously otherwise
+    assert upward({"specbench_cli.inputs": {"specbench_cli.engines.vllm_methods"}}) == [
+        "specbench_cli.inputs -> specbench_cli.engines.vllm_methods"]
+    assert not upward({"specbench_cli.commands.run": {"specbench_cli.inputs"}})
+    assert layer("specbench_cli.commands.tune.batch") > layer("specbench_cli.engines.specbench") > layer(
+        "specbench_cli.planning") > layer("specbench_cli.inputs") > layer("methods.eagle3.method") > layer(
+        "specbench_cli.core.target")

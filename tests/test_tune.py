@@ -10,6 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench_cli.commands.tune import pricing as tuning
+
+from specbench_cli import budgets
 from specbench_cli.cli import app
 from specbench_cli.commands.tune.pricing import Costs, choose, predict
 from tests.conftest import needs_embedded
@@ -76,7 +78,7 @@ def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch, dr
     """A small real tune of suffix on the embedded model: baseline, costs, a replay per candidate, the live
     check, the record; then `run --tuned` decodes with the chosen budget and says where it came from."""
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setitem(tuning.GRIDS, "suffix", [("max_spec_tokens=4",)])
+    monkeypatch.setitem(budgets.GRIDS, "suffix", [("max_spec_tokens=4",)])
     monkeypatch.setattr(tuning, "COST_ROWS", (1, 2, 4, 8))
     common = ["--limit", "1", "--max-new-tokens", "24", "--warmup", "0", "--threads", "2"]
     result = CliRunner().invoke(app, ["tune", "--method", "suffix", *common, "--out", str(tmp_path / "tune")])
@@ -113,10 +115,10 @@ def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch, dr
 def test_vllm_table_maps_each_level_up_to_the_next_in_vllms_own_form():
     """`num_speculative_tokens_per_batch_size`: inclusive ranges from 1, non-overlapping, sorted, as vLLM's
     validator requires (vllm/v1/spec_decode/dynamic/utils.py; the engine test has vLLM build its lookup from one)."""
-    table = tuning.schedule({1: 8, 2: 4, 4: 4, 8: 2})
+    table = budgets.schedule({1: 8, 2: 4, 4: 4, 8: 2})
     assert table == [[1, 1, 8], [2, 3, 4], [4, 7, 4], [8, 8, 2]]
-    assert tuning.schedule({4: 3}) == [[1, 4, 3]]  # the first range starts at 1 whatever the first level
-    assert tuning.schedule({2: 5, 8: 3}) == [[1, 7, 5], [8, 8, 3]]
+    assert budgets.schedule({4: 3}) == [[1, 4, 3]]  # the first range starts at 1 whatever the first level
+    assert budgets.schedule({2: 5, 8: 3}) == [[1, 7, 5], [8, 8, 3]]
     # vLLM's expansion rule, written out here: a batch size takes the K of the range it falls in, past the last one
     # the last K
     dense = {b: next(k for s, e, k in reversed(table) if s <= b) for b in range(1, 13)}
@@ -146,13 +148,13 @@ def test_run_tuned_applies_the_level_of_its_load(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     levels = [{"load": 2, "opts": ["num_pred_tokens=4"]}, {"load": 8, "opts": ["num_pred_tokens=2"]}]
     _register(tmp_path, {"opts": ["num_pred_tokens=6"], "levels": levels}, "pld-float32-cpu-2t.json")
-    got = {b: tuning.tuned_opts("smollm2-135m", "pld", "float32-cpu-2t", b).opts for b in (1, 2, 4, 8, 16)}
+    got = {b: budgets.tuned_opts("smollm2-135m", "pld", "float32-cpu-2t", b).opts for b in (1, 2, 4, 8, 16)}
     assert got == {1: ["num_pred_tokens=4"], 2: ["num_pred_tokens=4"], 4: ["num_pred_tokens=4"],
                    8: ["num_pred_tokens=2"], 16: ["num_pred_tokens=2"]}
     table = [[1, 1, 6], [2, 2, 2]]
     _register(tmp_path, {"opts": ["num_pred_tokens=6"], "levels": levels, "engine": "vllm", "schedule": table},
               "pld-vllm-float32-cpu-2t.json")
-    tuned = tuning.tuned_opts("smollm2-135m", "pld", "vllm-float32-cpu-2t", 2)
+    tuned = budgets.tuned_opts("smollm2-135m", "pld", "vllm-float32-cpu-2t", 2)
     assert tuned.opts == ["num_pred_tokens=6"] and tuned.schedule == table
 
 
@@ -180,8 +182,8 @@ def test_run_engine_vllm_tuned_passes_the_table_to_the_engine(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--method", "suffix", "--concurrency", "1,2"], "--concurrency is for --engine vllm"),
-    (["--method", "suffix", "--engine", "vllm", "--batch-size", "1,2"], "--batch-size is our engine's"),
+    (["--method", "suffix", "--concurrency", "1,2"], "--concurrency is not --engine specbench's"),
+    (["--method", "suffix", "--engine", "vllm", "--batch-size", "1,2"], "--batch-size is not --engine vllm's"),
     (["--method", "dart", "--engine", "vllm", "--concurrency", "1,2"], "tune --engine vllm tunes a draft length"),
     (["--method", "hf-generate", "--batch-size", "1,2"], "tune has no budgets for 'hf-generate'"),
     (["--method", "pld", "--batch-size", "1,8", "--limit", "4"], "--batch-size 8 is more than the 4 prompt(s)"),
@@ -201,7 +203,7 @@ def test_tune_per_batch_size_chooses_per_level_and_run_tuned_applies_it(tmp_path
     before and after, the paper budget and the chosen one live; each level's choice, vLLM's table (pld's budget
     is a draft length vLLM takes as it is); then `run --tuned --batch-size 2` applies level 2's choice."""
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setitem(tuning.GRIDS, "pld", [("num_pred_tokens=2",)])
+    monkeypatch.setitem(budgets.GRIDS, "pld", [("num_pred_tokens=2",)])
     monkeypatch.setattr(tuning, "COST_ROWS", (1, 2, 4, 8, 12))
     common = ["--limit", "2", "--max-new-tokens", "16", "--warmup", "0", "--threads", "2"]
     result = CliRunner().invoke(app, ["tune", "--method", "pld", "--batch-size", "1,2", *common,

@@ -29,7 +29,7 @@ from specbench_cli.core import timing  # noqa: E402
 from specbench_cli.inputs import RunConfig  # noqa: E402
 from specbench_cli.loading import load_model  # noqa: E402
 from specbench_cli.planning import plan  # noqa: E402
-from specbench_cli.engines.specbench import execute  # noqa: E402
+from specbench_cli.run_folder import record_run  # noqa: E402
 
 # Host-side events that wait for the device or move data across: what a host-bound loop must not do per step.
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense",
@@ -124,7 +124,7 @@ def main() -> None:
         model = model or load_model(chosen.spec, chosen.device, chosen.dtype)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if chosen.device.type == "cuda" else [])
         with profile(activities=activities) as prof:
-            execute(chosen, console, model)
+            record_run(chosen, console, model)
         text = report(method, chosen, prof, args.limit, args.max_new_tokens, args.top)
         print(text)
         (out / method / "op_profile.txt").write_text(text + "\n")

@@ -17,6 +17,7 @@ import pandas as pd
 
 from specbench_cli.analysis.metrics import first_pass
 from specbench_cli.analysis.results import BEFORE, Results, RunGroup, drafter_identity
+from specbench_cli.registry import engine_entry
 from specbench_cli.analysis.tables import Table
 
 # (engine, method, engine version prefix, device) -> the cause of a known step difference, with its source.
@@ -39,14 +40,19 @@ def _key(g: RunGroup) -> tuple:
 
 def pairs(results: Results) -> list[tuple[RunGroup, RunGroup]]:
     """(ours, theirs) for every drafting method run in both engines under the same settings."""
-    ours = {_key(g): g for g in results.groups if g.info["settings"].get("engine", BEFORE["engine"]) == "specbench"}
+    ours = {_key(g): g for g in results.groups if _ours(g)}
     found = []
     for g in results.groups:
         s = g.info["settings"]
-        if s.get("engine", BEFORE["engine"]) != "specbench" and s.get("concurrency", 1) == 1 and s["method"] != "baseline":
+        if not _ours(g) and s.get("concurrency", 1) == 1 and s["method"] != "baseline":
             if _key(g) in ours:
                 found.append((ours[_key(g)], g))
     return found
+
+
+def _ours(g: RunGroup) -> bool:
+    """A run of our engine (a record from before engines names none)."""
+    return engine_entry(g.info["settings"].get("engine", BEFORE["engine"])).our_target
 
 
 def known_cause(theirs: RunGroup) -> str:

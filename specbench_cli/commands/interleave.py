@@ -31,7 +31,7 @@ from rich.console import Console
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.datasets import parse_shard
 from specbench_cli.inputs import Plan, RunConfig, at_least, check_run, default_name
-from specbench_cli.registry import METHODS, method_class
+from specbench_cli.registry import METHODS, engine_entry, method_class
 
 AA = "baseline"  # the one method a list may name twice: baseline,baseline measures the machine's noise
 
@@ -105,7 +105,7 @@ def member_drafters(pairs: list[str], methods: list[str]) -> dict[str, list[str]
     return mine
 
 
-def execute(config: RunConfig, batch_size: str, concurrency: str, threads: int | None, console: Console) -> Path:
+def run_list(config: RunConfig, batch_size: str, concurrency: str, threads: int | None, console: Console) -> Path:
     """Check every member, plan them, load the target once and record them interleaved."""
     from specbench_cli.inputs import use_threads
 
@@ -120,7 +120,7 @@ def execute(config: RunConfig, batch_size: str, concurrency: str, threads: int |
     _same_target(plans)
     for line in dict.fromkeys(line for p in plans for line in p.notes):
         console.print(line, highlight=False, soft_wrap=True)
-    ours = config.engine == "specbench"  # a vLLM engine loads its own target
+    ours = engine_entry(config.engine).our_target  # a production engine loads its own target
     record_plans(plans, loaded_target(plans[0], None, False) if ours else None, config.repeat, console)
     root = plans[0].out.parent if len(plans) > 1 else plans[0].out
     _print_overview(root, console)
@@ -131,7 +131,6 @@ def record_plans(plans: list[Plan], model, passes: int, console: Console) -> Non
     """Record planned runs interleaved (`run_folder.record_interleaved`), our engine's on one loaded target
     (`model`), vLLM's each in its engine; each folder is resumed where its plan says so. Also what `tune`'s live
     check runs."""
-    from specbench_cli.engines import engine_entry
     from specbench_cli.records import RUN_TABLES
     from specbench_cli.run_folder import RunFolder, record_interleaved
 

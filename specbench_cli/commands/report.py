@@ -10,7 +10,7 @@ from rich.console import Console
 from specbench_cli.core.errors import UsageError
 
 
-def execute(console: Console, results_dirs: list[Path], out: Path | None, overwrite: bool, compare: Path | None,
+def report(console: Console, results_dirs: list[Path], out: Path | None, overwrite: bool, compare: Path | None,
             max_regression: float, along: list[str] | None, plots: bool, classify: bool,
             expect: Path | None, export: tuple[str, Path] | None = None) -> tuple[list[str], list[str]]:
     """The report; returns (one line per regression or missed published value: the command exits 1 on any, one

@@ -1,6 +1,6 @@
 """What `specbench run` does around a run: every --concurrency or --batch-size level checked before the first
 one starts and before torch loads (`inputs.check_run`), then each planned (`planning.plan`) and recorded
-(`runner.execute`)."""
+(`run_folder.record_run`)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from specbench_cli.core.errors import UsageError
 from specbench_cli.inputs import RunConfig, use_threads
 
 
-def execute_levels(config: RunConfig, concurrency: str, batch_size: str, threads: int | None, console: Console) -> None:
+def run_levels(config: RunConfig, concurrency: str, batch_size: str, threads: int | None, console: Console) -> None:
     """Each --concurrency or --batch-size level as its own run; every level's input is checked before the first
     one starts."""
     from specbench_cli.inputs import check_run, level_configs, parse_levels
 
     if "," in config.method or config.repeat != 1:
-        from specbench_cli.commands.interleave import execute as execute_interleaved
+        from specbench_cli.commands.interleave import run_list
 
-        execute_interleaved(config, batch_size, concurrency, threads, console)
+        run_list(config, batch_size, concurrency, threads, console)
         return
     engines, batches = parse_levels(concurrency, "--concurrency"), parse_levels(batch_size, "--batch-size")
     if len(engines) > 1 and len(batches) > 1:
@@ -34,17 +34,17 @@ def execute_levels(config: RunConfig, concurrency: str, batch_size: str, threads
     for each in configs[1:]:
         check_run(each, dict(os.environ))
     for each in configs:
-        execute(each, threads, console)
+        run_one(each, threads, console)
 
 
-def execute(config: RunConfig, threads: int | None, console: Console) -> Path:
-    """Plan and execute a run (bad input is answered before torch is imported)."""
+def run_one(config: RunConfig, threads: int | None, console: Console) -> Path:
+    """Plan and record a run (bad input is answered before torch is imported)."""
     from specbench_cli.inputs import at_least, check_run
 
     at_least("--threads", threads, 1)
     chosen = check_run(config, dict(os.environ))
     from specbench_cli.planning import plan
-    from specbench_cli.engines.specbench import execute as record
+    from specbench_cli.run_folder import record_run
 
     use_threads(threads)
-    return record(plan(config, dict(os.environ), chosen), console)
+    return record_run(plan(config, dict(os.environ), chosen), console)

@@ -164,14 +164,14 @@ def run_shard(config: str, shard: str | None, console=None, env: dict[str, str] 
     from rich.console import Console
 
     from specbench_cli.planning import plan
-    from specbench_cli.engines.specbench import execute
+    from specbench_cli.run_folder import record_run
 
     sweep = load(Path(config))
     todo = [job for job in sweep.shard(shard, env) if status(job, sweep.out) != "done"]
     skipped = len(sweep.shard(shard, env)) - len(todo)
     plans = [plan(job.config(sweep.out), {}) for job in todo]  # {}: a job's prompts are never Slurm-sharded
     for checked in plans:
-        execute(checked, console or Console())
+        record_run(checked, console or Console())
     return len(plans), skipped
 
 

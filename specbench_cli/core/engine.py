@@ -80,8 +80,6 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
                 generator: torch.Generator | None = None, context: Mapping[str, str] | None = None) -> TurnResult:
     """Decode one turn alone: one lane of `decode`. `context` (what the caller knows of the prompt) reaches the
     method as `state.context`."""
-    if isinstance(method, OwnLoop):
-        return method.generate(prompt_ids, settings, generator)
     assert target.slot == 0, "a turn alone decodes in its target model's first slot"
     todo, done = [Turn(prompt_ids, generator, dict(context or {}))], []
 
@@ -97,7 +95,9 @@ def decode_turn(target: Target, method: Method, prompt_ids: list[int], settings:
 def decode(target: TargetModel, method: Method, lanes: int, settings: DecodeSettings, feed: Feed) -> BatchStats:
     """Decode every turn `feed` hands out, `lanes` sequences at a time in slots of `target` (`method` drafts for
     all of them at once; a routed method routes each sequence, then each proposer drafts for the sequences sent
-    to it)."""
+    to it). A method with a loop of its own (`OwnLoop`) decodes its turns one after another, in one lane."""
+    if isinstance(method, OwnLoop):
+        return _own_loop(method, lanes, settings, feed)
     method.serve(lanes)
     clock = PhaseClock(target.device)
     stats = BatchStats()
@@ -144,6 +144,21 @@ def decode(target: TargetModel, method: Method, lanes: int, settings: DecodeSett
             busy = _compact(target, slots)
     resolve()
     sync(target.device)
+    stats.wall_ms = (time.perf_counter_ns() - t0) / 1e6
+    return stats
+
+
+def _own_loop(method: OwnLoop, lanes: int, settings: DecodeSettings, feed: Feed) -> BatchStats:
+    """`decode` for a method that runs its own loop (`generate` per turn): one turn at a time."""
+    assert lanes == 1, "a method with its own loop decodes one sequence at a time"
+    stats = BatchStats()
+    t0 = time.perf_counter_ns()
+    turn = feed(0, None)
+    while turn is not None:
+        result = method.generate(turn.prompt_ids, settings, turn.generator)
+        stats.tokens += len(result.output_ids)
+        stats.rounds += len(result.rounds)
+        turn = feed(0, result)
     stats.wall_ms = (time.perf_counter_ns() - t0) / 1e6
     return stats
 

@@ -1,6 +1,6 @@
 """`specbench run --engine vllm`: the run's prompts decoded by a vLLM engine, recorded as our own engine's are.
 
-vLLM runs in its own Python (`engines.engine_python`: `--engine-python`, `SPECBENCH_VLLM_PYTHON`, this interpreter if it
+vLLM runs in its own Python (`engines.options.engine_python`: `--engine-python`, `SPECBENCH_VLLM_PYTHON`, this interpreter if it
 imports vllm, else the `.venv-vllm` that `scripts/setup-vllm.sh` makes), as `vllm_worker.py`, which drives
 `vllm.LLMEngine` and answers in JSON lines. specbench keeps everything else: the prompts, the chat template
 (token ids go to the engine, so both engines see the same ids), the closed loop of `--concurrency` requests,

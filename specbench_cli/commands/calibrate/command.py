@@ -306,7 +306,7 @@ def measure(config: CalibrateConfig, prompts_file: Path, console: Console, other
     from specbench_cli.inputs import RunConfig
 
     oracle_dir = config.work / "oracle"
-    oracle_run.execute(oracle_run.OracleConfig(["eagle3", other], RunConfig(
+    oracle_run.run_oracle(oracle_run.OracleConfig(["eagle3", other], RunConfig(
         model=config.model, dataset=str(prompts_file), max_new_tokens=config.max_new_tokens, warmup=0,
         out=oracle_dir, resume=(oracle_dir / "run.json").exists()), [f"eagle3.{o}" for o in eagle3_opts]), console,
         config.target(replay=True))
@@ -324,9 +324,9 @@ def live_run(config: CalibrateConfig, prompts_file: Path, method: str, out: Path
     """A short real decode (2 prompts, ≤ 96 tokens) of the calibration prompts; resumed if it exists."""
     from specbench_cli.inputs import RunConfig
     from specbench_cli.planning import plan
-    from specbench_cli.engines.specbench import execute
+    from specbench_cli.run_folder import record_run
 
-    execute(plan(RunConfig(method=method, model=config.model, dataset=str(prompts_file), categories=categories or [],
+    record_run(plan(RunConfig(method=method, model=config.model, dataset=str(prompts_file), categories=categories or [],
                            limit=2, max_new_tokens=min(config.max_new_tokens, 96), warmup=warmup, opts=opts, out=out,
                            dtype=config.dtype,
                            resume=(out / "run.json").exists()), {}), console, config.target())

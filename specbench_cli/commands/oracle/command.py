@@ -97,7 +97,7 @@ def checkpoint_refs(pairs: list[str], classes: list[type]) -> dict[str, str]:
 ORACLE_TABLES = ("replay", "signals", "drafts", "traces")  # traces last: it marks a prompt finished
 
 
-def execute(config: OracleConfig, console: Console, model=None) -> Path:
+def run_oracle(config: OracleConfig, console: Console, model=None) -> Path:
     """Record the oracle directory (`model`: an already loaded target of the run's model, device and dtype)."""
     checked, options = check(config)
     folder = RunFolder(checked.out, ORACLE_TABLES)

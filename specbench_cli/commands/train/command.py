@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 
-def execute(console: Console, err_console: Console, *, method: str, model: str, out: Path | None,
+def train(console: Console, err_console: Console, *, method: str, model: str, out: Path | None,
             corpus: Path | None, prompts: int | None, max_new_tokens: int, batch_size: int, steps: int,
             eval_every: int, minutes: float, lr: float, anneal: int, opt: list[str] | None, flags: dict,
             init: str | None, seed: int, resume: bool, threads: int | None, device: str) -> None:

@@ -32,27 +32,39 @@ import pandas as pd
 from rich.table import Table as RichTable
 
 from specbench_cli.commands.tune import pricing as tuning
+
+from specbench_cli import budgets
 from specbench_cli.analysis import intervals
 from specbench_cli.core.attention import attends_by_matmul
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.target import TargetModel
 from specbench_cli.folders import is_complete
-from specbench_cli.inputs import Plan
+from specbench_cli.inputs import Plan, RunConfig
 from specbench_cli.loading import load_model
 from specbench_cli.planning import drafter_ref, plan
 from specbench_cli.records import read_table
 from specbench_cli.registry import method_class
-from specbench_cli.engines.specbench import execute as record_run
+from specbench_cli.run_folder import record_run
 from specbench_cli.commands.train.train import command_line
 from specbench_cli.commands.tune.budget import TuneConfig, replay_walks
+from specbench_cli.commands.tune.budget import tune_one
 
 
-def execute(config: TuneConfig, levels: list[int], console) -> tuning.TuneRecord:
-    """Replays, then per size: its cost curve, the live runs, the choice (in the tune folder `tune_command` holds)."""
+def check(config: RunConfig, levels: list[int]) -> Path:
+    """Our engine tunes every method with a grid (`budgets.check_method`, already checked): the folder of the
+    largest level's baseline run (a single level is one budget, budget.py's layout)."""
+    return config.out / ("baseline" if levels == [1] else f"b{levels[-1]}/baseline")
+
+
+def tune(config: TuneConfig, levels: list[int], console) -> budgets.TuneRecord:
+    """Replays, then per size: its cost curve, the live runs, the choice (in the tune folder command.py holds); a
+    single level is one budget (budget.py)."""
+    if levels == [1]:
+        return tune_one(config, console)
     run, out, method = config.run, config.run.out, config.method
     first = _plan(config, "baseline", (), 1, out / "baseline")
     model = load_model(first.spec, first.device, first.dtype)
-    machine = tuning.machine_key(first.dtype, first.device, config.threads, first.batch_invariant)
+    machine = budgets.machine_key(first.dtype, first.device, config.threads, first.batch_invariant)
     reverifies = first.batch_invariant and not attends_by_matmul(first.device, first.dtype)
     replays = replay_walks(config, first, model, console)
     rows, frames = [], []
@@ -83,13 +95,13 @@ def execute(config: TuneConfig, levels: list[int], console) -> tuning.TuneRecord
                      "draft_scale": scale, "base_step_ms": base_step, "candidate": best.candidate})
         frames.append(pd.DataFrame([asdict(p) for p in predictions]).drop(columns="opts").assign(load=n))
     ks = {row["load"]: row["k"] for row in rows}
-    table = tuning.schedule(ks) if all(k is not None for k in ks.values()) else None
-    record = tuning.TuneRecord(run.model, method, machine, rows[0]["opts"], rows[0]["predicted_speedup"],
+    table = budgets.schedule(ks) if all(k is not None for k in ks.values()) else None
+    record = budgets.TuneRecord(run.model, method, machine, rows[0]["opts"], rows[0]["predicted_speedup"],
                                rows[0]["measured_speedup"], rows[0]["paper_predicted_speedup"],
                                rows[0]["paper_measured_speedup"], str(out), command_line(),
                                dt.datetime.now().isoformat(timespec="seconds"),
                                pd.concat(frames).to_dict("records"), load="batch_size", levels=rows, schedule=table)
-    registered = tuning.write_record(record, out)
+    registered = budgets.write_record(record, out)
     console.print(_table(rows, f"tune {method} per batch size on {run.model} {machine}"))
     console.print(("vLLM's table (num_speculative_tokens_per_batch_size): " + str(table)) if table else
                   "no vLLM table: a chosen budget is a tree, which vLLM 0.32 does not draft", highlight=False)

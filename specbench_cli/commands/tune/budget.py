@@ -3,7 +3,7 @@ the choice, and live runs of it interleaved with a baseline (the model behind th
 
 The tune folder is held for the whole tune (`tune_command`: `folders.claim`, one writer; an existing folder is
 continued, each run inside it resuming where it stopped), and its records are written whole or not at all
-(`tuning.write_record`): tune.json there and the registered copy `run --tuned` reads.
+(`budgets.write_record`): tune.json there and the registered copy `run --tuned` reads.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import pandas as pd
 from rich.table import Table as RichTable
 
 from specbench_cli.commands.tune import pricing as tuning
+
+from specbench_cli import budgets
 from specbench_cli.analysis import intervals
 from specbench_cli.core.attention import attends_by_matmul
 from specbench_cli.core.target import Target
@@ -27,7 +29,7 @@ from specbench_cli.commands.oracle import command as oracle_run
 from specbench_cli.commands.oracle.command import OracleConfig
 from specbench_cli.planning import plan
 from specbench_cli.records import read_table
-from specbench_cli.engines.specbench import execute as record_run
+from specbench_cli.run_folder import record_run
 from specbench_cli.commands.train.train import command_line
 from specbench_cli.core.dtypes import dtype_name
 
@@ -40,7 +42,7 @@ class TuneConfig:
     check: bool = True  # run the chosen budget (and the paper's) live beside the baseline
 
 
-def execute(config: TuneConfig, console) -> tuning.TuneRecord:
+def tune_one(config: TuneConfig, console) -> budgets.TuneRecord:
     """Baseline live, the cost curve, a replay per candidate, the choice, and (`check`) live runs of it (in the
     tune folder `tune_command` holds)."""
     run, out, method = config.run, config.run.out, config.method
@@ -49,7 +51,7 @@ def execute(config: TuneConfig, console) -> tuning.TuneRecord:
     model = load_model(base.spec, base.device, base.dtype)
     record_run(base, console, model)
     base_ms = per_token_ms(read_table(out / "baseline", "prompts"))
-    machine = tuning.machine_key(base.dtype, base.device, config.threads, base.batch_invariant)
+    machine = budgets.machine_key(base.dtype, base.device, config.threads, base.batch_invariant)
     where = f"{run.model} {machine}, perf_counter"
     costs, costs_file = tuning.cached_costs(f"{run.model}-{machine}", lambda: tuning.measure_costs(
         Target(model.model, base.device, invariant=base.batch_invariant), model.model.config.vocab_size, where=where))
@@ -86,10 +88,10 @@ def execute(config: TuneConfig, console) -> tuning.TuneRecord:
     console.print(table)
 
     live = {k: v.value for k, v in measured.items()}
-    record = tuning.TuneRecord(run.model, method, machine, list(best.opts), best.speedup, live.get(best.candidate),
+    record = budgets.TuneRecord(run.model, method, machine, list(best.opts), best.speedup, live.get(best.candidate),
                         paper.speedup, live.get(paper.candidate), str(out), command_line(),
                         dt.datetime.now().isoformat(timespec="seconds"), frame.to_dict("records"))
-    registered = tuning.write_record(record, out, csv=False)
+    registered = budgets.write_record(record, out, csv=False)
     console.print(f"chosen: {best.candidate} (predicted {best.speedup:.2f}×"
                   + (f", measured {measured[best.candidate].text()}×" if best.candidate in measured else "")
                   + f"); `specbench run --method {method} --tuned` uses it ({registered})", highlight=False, soft_wrap=True)
@@ -101,9 +103,9 @@ def replay_walks(config: TuneConfig, base, model, console) -> list[tuple[tuple[s
     resumed where it stopped): its walks, one frame per turn (accepted, drafted, branched, draft_ms per position)."""
     run, method = config.run, config.method
     walks = []
-    for i, candidate in enumerate([(), *tuning.GRIDS[method]]):
+    for i, candidate in enumerate([(), *budgets.GRIDS[method]]):
         folder = run.out / f"replay_cold_{i}"  # drafts timed after a target forward (replay_{i}: before that, hot)
-        oracle_run.execute(OracleConfig([method], dataclasses.replace(run, dtype=dtype_name(base.dtype), out=folder,
+        oracle_run.run_oracle(OracleConfig([method], dataclasses.replace(run, dtype=dtype_name(base.dtype), out=folder,
                                                                        resume=_exists(folder)),
                                         [f"{method}.{o}" for o in candidate], cold_drafts=True), console, model)
         replay = read_table(folder, "replay")

@@ -1,55 +1,48 @@
 """What `specbench tune` does around a tune: its input checked in one line each before a model or an engine
 starts, the tune folder held for the whole tune (`folders.claim`: one writer; an existing folder is continued),
-then one of its three kinds — one budget (`tune.py`), a budget per batch size of our engine (`tune_batch.py`), a
-draft length per concurrency in vLLM (`tune_vllm.py`)."""
+then the tune of the run's engine (its registry entry's `tune`): our engine's one budget (budget.py) or a budget
+per batch size (batch.py), or vLLM's draft length per concurrency (vllm.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 from rich.console import Console
 
 from specbench_cli.core.errors import UsageError
-from specbench_cli.inputs import RunConfig, at_least, check_run, parse_levels, use_threads
+from specbench_cli.inputs import LOADS, RunConfig, at_least, check_run, parse_levels, use_threads
+from specbench_cli.registry import engine_entry
 
 
-def execute(config: RunConfig, batch_size: str, concurrency: str, check: bool, console: Console) -> None:
-    from specbench_cli.commands.tune import pricing as tuning
+def tune(config: RunConfig, batch_size: str, concurrency: str, check: bool, console: Console) -> None:
+    """`config.out` None: results/tune_<model>_<method>[_<engine tag>]."""
+    from specbench_cli import budgets
 
     at_least("--threads", config.threads, 1)
     at_least("--limit", config.limit, 1)
-    tuning.check_method(config.method)
-    batches, engines = parse_levels(batch_size, "--batch-size"), parse_levels(concurrency, "--concurrency")
-    vllm = config.engine == "vllm"
-    if engines != [1] and not vllm:
-        raise UsageError("--concurrency is for --engine vllm (requests in flight); our engine tunes per --batch-size")
-    if batches != [1] and vllm:
-        raise UsageError("--batch-size is our engine's; with --engine vllm tune per --concurrency")
-    if vllm and config.method not in tuning.VLLM_GRIDS:
-        raise UsageError(f"tune --engine vllm tunes a draft length for {', '.join(tuning.VLLM_GRIDS)}; "
-                         f"{config.method}'s budget in vLLM is not one")
-    levels = sorted(set(engines if vllm else batches))
-    folder = config.out / ("baseline" if levels == [1] and not vllm else f"c{levels[-1]}/baseline" if vllm
-                           else f"b{levels[-1]}/baseline")
-    top = {"concurrency": levels[-1]} if vllm else {"batch_size": levels[-1]}
-    check_run(dataclasses.replace(config, method="baseline", out=folder, resume=(folder / "run.json").exists(), **top),
-              dict(os.environ))  # the largest level's: its batch must fit the selection
+    budgets.check_method(config.method)
+    entry = engine_entry(config.engine)
+    given = {"batch_size": parse_levels(batch_size, "--batch-size"),
+             "concurrency": parse_levels(concurrency, "--concurrency")}
+    for setting, levels in given.items():
+        if setting != entry.load and levels != [1]:
+            raise UsageError(f"{LOADS[setting][1]} is not --engine {config.engine}'s: {entry.load_about}")
+    levels = sorted(set(given[entry.load]))
+    if config.out is None:
+        tag = f"_{entry.tag}" if entry.tag else ""
+        config = dataclasses.replace(config, out=Path("results") / f"tune_{config.model}_{config.method}{tag}")
+    tuner = entry.tuner()
+    folder = tuner.check(config, levels)  # the engine's own checks; the largest level's baseline folder
+    check_run(dataclasses.replace(config, method="baseline", out=folder, resume=(folder / "run.json").exists(),
+                                  **{entry.load: levels[-1]}), dict(os.environ))
     use_threads(config.threads)
     import torch
 
     from specbench_cli.folders import claim
     from specbench_cli.commands.tune.budget import TuneConfig
 
-    tune = TuneConfig(config.method, config, config.threads or torch.get_num_threads(), check)
+    settings = TuneConfig(config.method, config, config.threads or torch.get_num_threads(), check)
     with claim(config.out, resume=config.out.exists(), note=lambda line: console.print(line, highlight=False)):
-        if vllm:
-            from specbench_cli.commands.tune.vllm import execute as tune_levels
-        elif levels != [1]:
-            from specbench_cli.commands.tune.batch import execute as tune_levels
-        else:
-            from specbench_cli.commands.tune.budget import execute as tune_one
-
-            tune_one(tune, console)
-            return
-        tune_levels(tune, levels, console)
+        tuner.tune(settings, levels, console)

@@ -3,14 +3,14 @@ measured in vLLM, written as vLLM's own table.
 
 vLLM takes a draft length per batch size from its user (`num_speculative_tokens_per_batch_size`,
 vllm/config/speculative.py in 0.32) and has no way to find one. Inside vLLM a verify of n tokens cannot be timed
-apart from the engine's step, so here the cost is measured whole: every candidate length K (`tuning.VLLM_GRIDS`,
+apart from the engine's step, so here the cost is measured whole: every candidate length K (`budgets.VLLM_GRIDS`,
 the paper budget first) runs the tuning prompts at every level in an engine of its own, beside a baseline engine —
 all started once, side by side, each serving every level with its caches emptied between runs (`VllmJob.on`), the
 members' order rotated one place per level so that the machine's drift does not always fall on the same one. A
 level's choice is the K with the most output tokens per second there (never 0, which vLLM's table allows: with
 K = 0 from the table vLLM 0.32 still runs its speculative step, and ran at the speed of K = 10, not the
 baseline's, on the embedded model: 0.80x and 0.79x the baseline at 1 in flight, 4 prompts, 2026-11-27); the table maps each level's K from that
-level up to the next (`tuning.schedule`). `run --engine vllm --tuned` then starts one engine with
+level up to the next (`budgets.schedule`). `run --engine vllm --tuned` then starts one engine with
 num_speculative_tokens = the longest chosen K and the table, which vLLM's scheduler reads every step
 (vllm/v1/core/sched/scheduler.py: K = table[requests scheduled]). The check (default) runs exactly that at every
 level, beside the baseline and the paper budget again, and reports both speedups with their intervals.
@@ -33,10 +33,13 @@ import pandas as pd
 from rich.table import Table as RichTable
 
 from specbench_cli.commands.tune import pricing as tuning
+
+from specbench_cli import budgets
 from specbench_cli.analysis import intervals
 from specbench_cli.engines.vllm import Launch, VllmJob, Worker, launch
+from specbench_cli.core.errors import UsageError
 from specbench_cli.folders import is_complete
-from specbench_cli.inputs import Plan
+from specbench_cli.inputs import Plan, RunConfig
 from specbench_cli.planning import plan
 from specbench_cli.records import RUN_TABLES, read_table
 from specbench_cli.run_folder import RunFolder, record
@@ -66,11 +69,20 @@ class Measured:
     speedup: intervals.Interval = field(default_factory=lambda: intervals.NOTHING)
 
 
-def execute(config, levels: list[int], console) -> tuning.TuneRecord:
+def check(config: RunConfig, levels: list[int]) -> Path:
+    """vLLM tunes a draft length: the methods whose budget there is one (`budgets.VLLM_GRIDS`); the folder of the
+    largest level's baseline run."""
+    if config.method not in budgets.VLLM_GRIDS:
+        raise UsageError(f"tune --engine vllm tunes a draft length for {', '.join(budgets.VLLM_GRIDS)}; "
+                         f"{config.method}'s budget in vLLM is not one")
+    return config.out / f"c{levels[-1]}/baseline"
+
+
+def tune(config, levels: list[int], console) -> budgets.TuneRecord:
     """Every candidate at every level, the choice per level, vLLM's table, and (`config.check`) the tuned engine
     run at every level beside the baseline and the paper budget (in the tune folder `tune_command` holds)."""
     run, out, method = config.run, config.run.out, config.method
-    candidates = [(), *tuning.VLLM_GRIDS[method]]
+    candidates = [(), *budgets.VLLM_GRIDS[method]]
     members = [_member(config, "baseline", (), levels, out)]
     for i, opts in enumerate(candidates):
         member = _member(config, f"candidate_{i}", opts, levels, out)
@@ -82,25 +94,25 @@ def execute(config, levels: list[int], console) -> tuning.TuneRecord:
         engines: dict[str, Worker] = {}
         _start(members, engines, stack)
         measured = _measure(members, levels, console)
-        paper, per_step = members[1], method in tuning.VLLM_PER_STEP_K
+        paper, per_step = members[1], method in budgets.VLLM_PER_STEP_K
         # not K = 0: a table entry of 0 still runs vLLM's speculative step (measured: 0.80x the baseline, as K 10)
         chosen = {n: max(members[1:], key=lambda m: measured[m.name, n].rate.value) for n in levels}
-        table = tuning.schedule({n: chosen[n].k for n in levels}) if per_step else None
+        table = budgets.schedule({n: chosen[n].k for n in levels}) if per_step else None
         cap = max(chosen.values(), key=lambda m: m.k) if per_step else chosen[levels[0]]
         base = members[0].plans[levels[0]]
-        machine = tuning.machine_key(base.dtype, base.device, config.threads, False, "vllm")
+        machine = budgets.machine_key(base.dtype, base.device, config.threads, False, "vllm")
         level_rows = [{"load": n, "k": chosen[n].k, "opts": list(chosen[n].opts),
                        "measured_speedup": measured[chosen[n].name, n].speedup.value,
                        "measured_low": measured[chosen[n].name, n].speedup.low,
                        "measured_high": measured[chosen[n].name, n].speedup.high,
                        "paper_k": paper.k, "paper_measured_speedup": measured[paper.name, n].speedup.value,
                        "baseline_tok_s": measured["baseline", n].rate.value} for n in levels]
-        record_ = tuning.TuneRecord(
+        record_ = budgets.TuneRecord(
             run.model, method, machine, list(cap.opts), None, level_rows[0]["measured_speedup"], None,
             level_rows[0]["paper_measured_speedup"], str(out), command_line(),
             dt.datetime.now().isoformat(timespec="seconds"), _candidates(members, levels, measured),
             engine="vllm", load="concurrency", levels=level_rows, schedule=table)
-        registered = tuning.write_record(record_, out)
+        registered = budgets.write_record(record_, out)
         console.print(_table(members, levels, measured, chosen, f"tune {method} in vLLM ({machine})"))
         console.print((f"chosen: num_speculative_tokens {cap.k}, num_speculative_tokens_per_batch_size {table}"
                        if per_step else
@@ -191,7 +203,7 @@ def _read(folder: Path) -> tuple[pd.DataFrame, float]:
     return read_table(folder, "prompts"), tuning.throughput(folder)
 
 
-def _check(config, levels: list[int], baseline: Member, paper: Member, record_: tuning.TuneRecord,
+def _check(config, levels: list[int], baseline: Member, paper: Member, record_: budgets.TuneRecord,
            engines: dict[str, Worker], stack: ExitStack, console) -> None:
     """`run --engine vllm --tuned` at every level (the registered record's K and table; an engine already up
     serves a run whose launch is its own) beside the baseline and the paper budget again; speedups into the
@@ -210,7 +222,7 @@ def _check(config, levels: list[int], baseline: Member, paper: Member, record_: 
         for name, key in (("tuned", "check_tuned"), (paper.name, "check_paper")):
             s = measured[name, n].speedup
             row |= {f"{key}_speedup": s.value, f"{key}_low": s.low, f"{key}_high": s.high}
-    tuning.write_record(record_, out)
+    budgets.write_record(record_, out)
     table = RichTable(title=f"check: `run --engine vllm --tuned` (K {record_.schedule or _fixed(record_)}) against the "
                             f"paper budget (K {paper.k}), each beside the same level's baseline", show_lines=False,
                       caption="× = throughput over the baseline's at that level, with its unpaired 95% interval")
@@ -228,14 +240,14 @@ def _replan(run: Plan, folder: Path) -> Plan:
 
 
 def _candidates(members: list[Member], levels: list[int], measured: dict) -> list[dict]:
-    return [{"candidate": tuning.label(m.opts), "k": m.k, "load": n, "tokens_per_s": measured[m.name, n].rate.value,
+    return [{"candidate": budgets.label(m.opts), "k": m.k, "load": n, "tokens_per_s": measured[m.name, n].rate.value,
              "tokens_per_s_low": measured[m.name, n].rate.low, "tokens_per_s_high": measured[m.name, n].rate.high,
              "measured_speedup": measured[m.name, n].speedup.value, "measured_low": measured[m.name, n].speedup.low,
              "measured_high": measured[m.name, n].speedup.high}
             for m in members[1:] for n in levels]
 
 
-def _fixed(record_: tuning.TuneRecord) -> str:
+def _fixed(record_: budgets.TuneRecord) -> str:
     return ", ".join(f"{row['k']} at {row['load']}" for row in record_.levels)
 
 

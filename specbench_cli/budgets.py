@@ -16,6 +16,7 @@ import torch
 from specbench_cli.core.dtypes import dtype_name
 from specbench_cli.core.errors import UsageError
 from specbench_cli.folders import write_atomically
+from specbench_cli.inputs import LOADS
 from specbench_cli.models import cache_root
 from specbench_cli.registry import ENGINES, engine_entry
 
@@ -125,7 +126,7 @@ def tuned_opts(model: str, method: str, machine: str, load: int = 1) -> Tuned:
     path = tuned_path(model, method, machine)
     if not path.exists():
         engine = [name for name, e in ENGINES.items() if e.tag and machine.startswith(f"{e.tag}-")]
-        hint = f" --engine {engine[0]} --{ENGINES[engine[0]].load.replace('_', '-')} LEVELS" if engine else ""
+        hint = f" --engine {engine[0]} {LOADS[ENGINES[engine[0]].load][1]} LEVELS" if engine else ""
         raise UsageError(f"no tuned budget for {method} on {model} ({machine}): run `specbench tune --method {method} "
                          f"--model {model}{hint}` with the same --dtype, --device and --threads first")
     record = json.loads(path.read_text())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -233,9 +232,9 @@ def train_drafter(
     flags = {"ttt": ttt, "draft_vocab": draft_vocab, "intermediate": intermediate, "draft_layers": draft_layers,
              "block_size": block_size, "anchors": anchors, "slots": slots, "gamma": gamma}
     command.train(console, err_console, method=method, model=model, out=out, corpus=corpus, prompts=prompts,
-                    max_new_tokens=max_new_tokens, batch_size=batch_size, steps=steps, eval_every=eval_every,
-                    minutes=minutes, lr=lr, anneal=anneal, opt=opt, flags=flags, init=init, seed=seed, resume=resume,
-                    threads=threads, device=device)
+                  max_new_tokens=max_new_tokens, batch_size=batch_size, steps=steps, eval_every=eval_every,
+                  minutes=minutes, lr=lr, anneal=anneal, opt=opt, flags=flags, init=init, seed=seed, resume=resume,
+                  threads=threads, device=device)
 
 
 @app.command()
@@ -380,7 +379,7 @@ def report(
     from specbench_cli.commands import report as reporting
 
     problems, undecided = reporting.report(console, results_dirs, out, overwrite, compare, max_regression, along,
-                                            plots, classify, expect, export)
+                                           plots, classify, expect, export)
     for line in (*problems, *undecided):
         err_console.print(line, highlight=False, soft_wrap=True, markup=False)
     if problems or undecided:

@@ -180,12 +180,20 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
 def check_engine(config: RunConfig, env: dict[str, str]) -> EnginePlan | None:
     """--engine and what goes with it: the load the engine takes (the other one stays 1), then the engine's own
     checks (its registry entry's `check`); returns the engine's plan so far, None for our engine."""
-    entry = engine_entry(config.engine)  # an unknown engine: one line with the known ones
     for setting, (_, option) in LOADS.items():
         at_least(option, getattr(config, setting), 1)
-        if setting != entry.load and getattr(config, setting) != 1:
-            raise UsageError(f"{option} is not --engine {config.engine}'s: {entry.load_about}")
-    return load(entry.check)(config, env)
+    check_load(config.engine, {setting: getattr(config, setting) > 1 for setting in LOADS})
+    return load(engine_entry(config.engine).check)(config, env)
+
+
+def check_load(engine: str, above_one: dict[str, bool]) -> str:
+    """The load setting --engine takes (its registry entry's `load`; an unknown engine: one line with the known
+    ones), refusing in one line another load set above 1 (`above_one`: setting -> whether it is)."""
+    entry = engine_entry(engine)
+    for setting, given in above_one.items():
+        if setting != entry.load and given:
+            raise UsageError(f"{LOADS[setting][1]} is not --engine {engine}'s: {entry.load_about}")
+    return entry.load
 
 
 # The loads a run can be swept over, one run per level: the setting, its folder tag (name suffix _<tag><N>, or

@@ -72,7 +72,6 @@ def tuned_in_vllm(folder, engine_python) -> dict:
     """`tune --engine vllm --method eagle3 --concurrency 1,LEVELS` over the paper chain and METHODS' chain of 3:
     baseline and eagle3 (the chain of 3: candidate_1) at both levels (engines started once), the table, and its
     check (`run --engine vllm --tuned` beside the baseline and the paper chain again)."""
-    from specbench_cli.commands.tune import pricing as tuning
     from specbench_cli import budgets
 
     chain = tuple(METHODS["eagle3"][1::2])

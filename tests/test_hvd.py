@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from methods.checkpoints import CheckpointError
 from methods.eagle3 import Eagle3
 from methods.hvd import CLASSES, FEATURES, History, Hvd, HvdFreq, features, token_classes
 from methods.predictors import PayoffPredictor

@@ -38,7 +38,6 @@ import pandas as pd
 import torch
 from rich.console import Console
 
-from specbench_cli.core.errors import UsageError
 from specbench_cli.analysis.metrics import tau
 
 TABLE2_THRESHOLDS = (-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0)  # WhiFlash Table 2's threshold_ΔAL sweep

@@ -31,9 +31,8 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table as RichTable
 
-from specbench_cli.commands.tune import pricing as tuning
-
 from specbench_cli import budgets
+from specbench_cli.commands.tune import pricing as tuning
 from specbench_cli.analysis import intervals
 from specbench_cli.core.attention import attends_by_matmul
 from specbench_cli.core.errors import UsageError

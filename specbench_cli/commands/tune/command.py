@@ -11,8 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from specbench_cli.core.errors import UsageError
-from specbench_cli.inputs import LOADS, RunConfig, at_least, check_run, parse_levels, use_threads
+from specbench_cli.inputs import RunConfig, at_least, check_load, check_run, parse_levels, use_threads
 from specbench_cli.registry import engine_entry
 
 
@@ -23,20 +22,18 @@ def tune(config: RunConfig, batch_size: str, concurrency: str, check: bool, cons
     at_least("--threads", config.threads, 1)
     at_least("--limit", config.limit, 1)
     budgets.check_method(config.method)
-    entry = engine_entry(config.engine)
     given = {"batch_size": parse_levels(batch_size, "--batch-size"),
              "concurrency": parse_levels(concurrency, "--concurrency")}
-    for setting, levels in given.items():
-        if setting != entry.load and levels != [1]:
-            raise UsageError(f"{LOADS[setting][1]} is not --engine {config.engine}'s: {entry.load_about}")
-    levels = sorted(set(given[entry.load]))
+    load = check_load(config.engine, {setting: levels != [1] for setting, levels in given.items()})
+    entry = engine_entry(config.engine)
+    levels = sorted(set(given[load]))
     if config.out is None:
         tag = f"_{entry.tag}" if entry.tag else ""
         config = dataclasses.replace(config, out=Path("results") / f"tune_{config.model}_{config.method}{tag}")
     tuner = entry.tuner()
     folder = tuner.check(config, levels)  # the engine's own checks; the largest level's baseline folder
     check_run(dataclasses.replace(config, method="baseline", out=folder, resume=(folder / "run.json").exists(),
-                                  **{entry.load: levels[-1]}), dict(os.environ))
+                                  **{load: levels[-1]}), dict(os.environ))
     use_threads(config.threads)
     import torch
 

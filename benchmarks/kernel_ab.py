@@ -50,8 +50,8 @@ def target(model: torch.nn.Module, invariant: bool, change: str, on: bool) -> Ta
 
 def is_on(t: Target, change: str) -> bool:
     if change == "decoder-layers":
-        return t.shared.layers_op is not None
-    return t.shared.kernels.stack if change == "stack" else t.shared.rows_alone
+        return t.shared.layers == "one call"
+    return t.shared.kernels.stack if change == "stack" else t.shared.attention == "row kernel"
 
 
 def greedy(t: Target, n: int = 48) -> list[int]:

@@ -10,7 +10,7 @@ rows beside it: a batch-invariant target stays exact with it (its one-row GEMMs 
 says). Its norms, rotary and activation round where Hugging Face's modules do but sum and exponentiate in their
 own order, so bf16 outputs move by a last bit here and there against the PyTorch forms (float32 never runs here).
 
-Used for every masked eager forward of a target whose rows the row kernel attends (`TargetModel.rows_alone`)
+Used for every masked eager forward of a target whose rows the row kernel attends (`target.cpu.RowKernel`)
 and whose layers are what the op knows (`fits`): packed and stacked projections (`core.kernels`), SiLU MLPs, one
 device. SPECBENCH_DECODER_LAYERS=0 turns it off (A/B: benchmarks/kernel_ab.py --change decoder-layers).
 """

@@ -166,6 +166,17 @@ class FlashHeadLayer:
         ids = self.candidates(hidden)
         return int(ids[(self.weight[ids] @ hidden).argmax()])
 
+    def top_tokens(self, hidden: torch.Tensor) -> list[int]:
+        """`top_token` for a batch, hidden [B, H], in one pass: every row probes its own clusters, so the rows score
+        different candidates, but as many (n_probes clusters of `cap` slots and the special tokens): one gather of
+        [B, candidates] head rows and one batched product, empty slots (-1) never chosen; the same candidates in
+        the same order as one row alone, so equal scores pick the same token."""
+        probes = (hidden @ self.centroids).topk(self.n_probes).indices  # [B, n_probes]
+        ids = torch.cat((self.members[probes].flatten(1), self.special.expand(hidden.shape[0], -1)), 1)
+        scores = (self.weight[ids.clamp(min=0)] @ hidden[:, :, None])[..., 0]  # [B, candidates]
+        best = scores.masked_fill(ids < 0, float("-inf")).argmax(-1, keepdim=True)
+        return ids.gather(1, best)[:, 0].tolist()
+
 
 class FlashHead(SpS):
     name = "flashhead"
@@ -207,6 +218,11 @@ class FlashHead(SpS):
 
     def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[int, torch.Tensor | None]:
         return self.flash.top_token(hidden), None  # greedy point mass at every temperature
+
+    def heads(self, hidden: torch.Tensor, states: list[DecodeState]) -> tuple[list[int], list[torch.Tensor | None]]:
+        if len(states) == 1:
+            return super().heads(hidden, states)  # `head` on the one row: batch 1's arithmetic
+        return self.flash.top_tokens(hidden), [None] * len(states)
 
     @torch.inference_mode()
     def head_probes(self, target, prompt_ids: list[int]) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:

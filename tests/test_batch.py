@@ -240,6 +240,89 @@ def test_every_hook_batches_and_equals_batch_one(distilled, tmp_path, monkeypatc
         assert all(i.target_forwards == 2 for r in results for i in r.rounds)
 
 
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def noisy_draft(request, tmp_path_factory):
+    """A tiny target, sharpened as the distilled ones are (tests/drafter_fixtures.py), and a noisy copy of it as the
+    SpS draft model: it drafts what the target would in part only, so the sequences of a batch keep different
+    numbers of drafts round by round and their rows of the batched draft cache are padded differently."""
+    import copy
+
+    from tests.conftest import tiny_model
+    from tests.drafter_fixtures import SHARPEN
+
+    target = tiny_model(request.param)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(SHARPEN)
+    noisy = copy.deepcopy(target)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.3 * p.std())
+    folder = tmp_path_factory.mktemp("noisy-draft") / request.param
+    noisy.save_pretrained(folder)
+    return target, folder
+
+
+def _sps(name: str, target, folder):
+    from methods.flashhead import FlashHead
+    from methods.sps import SpS
+    from tests.drafter_fixtures import loaded
+
+    cls = FlashHead if name == "flashhead" else SpS
+    opts = dict(cluster_size=8, n_probes=4) if name == "flashhead" else dict(deferred=name == "sps")
+    return cls(cls.Options(k=4, **opts), loaded(target), {"sps": str(folder)})
+
+
+@pytest.mark.parametrize("name, temperature", [
+    ("sps", 0.0),
+    pytest.param("sps", 1.5, marks=pytest.mark.slow),
+    pytest.param("sps-naive", 0.0, marks=pytest.mark.slow),
+    pytest.param("flashhead", 0.0, marks=pytest.mark.slow),
+    pytest.param("flashhead", 1.5, marks=pytest.mark.slow),
+])
+def test_sps_and_flashhead_draft_a_batch_in_one_forward_per_step(noisy_draft, tmp_path, monkeypatch, name,
+                                                                 temperature):
+    """SpS and FlashHead at batch 3 with a draft that is accepted in part: each round runs the draft model k times
+    for the whole batch (one forward over every sequence's unseen tokens, then one per draft step), never once per
+    sequence, and every sequence drafts, samples and emits what it does at batch 1 (the same accepted lengths round
+    by round; at temperature > 0 with the same per-sequence generators)."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    target, folder = noisy_draft
+    prompts = [random_prompt(8 + 13 * i, seed=50 + i) for i in range(5)]
+    settings = DecodeSettings(40, temperature, frozenset())
+    alone = [decode_turn(Target(target, torch.device("cpu")), _sps(name, target, folder), p, settings,
+                         torch.Generator().manual_seed(7 + i)) for i, p in enumerate(prompts)]
+    method = _sps(name, target, folder)
+    rows: list[int] = []
+    method.draft.base_model.register_forward_hook(lambda m, args, kwargs, out: rows.append(kwargs["input_ids"].shape[0]),
+                                                  with_kwargs=True)
+    results, stats = run_batch(target, method, prompts, 3, 40, temperature=temperature, seed=7)
+    assert [r.output_ids for r in results] == [r.output_ids for r in alone]
+    assert [[i.accepted for i in r.rounds] for r in results] == [[i.accepted for i in r.rounds] for r in alone]
+    assert len(rows) == method.options.k * stats.rounds, "the draft model ran once per sequence, not once per step"
+    assert max(rows) == 3 and max(i.batch for r in results for i in r.rounds) == 3
+    accepted = [i.accepted for r in results for i in r.rounds]
+    assert sum(accepted) >= 40 and len(set(accepted)) >= 3  # drafts accepted in part, rows keeping different counts
+    if temperature > 0:
+        greedy = [run_method(target, make("baseline"), p, 40).output_ids for p in prompts]
+        assert sum(r.output_ids != g for r, g in zip(alone, greedy)) >= 2, "nothing was sampled"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["sps", "flashhead"])
+def test_sps_and_flashhead_batch_over_a_compiled_target(noisy_draft, tmp_path, monkeypatch, name):
+    """The batched draft over the compiled batched verify: every sequence equals its eager batch-1 output, with the
+    same accepted lengths, and nothing compiles late."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    target, folder = noisy_draft
+    prompts = [random_prompt(8 + 13 * i, seed=50 + i) for i in range(5)]
+    alone = [run_method(target, _sps(name, target, folder), p, 40) for p in prompts]
+    results, stats = run_batch(target, _sps(name, target, folder), prompts, 3, 40, compile="aot_eager")
+    assert [r.output_ids for r in results] == [r.output_ids for r in alone]
+    assert [[i.accepted for i in r.rounds] for r in results] == [[i.accepted for i in r.rounds] for r in alone]
+    assert max(i.batch for r in results for i in r.rounds) == 3 and not stats.late_compiles
+
+
 @pytest.mark.parametrize("case, opts", [("eagle3-tree", {}), ("dflash", {"sampling": "sample"}), ("dart", {})])
 def test_sampling_in_a_batch_draws_what_batch_one_draws(distilled, case, opts):
     """Temperature 0.8: each sequence has its own generator (seeded per turn, as the runner seeds it) and a

@@ -153,3 +153,95 @@ def test_chain_is_the_draft_models_greedy_continuation(setup):
     draft = AutoModelForCausalLM.from_pretrained(root / "noisy")
     expected = draft.generate(torch.tensor([tokens]), max_new_tokens=5, do_sample=False, min_new_tokens=5)[0, 20:]
     assert tree.tokens == expected.tolist()
+
+
+# ---------------------------------------------------------------------------------------------- batches
+def _fake_state(tokens: list[int], temperature: float = 0.0, seed: int = 0):
+    """What `propose` reads of a DecodeState, without a target (SpS never reads the target to draft)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(tokens=list(tokens), target=SimpleNamespace(device=torch.device("cpu")),
+                           temperature=temperature, generator=torch.Generator().manual_seed(seed),
+                           timed=lambda part: __import__("contextlib").nullcontext(), lanes={})
+
+
+# Which sequences draft together, round by round: alone, in batches of every size, in another order, one joining
+# late (sequence 4 starts in round 2), and a batch's sequence later alone (its row gathered into a cache of its own)
+# or with sequences from other batches (rows gathered from several caches into one).
+GROUPS = [[[0], [1, 2], [3]], [[0, 1, 2, 3]], [[2, 0], [3, 1, 4]], [[1], [0, 2, 3, 4]], [[4, 2], [0], [1, 3]],
+          [[3, 1, 0, 2, 4]], [[0, 4], [1], [2], [3]]]
+
+
+@pytest.mark.parametrize("cls, temperature", [(SpS, 0.0), pytest.param(SpS, 1.0, marks=pytest.mark.slow), (FlashHead, 0.0)])
+def test_drafts_are_the_same_in_any_batch(setup, cache, cls, temperature):
+    """`propose` over any grouping of sequences drafts for each what it drafts alone, whatever the others cached
+    and however many drafts each keeps: prompts of different lengths, and rounds that keep 0 to k drafts, or all k
+    (two unseen tokens), so every row is padded differently; sampled drafts draw the same tokens from (nearly) the
+    same distributions with each sequence's own generator."""
+    import random
+
+    target, root = setup
+    extra = {"cluster_size": 8, "n_probes": 4} if cls is FlashHead else {}
+    prompts = [random_prompt(5 + 11 * i, seed=20 + i) for i in range(5)]
+
+    method = make(cls, target, root / "noisy", k=4, **extra)  # it keeps nothing per sequence but in the states
+
+    def run(grouped: bool) -> list[list]:
+        choices = random.Random(3)
+        states = [_fake_state(p, temperature, seed=i) for i, p in enumerate(prompts)]
+        for s in states:
+            method.start(s)
+        drafts: list[list] = [[] for _ in states]
+        for r, groups in enumerate(GROUPS):
+            for group in (groups if grouped else [[i] for g in groups for i in g]):
+                group = [i for i in group if i != 4 or r >= 2]
+                if not group:
+                    continue
+                for i, tree in zip(group, method.propose([states[i] for i in group])):
+                    drafts[i].append((tree.tokens, tree.draft_probs))
+                    kept = choices.choice([0, 1, 4, 4])  # how many drafts the "target" accepts, then its bonus
+                    states[i].tokens += tree.tokens[:kept] + [choices.randrange(3, 96)]
+        return drafts
+
+    alone, batched = run(False), run(True)
+    assert [[t for t, _ in d] for d in batched] == [[t for t, _ in d] for d in alone]
+    for a, b in zip(alone, batched):
+        for (_, pa), (_, pb) in zip(a, b):
+            assert (pa is None) == (pb is None) == (temperature == 0)
+            if pa is not None:
+                torch.testing.assert_close(pb, pa, atol=1e-5, rtol=1e-4)
+
+
+def test_a_batch_of_one_runs_in_its_own_cache(setup):
+    """A sequence drafting alone keeps its own cache and crops it in place (batch 1's arithmetic); a batch's rows
+    share one cache, with runs of columns per row, until a row drafts alone again in a cache gathered for it."""
+    target, root = setup
+    method = make(SpS, target, root / "noisy", k=3)
+    a, b = _fake_state(random_prompt(9, seed=1)), _fake_state(random_prompt(14, seed=2))
+    for s in (a, b):
+        method.start(s)
+    own = method.lane(a).cache
+    (tree,) = method.propose([a])
+    assert method.lane(a).cache is own and method.lane(a).segments is None
+    assert own.get_seq_length() == len(method.lane(a).cached) == 9 + 2  # the tokens and k - 1 drafts fed back
+    a.tokens += tree.tokens[:1] + [5]
+    method.propose([a, b])
+    shared = method.lane(a).cache
+    assert method.lane(b).cache is shared and shared.layers[0].keys.shape[0] == 2
+    assert method.lane(a).segments is not None and method.lane(b).segments is not None
+    method.propose([b])
+    assert method.lane(b).cache is not shared and method.lane(b).segments is None
+    assert method.lane(b).cache.get_seq_length() == len(method.lane(b).cached)
+
+
+def test_batched_flashhead_scores_each_rows_candidates():
+    """`top_tokens` over a batch picks, row by row, what `top_token` picks for the row alone, with clusters of
+    different sizes (empty slots in the member table) and special tokens."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(50, 8, generator=generator)
+    assignments = torch.randint(0, 7, (50,), generator=generator)  # uneven clusters: -1 slots in `members`
+    centroids = torch.nn.functional.normalize(torch.randn(8, 7, generator=generator), dim=0)
+    head = FlashHeadLayer(weight, Clustering(centroids, assignments, [3, 49], 2), n_probes=2)
+    assert (head.members < 0).any()
+    hidden = torch.randn(64, 8, generator=generator)
+    assert head.top_tokens(hidden) == [head.top_token(h) for h in hidden]

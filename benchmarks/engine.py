@@ -45,7 +45,7 @@ from specbench_cli.core.tree import DraftTree
 from specbench_cli.core.turn import DecodeSettings
 from specbench_cli.hardware import read_bandwidth, weight_bytes
 from specbench_cli.loading import load_model, resolve_dtype
-from specbench_cli.models import MODELS
+from specbench_cli.models import get_model_spec, parse_random
 from specbench_cli.commands.tune.pricing import random_tree
 from specbench_cli.core.dtypes import dtype_name
 
@@ -182,7 +182,7 @@ def versus_vllm(loaded, device, prompt: list[int], new: int, reps: int, log: Pat
     from specbench_cli.engines.vllm import ENV_DEFAULTS, Launch, Worker
     from specbench_cli.loading import checkpoint_location
 
-    if device.type != "cpu":
+    if device.type != "cpu" or parse_random(loaded.spec.target) is not None:  # vLLM loads a folder's weights
         return None
     try:
         python = engine_python(None, dict(os.environ))
@@ -234,6 +234,7 @@ def generate_rate(model, device, prompt: list[int], new: int, static: bool) -> f
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--target", default=None, help="as `specbench run --target`: a folder, or random:NAME[:SEED]")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--context", type=int, default=512)
@@ -255,11 +256,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dtype = resolve_dtype(args.dtype, device).dtype
-    loaded = load_model(MODELS[args.model], device, dtype)
+    loaded = load_model(get_model_spec(args.model, args.target), device, dtype)
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if args.compile else None
     console = Console(width=120)
     clock = "CUDA events" if device.type == "cuda" else "perf_counter"
-    where = f"{args.model} {dtype_name(dtype)} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}"
+    where = f"{loaded.spec.name} {dtype_name(dtype)} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}"
 
     sizes = tuple(sorted({1, *(int(n) for n in args.sizes.split(","))}))  # t(1) is every ratio's denominator
     curves = {} if args.batch_only else verify_curve(loaded.model, device, args.context, args.reps, mode, args.invariant, sizes)
@@ -321,6 +322,8 @@ def main() -> None:
                       f"tok/s, vLLM {vllm['vllm tok/s']:.1f} tok/s; ours / vLLM median {r[len(r) // 2]:.2f} (range "
                       f"{r[0]:.2f}-{r[-1]:.2f}); the two agree on the first {vllm['tokens agreeing']} of {args.new} tokens "
                       f"(its log: {log})", highlight=False, soft_wrap=True)
+    elif args.vllm_reps and parse_random(loaded.spec.target) is not None:
+        console.print("random weights are built in this process; vLLM loads a folder's: no comparison with vLLM")
     elif args.vllm_reps and device.type == "cpu":
         console.print("no vLLM found (bash scripts/setup-vllm.sh): no comparison with vLLM's CPU engine")
     if args.json:

@@ -10,6 +10,7 @@ from specbench_cli.core.tree import DraftTree
 
 class Baseline(Method):
     name = "baseline"
+    drafts = False
 
     def propose_one(self, state: DecodeState) -> DraftTree:
         return DraftTree()

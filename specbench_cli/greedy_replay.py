@@ -65,8 +65,13 @@ def replay_columns(replayed: Replayed) -> dict:
 
 def replays(config: RunConfig) -> bool:
     """Whether a run (`inputs.RunConfig`) replays its turns: asked for, greedy, and on one device (a --device split
-    target is for acceptance studies)."""
-    return config.replay and config.temperature == 0 and config.device != "split"
+    target is for acceptance studies) and not a set acceptance's (not lossless by construction)."""
+    return config.replay and config.temperature == 0 and config.device != "split" and config.acceptance is None
+
+
+def replay_off(config: RunConfig) -> str:
+    """run.json's `replay` for a run that does not replay, and why where it is not the user's choice."""
+    return "off: --acceptance sets the decisions, not lossless by construction" if config.acceptance else "off"
 
 
 def reference(device: torch.device) -> str:

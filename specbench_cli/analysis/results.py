@@ -244,4 +244,15 @@ def method_label(settings: dict) -> str:
     changed = [f"{k}={v}" for k, v in options.items() if not _same(defaults.get(k, object()), v)]
     engine = settings.get("engine", BEFORE["engine"])
     name = method if engine == BEFORE["engine"] else f"{engine}:{method}"  # "vllm:eagle3" beside our "eagle3"
-    return f"{name}[{','.join(changed)}]" if changed else name
+    label = f"{name}[{','.join(changed)}]" if changed else name
+    return label + acceptance_mark(settings)
+
+
+def acceptance_mark(settings: dict) -> str:
+    """A run with `--acceptance` is a projection, never a measurement of its method: `@synthetic:0.7` or
+    `@profile:NAME` on its label, so that it never merges with the method's own runs."""
+    source = settings.get("acceptance")
+    if not source:
+        return ""
+    kind, _, value = source.partition(":")
+    return f"@{kind}:{Path(value).stem}" if kind == "profile" else f"@{source}"

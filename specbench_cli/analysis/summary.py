@@ -61,7 +61,15 @@ def replay_line(prompts: pd.DataFrame, info: dict) -> str:
     verdict = ("every token the reference's greedy choice" if not off else
                f"{off} token(s) off, all numeric ties (largest margin {p.replay_margin.max():.3g} logits)" if off == ties
                else f"{off - ties} MISMATCH(ES) beside {ties} numeric tie(s): a lossless bug")
-    return f"greedy replay on the {info.get('replay', '?')}: {int(p.replay_checked.sum())} tokens, {verdict}"
+    weights = " (of the same random weights)" if info.get("random_weights") else ""
+    return f"greedy replay on the {info.get('replay', '?')}{weights}: {int(p.replay_checked.sum())} tokens, {verdict}"
+
+
+def random_note(info: dict) -> str:
+    """A random target's mark on a table's note (its title names the model random:NAME)."""
+    weights = info.get("random_weights")
+    return (f"random weights of {weights['architecture']} (seed {weights['seed']}): timings are the architecture's, "
+            "tokens mean nothing; " if weights else "")
 
 
 def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
@@ -72,7 +80,7 @@ def print_summary(run_dir: Path, console: Console) -> pd.DataFrame:
     s = info["settings"]
     engine = "" if s.get("engine", BEFORE["engine"]) == BEFORE["engine"] else f"{s['engine']}:"
     title = f"{engine}{s['method']} · {s['model']} · {s['dataset']} · {s.get('dtype', 'float32')} ({info['clock']} clock)"
-    note = ((f"dtype: {info['dtype_choice']}; " if info.get("dtype_choice") else "") + "τ: decoded tokens per round; tokens_per_s: mean over prompts of each prompt's decode rate; "
+    note = (random_note(info) + (f"dtype: {info['dtype_choice']}; " if info.get("dtype_choice") else "") + "τ: decoded tokens per round; tokens_per_s: mean over prompts of each prompt's decode rate; "
             + (f"speedup vs {base_dir}" if base_dir else "speedup: no matching baseline run beside this one")
             + (f"; rounds are {s['engine']} engine steps, whose phase times the engine does not expose (null, not 0)"
                if engine else ""))

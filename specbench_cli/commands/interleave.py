@@ -86,8 +86,10 @@ def member_configs(config: RunConfig, batch_size: str, concurrency: str) -> list
     if len(methods) == 1:  # --repeat alone: the run's own folder
         return [dataclasses.replace(config, out=root)]
     opts, drafters = member_opts(config.opts, methods), member_drafters(config.drafters, methods)
-    return [dataclasses.replace(config, method=m, opts=opts[m], drafters=drafters[m], out=root / name)
-            for m, name in zip(methods, member_names(methods))]
+    # --acceptance prices the methods that draft; a baseline in the list stays the target's own decoding
+    acceptance = {m: config.acceptance if method_class(m).drafts else None for m in methods}
+    return [dataclasses.replace(config, method=m, opts=opts[m], drafters=drafters[m], out=root / name,
+                                acceptance=acceptance[m]) for m, name in zip(methods, member_names(methods))]
 
 
 def member_drafters(pairs: list[str], methods: list[str]) -> dict[str, list[str]]:

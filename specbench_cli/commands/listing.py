@@ -25,7 +25,7 @@ def show_lists(console: Console) -> None:
     """Methods, models and datasets: tables on a wide terminal, a plain list where a table would cut ids."""
     from specbench_cli.options import default_texts, options_record
     from specbench_cli.datasets import dataset_rows
-    from specbench_cli.models import MODELS
+    from specbench_cli.models import MODELS, random_architectures
     from specbench_cli.registry import METHODS, method_class
 
     methods = []
@@ -43,6 +43,8 @@ def show_lists(console: Console) -> None:
                 ("datasets", ("name", "source", "revision", "prompts", "categories", "licence", "here?"), dataset_rows()))
     for title, columns, rows in sections:
         show_section(console, title, columns, rows)
+    console.print(f"random weights of a model's architecture, no download: --target random:NAME[:SEED] for "
+                  f"{', '.join(random_architectures())}", highlight=False, soft_wrap=True)
 
 
 def show_section(console: Console, title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:

@@ -13,7 +13,8 @@ a point mass on its token (q = one-hot), so its rejection just removes x from p.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field
 
 import torch
 
@@ -97,3 +98,39 @@ def _residual(p: torch.Tensor, x: int, q: torch.Tensor | None) -> torch.Tensor:
     total = r.sum()
     # total == 0 only if p <= q everywhere, i.e. the child was accepted surely; keep p as a safe fallback.
     return r / total if float(total) > 0 else p
+
+
+@dataclass
+class SyntheticAcceptance:
+    """An accept decision the user sets, to price a method at an acceptance its drafter does not reach here
+    (`--acceptance synthetic:RATE` or `profile:FILE`): the drafter drafts and the target verifies at full cost;
+    only the decision is replaced. Along one path of the draft, each node's first child in node order (the
+    drafter's best-ranked candidate under it), the child at depth d is accepted with probability `rates[d - 1]`
+    (the last rate for deeper ones) given that its parent was; the bonus is the target's own token at the last
+    accepted node. Not lossless by construction. The decisions come from a host generator of their own, so they
+    add no device synchronisation and do not touch the sampling generators."""
+
+    rates: tuple[float, ...]
+    seed: int = 0
+    draws: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.draws = random.Random(self.seed)
+
+    def accept(self, tree: DraftTree, logits: torch.Tensor, temperature: float,
+               generator: torch.Generator | None = None) -> Acceptance:
+        children = tree.children()
+        node, path, tokens = 0, [0], []
+        while children[node] and self.draws.random() < self.rates[min(len(tokens), len(self.rates) - 1)]:
+            node = children[node][0]
+            path.append(node)
+            tokens.append(tree.tokens[node - 1])
+        return Acceptance(path, tokens + [pick(logits[node], temperature, generator)])
+
+
+def pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    """Sample (or take the argmax of) one token from next-token logits [V]."""
+    if temperature <= 0:
+        return int(greedy_tokens(logits))
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))

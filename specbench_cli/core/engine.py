@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench_cli.core.acceptance import Acceptance, accept
+from specbench_cli.core.acceptance import Acceptance, accept, pick
 from specbench_cli.core.method import DecodeState, Method, OwnLoop, Proposer, Route, Router
 from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.timing import PhaseClock, sync
 from specbench_cli.core.tree import DraftTree
-from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut, pick
+from specbench_cli.core.turn import DecodeSettings, RoundInfo, TurnResult, cut
 
 
 @dataclass
@@ -188,9 +188,11 @@ def _round(target: TargetModel, busy: list[_Sequence], settings: DecodeSettings,
     sizes = [(len(t), max(t.depths()) if len(t) else 0) for t in trees]
     with clock.phase("verify"):
         logits = target.verify([(s.target, s.state.tokens[-1], t, e) for s, t, e in zip(busy, trees, extras)])
+    decide = settings.acceptance.accept if settings.acceptance is not None else accept
     with clock.phase("accept"):
-        results = [accept(t, lg, settings.temperature, s.generator) for t, lg, s in zip(trees, logits, states)]
-    if target.invariant and not target.exact_trees and settings.temperature == 0 and not all(t.is_chain for t in trees):
+        results = [decide(t, lg, settings.temperature, s.generator) for t, lg, s in zip(trees, logits, states)]
+    if (target.invariant and not target.exact_trees and settings.temperature == 0 and settings.acceptance is None
+            and not all(t.is_chain for t in trees)):
         trees, logits, results = _exact_paths(target, busy, trees, results, clock)
     infos = []
     with clock.phase("commit"):

@@ -146,6 +146,7 @@ class Method(Proposer):
     calibration: ClassVar[str] = ""
     # Host syncs the algorithm needs in a round beyond reading the accepted length (recorded in run.json).
     inherent_syncs: ClassVar[str] = "one per round: accepted length to host"
+    drafts: ClassVar[bool] = True  # whether it ever proposes a draft token (`--acceptance` needs one to decide on)
 
     @classmethod
     def reads_calibration(cls, options: Options) -> bool:
@@ -186,6 +187,8 @@ class Router(Method):
 class OwnLoop(Method):
     """An outside reference that runs its own decoding loop, one turn per call (`generate`): it neither drafts
     nor batches, and its rounds are what it reports."""
+
+    drafts = False
 
     def generate(self, prompt_ids: list[int], settings: DecodeSettings, generator: torch.Generator | None) -> TurnResult:
         raise NotImplementedError

@@ -1,13 +1,11 @@
-"""What one decoded turn produces: its settings, its rounds and its result, and the two token helpers the loop
-and the outside references share (pick a token from logits; cut emitted tokens at a stop or the budget)."""
+"""What one decoded turn produces: its settings, its rounds and its result, and the helper the loop and the
+outside references share to cut emitted tokens at a stop or the budget (picking a token is acceptance.pick)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
-from specbench_cli.core.acceptance import greedy_tokens
+from specbench_cli.core.acceptance import SyntheticAcceptance
 
 
 @dataclass(kw_only=True)
@@ -42,14 +40,7 @@ class DecodeSettings:
     max_new_tokens: int
     temperature: float
     stop_ids: frozenset[int]
-
-
-def pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
-    """Sample (or take the argmax of) one token from next-token logits [V]."""
-    if temperature <= 0:
-        return int(greedy_tokens(logits))
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    acceptance: SyntheticAcceptance | None = None  # None: the target decides (lossless); else `--acceptance`
 
 
 def cut(tokens: list[int], stop_ids: frozenset[int], budget: int) -> tuple[list[int], bool]:

@@ -21,6 +21,7 @@ from rich.console import Console
 from specbench_cli import hardware
 from specbench_cli.analysis.metrics import tau
 from specbench_cli.conversations import Conversation, Throughput, turn_records, turn_seed
+from specbench_cli.core.acceptance import SyntheticAcceptance
 from specbench_cli.core.dtypes import dtype_name
 from specbench_cli.core.engine import Turn, decode, decode_turn
 from specbench_cli.core.method import Method, OwnLoop
@@ -28,9 +29,10 @@ from specbench_cli.core.target import TargetModel
 from specbench_cli.core.timing import PhaseClock
 from specbench_cli.core.turn import DecodeSettings, TurnResult
 from specbench_cli.datasets import Prompt
-from specbench_cli.greedy_replay import Replayed, Replayer, replays
+from specbench_cli.greedy_replay import Replayed, Replayer, replay_off, replays
 from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel
+from specbench_cli.models import random_weights_record
 from specbench_cli.planning import check_lengths, drafter_weights, loaded_target
 from specbench_cli.records import run_parts
 from specbench_cli.run_folder import OneAtATime, RunInfo, Start, new_session
@@ -54,7 +56,8 @@ class Runner:
                                  slots=plan.config.batch_size, packed=plan.prepacked)
         self.target = self.batch.slots[0]
         self.method: Method = plan.method_cls(plan.options, model, plan.drafters)
-        self.settings = DecodeSettings(plan.config.max_new_tokens, plan.config.temperature, model.stop_ids)
+        acceptance = plan.acceptance and SyntheticAcceptance(plan.acceptance.rates, plan.config.seed)
+        self.settings = DecodeSettings(plan.config.max_new_tokens, plan.config.temperature, model.stop_ids, acceptance)
         self.run_name = plan.out.name
 
     def compile(self, longest: int, also: tuple[Method, ...] = ()) -> dict:
@@ -139,9 +142,10 @@ class RunJob(OneAtATime):
                 "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
                 "prompts_selected": len(plan.prompts), "weight_bytes": hardware.weight_bytes(model.model),
                 "drafter_weights": self.weights, "dtype_choice": plan.dtype_reason,
-                "replay": self.replayer.reference if self.replayer else "off",
+                "replay": self.replayer.reference if self.replayer else replay_off(plan.config),
                 "attention": self.runner.batch.attention, "layers": self.runner.batch.layers,
                 **({"tuned_from": plan.tuned_from} if plan.tuned_from else {}),
+                **random_weights_record(plan.spec.target),
                 **({"device_map": getattr(model.model, "hf_device_map", "auto")} if split else {})}  # acceptance studies only
 
     @contextmanager

@@ -30,6 +30,7 @@ from rich.console import Console
 
 from specbench_cli import hardware
 from specbench_cli.core.errors import UsageError
+from specbench_cli.models import parse_random
 from specbench_cli.core.method import Proposer
 from specbench_cli.conversations import Conversation, Throughput, turn_records, turn_seed
 from specbench_cli.core.turn import RoundInfo, TurnResult
@@ -95,6 +96,9 @@ def _local(plan: Plan, name: str) -> str:
 
 def plan_engine(plan: Plan) -> Plan:
     """The method as vLLM runs it (`vllm_methods.engine_method`), before anything starts."""
+    if parse_random(plan.spec.target) is not None:
+        raise UsageError(f"--engine vllm loads its target from a checkpoint folder; {plan.spec.target} is built in "
+                         "specbench's own process (drop --engine)")
     given = {o.partition("=")[0].strip() for o in plan.config.opts}
     names = list(plan.method_cls.drafter_names)
     reads = getattr(plan.method_cls, "reads_calibration", None)  # WhiFlash's thresholds: a card unless --opt threshold
@@ -111,6 +115,8 @@ def plan_engine(plan: Plan) -> Plan:
         raise UsageError(f"--engine vllm runs {plan.config.method} as a vLLM plugin, which {plan.engine.python} lacks: "
                          f"run `bash scripts/setup-vllm.sh`, or `pip install --no-deps -e <specbench>` in that Python")
     config = mapped.speculative_config
+    if plan.acceptance is not None:
+        config = synthetic_config(config, plan.acceptance.rates, plan.config.method, plan.device)
     if config is not None and plan.engine.schedule:  # `tune --engine vllm`'s table: K per batch size, capped by config's
         config = {**config, "num_speculative_tokens_per_batch_size": plan.engine.schedule}
     engine = dataclasses.replace(plan.engine, speculative_config=config,
@@ -121,6 +127,25 @@ def plan_engine(plan: Plan) -> Plan:
 
         vllm_server.wait_healthy(plan.config.engine_url.rstrip("/"), vllm_server.HEALTH_WAIT_S)
     return plan
+
+
+def synthetic_config(config: dict | None, rates: tuple[float, ...], method: str, device: torch.device) -> dict:
+    """`--acceptance` as vLLM's own synthetic rejection sampler (vllm/config/speculative.py, SpeculativeConfig
+    `rejection_sample_method="synthetic"`; vllm/v1/sample/rejection_sampler.py), which takes the unconditional
+    rate of each of the K positions (the probability that the first i + 1 drafts are all accepted): the
+    products of our conditional rates, the last one repeated to K. vLLM's CPU sampling refuses it
+    (vllm/utils/cpu_triton_utils.py asserts "Synthetic acceptance not supported with CPU sampling")."""
+    if device.type == "cpu":
+        raise UsageError("--acceptance with --engine vllm: vLLM's synthetic sampler does not run on its CPU "
+                         "engine (it does on CUDA); on a CPU use our engine (drop --engine)")
+    if config is None or "num_speculative_tokens" not in config:
+        raise UsageError(f"--acceptance with --engine vllm needs a draft of fixed length; vLLM runs {method} "
+                         "without one")
+    k, unconditional, running = int(config["num_speculative_tokens"]), [], 1.0
+    for i in range(k):
+        running *= rates[min(i, len(rates) - 1)]
+        unconditional.append(round(running, 6))
+    return {**config, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": unconditional}
 
 
 def has_plugin(python: str) -> bool:

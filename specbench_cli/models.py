@@ -49,7 +49,8 @@ QWEN3_SMALL = "Qwen/Qwen3-0.6B"  # the FlashHead thesis' draft model for Qwen3 t
 QWEN3_TRIE = "fvliang/dart-qwen3-ngram"  # small.trie / full.trie (Qwen3 tokenizer)
 NO_LLAMA_DART = "DART publishes drafters and tries for Qwen3 only; none exists for Llama-3.1"
 NO_CONFU = "ConFu has no public weights; the project's trainer makes them (issue 5), or pass --drafter confu=PATH"
-NO_RANDOM_DRAFTERS = "none is registered for random target weights; model-free methods (suffix, pld) run on them"
+NO_RANDOM_DRAFTERS = "random weights are built for eagle3 and dflash drafters only"
+RANDOM_DRAFTER_NAMES = ("eagle3", "dflash")  # random_weights.RANDOM_DRAFTERS' keys (this module imports no torch)
 ALL_DRAFTERS = ("eagle3", "dflash", "sps", "dart", "dart_ngram", "confu")
 DEFAULT_MODEL = "smollm2-135m"  # the CLI's --model default
 NO_SMOLLM_DRAFTERS = "no public drafter exists for SmolLM2-135M; the project trains its own (issue 5)"
@@ -135,15 +136,17 @@ def random_weights_record(target: str) -> dict:
 
 
 def random_spec(weights: RandomWeights, asked: str) -> ModelSpec:
-    """The model spec of a random target: the registered model's template and stop tokens, no drafter weights
-    (none fits random target weights). `asked`, the run's --model, must be the default or the same model."""
+    """The model spec of a random target: the registered model's template and stop tokens, and random drafters
+    where random weights are built for them (`random_weights.RANDOM_DRAFTERS`). `asked`, the run's --model, must
+    be the default or the same model."""
     if asked not in (DEFAULT_MODEL, weights.architecture, weights.model_name):
         raise UsageError(f"--target {weights.ref} builds {weights.architecture}; --model {asked} names another model "
                          f"(leave --model out)")
     base = MODELS[weights.architecture]
-    return dataclasses.replace(base, name=weights.model_name, target=weights.ref, drafters={},
+    drafters = dict.fromkeys(RANDOM_DRAFTER_NAMES, "random")  # random too, at the released drafters' shapes
+    return dataclasses.replace(base, name=weights.model_name, target=weights.ref, drafters=drafters,
                                about=f"{base.about} with random weights (seed {weights.seed})",
-                               missing_drafters=dict.fromkeys(ALL_DRAFTERS, NO_RANDOM_DRAFTERS))
+                               missing_drafters=dict.fromkeys(set(ALL_DRAFTERS) - set(drafters), NO_RANDOM_DRAFTERS))
 
 
 def get_model_spec(name: str, target_override: str | None = None) -> ModelSpec:

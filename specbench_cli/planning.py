@@ -19,6 +19,7 @@ from specbench_cli.datasets import Prompt
 from specbench_cli.inputs import Plan, RunConfig, check_run
 from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype, resolve_invariant
 from specbench_cli.models import checkpoint_ref
+from specbench_cli.random_weights import RANDOM_DRAFTERS, drafter_seed, is_random_drafter
 from specbench_cli.registry import engine_entry, method_class, plan_for_engine
 from specbench_cli.budgets import machine_key, tuned_opts
 
@@ -71,7 +72,9 @@ def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
             raise UsageError(f"malformed --drafter '{pair}': expected NAME=PATH")
         if name not in accepted:
             raise UsageError(f"method {cls.name} has no drafter '{name}'" + (f" (it takes: {', '.join(accepted)})" if accepted else ""))
-        drafters[name] = checkpoint_ref(path, "drafter")
+        if is_random_drafter(path) and name not in RANDOM_DRAFTERS:
+            raise UsageError(f"--drafter {pair}: random weights are built for {', '.join(RANDOM_DRAFTERS)} only")
+        drafters[name] = path if is_random_drafter(path) else checkpoint_ref(path, "drafter")
     return drafters
 
 
@@ -109,7 +112,8 @@ def drafter_weights(plan: Plan) -> dict[str, str]:
     optional = [n for n in cls.optional_drafters if (n in plan.drafters or n in plan.spec.drafters) and n not in unread]
     refs = {name: drafter_ref(cls, plan.spec, plan.drafters, name) for name in [*cls.drafter_names, *optional]}
     once = functools.cache(weights_id)  # DART's draft and trie often share one folder: read it once
-    return {name: once(ref, ("config.json",) if name == cls.calibration else ()) for name, ref in refs.items()}
+    return {name: f"{ref} (seed {drafter_seed(ref, plan.spec.target)})" if is_random_drafter(ref) else
+            once(ref, ("config.json",) if name == cls.calibration else ()) for name, ref in refs.items()}
 
 
 def loaded_target(plan: Plan, model: LoadedModel | None, split: bool = False) -> LoadedModel:

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import torch
 
-from specbench_cli.models import ARCHITECTURES, RandomWeights
+from methods.checkpoints import save
+from methods.layers import rope_settings
+from specbench_cli.models import ARCHITECTURES, RandomWeights, parse_random
 
 
 def build(weights: RandomWeights, device: torch.device, dtype: torch.dtype, folder: Path | None = None) -> torch.nn.Module:
@@ -51,3 +53,74 @@ def parameter_seed(seed: int, name: str) -> int:
     """A 63-bit seed from the run's seed and a parameter's name (Python's own hash of a str changes by process)."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+# ---------------------------------------------------------------------------------------------- drafters
+# `--drafter NAME=random[:SEED]`: a drafter with random weights at the shapes its method's released checkpoints
+# have for this target, written once in the released format (a cache folder) and then loaded like any other.
+RANDOM_DRAFTER = "random"
+EAGLE3_DRAFT_VOCAB = 32000  # every released EAGLE-3 config (AngelSlim Qwen3, yuhuili Llama-3.1, SpecForge templates)
+DFLASH_LAYERS, DFLASH_BLOCK = 5, 16  # z-lab/Qwen3-8B-DFlash-b16 and the SpecForge qwen3-{4b,8b}-dflash templates
+
+
+def is_random_drafter(ref: str) -> bool:
+    name, _, seed = ref.partition(":")
+    return name == RANDOM_DRAFTER and (not seed or seed.isdigit())
+
+
+def drafter_seed(ref: str, target_ref: str) -> int:
+    """`random:SEED`'s seed; plain `random` takes a random target's own seed (0 for a checkpoint)."""
+    seed = ref.partition(":")[2]
+    target = parse_random(target_ref)
+    return int(seed) if seed else target.seed if target is not None else 0
+
+
+def random_drafter(name: str, target: torch.nn.Module, root: Path, seed: int) -> Path:
+    """Drafter `name` (a key of RANDOM_DRAFTERS) for `target`, written once under `root` in a folder named for
+    the target's architecture, dtype and the seed, and reused."""
+    key = hashlib.sha256(f"{target.config.to_json_string()}{target.dtype}".encode()).hexdigest()[:12]
+    folder = root / f"{name}-{key}-seed{seed}"
+    if (folder / "config.json").is_file():
+        return folder
+    config, tensors = RANDOM_DRAFTERS[name](target, seed)
+    dtype = target.get_input_embeddings().weight.dtype
+    tmp = root / f".{folder.name}.partial"  # a killed write never leaves a folder that looks whole
+    save(tmp, config, {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()})
+    tmp.rename(folder)
+    return folder
+
+
+def _eagle3(target: torch.nn.Module, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """One decoder layer of the target's own shape over its three feature layers, a 32,000-token draft head."""
+    from methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
+
+    t = target.config
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    c = Eagle3Config(hidden=t.hidden_size, target_hidden=t.hidden_size, heads=t.num_attention_heads,
+                     kv_heads=t.num_key_value_heads, head_dim=head_dim, intermediate=t.intermediate_size,
+                     eps=t.rms_norm_eps, rope_theta=rope_settings(t.to_dict())[0], rope_scaling=None,
+                     draft_vocab=min(EAGLE3_DRAFT_VOCAB, t.vocab_size), vocab=t.vocab_size,
+                     capture=default_capture(t.num_hidden_layers), norm_before_residual=False, qk_norm=False,
+                     layer_prefix="midlayer.", own_embedding=False)
+    draft = Eagle3Draft(c, target.get_input_embeddings().weight.detach())  # d2t zeros: the first 32,000 ids
+    draw(draft, seed, t.initializer_range)
+    return draft.export()
+
+
+def _dflash(target: torch.nn.Module, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Five layers of the target's own shape reading five evenly spaced feature layers, blocks of 16, the mask
+    token the last id of the vocabulary (the released Qwen3 drafters use 151669, also past the tokenizer's)."""
+    from methods.dflash import DFlashConfig, DFlashDraft, default_capture
+
+    t = target.config
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    c = DFlashConfig(hidden=t.hidden_size, heads=t.num_attention_heads, kv_heads=t.num_key_value_heads,
+                     head_dim=head_dim, intermediate=t.intermediate_size, layers=DFLASH_LAYERS, eps=t.rms_norm_eps,
+                     rope_theta=rope_settings(t.to_dict())[0], rope_scaling=None, capture=default_capture(t.num_hidden_layers), block_size=DFLASH_BLOCK,
+                     mask_token_id=t.vocab_size - 1)
+    draft = DFlashDraft(c, target)
+    draw(draft, seed, t.initializer_range)
+    return draft.export(t.num_hidden_layers)
+
+
+RANDOM_DRAFTERS = {"eagle3": _eagle3, "dflash": _dflash}

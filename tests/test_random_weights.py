@@ -11,6 +11,9 @@ from typer.testing import CliRunner
 from specbench_cli.cli import app
 from specbench_cli.core.errors import UsageError
 from specbench_cli.models import ARCHITECTURES, RandomWeights, get_model_spec, parse_random, random_architectures
+from safetensors.torch import load_file
+
+from specbench_cli import random_weights
 from specbench_cli.random_weights import build, draw
 from tests.conftest import needs_embedded, tiny_model
 
@@ -45,7 +48,8 @@ def test_spellings_and_bad_input():
     assert parse_random("Qwen/Qwen3-8B") is None
     assert set(PUBLISHED) <= set(random_architectures())
     spec = get_model_spec("smollm2-135m", "random:qwen3-1.7b:3")
-    assert (spec.name, spec.target, spec.drafters) == ("random:qwen3-1.7b", "random:qwen3-1.7b:3", {})
+    assert (spec.name, spec.target) == ("random:qwen3-1.7b", "random:qwen3-1.7b:3")
+    assert spec.drafters == {"eagle3": "random", "dflash": "random"}  # random too, at the released shapes
     for ref, says in (("random:qwen3-70b", "qwen3-70b"), ("random:qwen3-8b:x", "whole number")):
         with pytest.raises(UsageError, match=says):
             parse_random(ref)
@@ -56,7 +60,7 @@ def test_spellings_and_bad_input():
 @pytest.mark.parametrize("args, says", [
     (["--target", "random:nosuch"], "nosuch"),
     (["--model", "qwen3-4b", "--target", "random:qwen3-8b"], "names another model"),
-    (["--target", "random:qwen3-8b", "--method", "eagle3"], "random target weights"),
+    (["--target", "random:qwen3-8b", "--method", "sps"], "eagle3 and dflash drafters only"),
     (["--target", "random:qwen3-8b", "--engine", "vllm"], "checkpoint folder"),
 ])
 def test_bad_random_targets_exit_2_in_one_line_before_anything_is_built(tmp_path, args, says):
@@ -76,3 +80,44 @@ def test_a_run_on_random_weights_says_so(tmp_path):
     assert info["random_weights"]["seed"] == 5
     assert "random weights of smollm2-135m (seed 5)" in (tmp_path / "r" / "summary.md").read_text()
     assert "(of the same random weights)" in result.output
+
+
+def test_random_drafters_take_the_released_shapes_for_the_target():
+    """EAGLE-3: one layer of the target's own shape over its three feature layers and a 32,000-token head (every
+    released EAGLE-3 config); DFlash: five such layers over five evenly spaced feature layers, blocks of 16 (the
+    released Qwen3 drafters': for 36 layers the ids 1, 9, 17, 25, 33)."""
+    from methods.dflash import default_capture
+
+    target = build(RandomWeights("qwen3-0.6b"), torch.device("meta"), torch.bfloat16)
+    t = target.config
+    eagle3, tensors = random_weights._eagle3(target, 0)
+    assert (eagle3["intermediate_size"], eagle3["num_attention_heads"], eagle3["draft_vocab_size"]) == (
+        t.intermediate_size, t.num_attention_heads, 32000)
+    assert tuple(tensors["fc.weight"].shape) == (t.hidden_size, 3 * t.hidden_size)
+    dflash, _ = random_weights._dflash(target, 0)
+    assert (dflash["num_hidden_layers"], dflash["block_size"]) == (5, 16)
+    assert dflash["dflash_config"]["target_layer_ids"] == default_capture(t.num_hidden_layers)
+    assert default_capture(36) == [1, 9, 17, 25, 33]
+
+
+@pytest.mark.parametrize("method", ["eagle3", "dflash"])
+def test_random_drafters_are_written_once_per_seed_and_load_as_released_ones(tmp_path, method):
+    from methods.baseline import Baseline
+    from tests.drafter_fixtures import make_method
+    from tests.helpers import random_prompt, run_method
+
+    target = tiny_model("qwen3", layers=6)
+    folder = random_weights.random_drafter(method, target, tmp_path, seed=3)
+    assert random_weights.random_drafter(method, target, tmp_path, seed=3) == folder  # reused, not rewritten
+    other = random_weights.random_drafter(method, target, tmp_path, seed=4)
+    first, second = (load_file(f / "model.safetensors") for f in (folder, other))
+    assert any(not torch.equal(first[k], second[k]) for k in first if first[k].is_floating_point())
+    prompt = random_prompt(24, 96)
+    expected = run_method(target, Baseline(Baseline.Options(), None), prompt, max_new=24).output_ids
+    assert run_method(target, make_method(method, target, folder), prompt, max_new=24).output_ids == expected
+
+
+def test_only_eagle3_and_dflash_drafters_are_built_random(tmp_path):
+    result = CliRunner().invoke(app, ["run", "--method", "sps", "--drafter", "sps=random", "--limit", "1",
+                                      "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "eagle3, dflash only" in result.output, result.output

@@ -32,7 +32,8 @@ from specbench_cli.datasets import Prompt
 from specbench_cli.greedy_replay import Replayed, Replayer, replay_off, replays
 from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel
-from specbench_cli.models import random_weights_record
+from specbench_cli.models import cache_root, random_weights_record
+from specbench_cli.random_weights import drafter_seed, is_random_drafter, random_drafter
 from specbench_cli.planning import check_lengths, drafter_weights, loaded_target
 from specbench_cli.records import run_parts
 from specbench_cli.run_folder import OneAtATime, RunInfo, Start, new_session
@@ -55,7 +56,8 @@ class Runner:
         self.batch = TargetModel(model.model, model.device, plan.compile_mode, plan.buckets, plan.batch_invariant,
                                  slots=plan.config.batch_size, packed=plan.prepacked)
         self.target = self.batch.slots[0]
-        self.method: Method = plan.method_cls(plan.options, model, plan.drafters)
+        self.drafters = drafter_folders(plan, model)
+        self.method: Method = plan.method_cls(plan.options, model, self.drafters)
         acceptance = plan.acceptance and SyntheticAcceptance(plan.acceptance.rates, plan.config.seed)
         self.settings = DecodeSettings(plan.config.max_new_tokens, plan.config.temperature, model.stop_ids, acceptance)
         self.run_name = plan.out.name
@@ -96,6 +98,18 @@ class Runner:
                 replays: list[Replayed] | None = None):
         clock = PhaseClock(self.model.device).name if not isinstance(self.method, OwnLoop) else "perf_counter_ns (streamer)"
         return turn_records(self.plan, self.run_name, clock, self.model.decode, index, prompt, turns, replays=replays)
+
+
+def drafter_folders(plan: Plan, model: LoadedModel) -> dict[str, str]:
+    """The run's drafters, each random one (`--drafter NAME=random`, or a random target's) written to the cache
+    at its method's released shapes for this target and named by its folder."""
+    cls, folders = plan.method_cls, dict(plan.drafters)
+    for name in (*cls.drafter_names, *cls.optional_drafters):
+        ref = plan.drafters.get(name) or plan.spec.drafters.get(name)
+        if ref is not None and is_random_drafter(ref):
+            seed = drafter_seed(ref, plan.spec.target)
+            folders[name] = str(random_drafter(name, model.model, cache_root() / "random-drafters", seed))
+    return folders
 
 
 def compile_record(plan: Plan, capacity: int, seconds: dict[int, float], **more) -> dict:
@@ -173,7 +187,7 @@ class RunJob(OneAtATime):
         """A new pass over the selection (`run --repeat`) starts from a new method, so no cross-prompt state (a
         suffix cache) carries the previous pass's answers to the same prompts."""
         plan = self.plan
-        self.runner.method = plan.method_cls(plan.options, self.runner.model, plan.drafters)
+        self.runner.method = plan.method_cls(plan.options, self.runner.model, self.runner.drafters)
 
     def starting(self) -> AbstractContextManager:
         return nullcontext()  # nothing boots in the background: the target is loaded in `prepare`

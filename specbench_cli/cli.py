@@ -96,7 +96,7 @@ def run(
     engine_url: Annotated[Optional[str], typer.Option(help="--engine vllm: measure a vLLM server already running (http://HOST:PORT; a multi-GPU or multi-node deployment), started with the method's --speculative-config and --per-request-spec-decode-metrics detailed (specbench prints the matching `vllm serve` command if it does not match). Waited for 30 s. Default: specbench starts the engine.")] = None,
     engine_serve: Annotated[bool, typer.Option(help="--engine vllm: start `vllm serve` on 127.0.0.1 (the engine's Python, the run's engine arguments) and reach it over HTTP, as a deployment is measured; stopped at the end. Default: off (vLLM's engine loop in a process of its own, no HTTP).")] = False,
     replay: Annotated[bool, typer.Option(help="At temperature 0, after each prompt (untimed): every emitted token checked against the target's greedy choice after the turn's earlier tokens, on the batch-invariant target on a CPU (exact) or the plain one on CUDA; a token that differs is a numeric tie or a mismatch (prompts.parquet replay_*, report's replay table; a mismatch fails report --compare). A production engine's (--engine vllm) turns are replayed once it has stopped, on the same reference in this process.")] = True,
-    acceptance: Annotated[Optional[str], typer.Option(help="Price a method at an acceptance you set: synthetic:RATE (each draft position accepted with probability RATE given its parent was) or profile:FILE (per-position rates of a speculation_profile.json). The draft and verify run at full cost; outputs are not lossless. In a method list, for the methods that draft. Default: the target decides.", show_default=False)] = None,
+    acceptance: Annotated[Optional[list[str]], typer.Option(help="Price a method at an acceptance you set: synthetic:RATE (each draft position accepted with probability RATE given its parent was) or profile:FILE (per-position rates of a speculation_profile.json); in a method list, for every method that drafts, or METHOD.SPEC for one (repeatable). Draft and verify run at full cost; outputs are not lossless. Default: the target decides.", show_default=False)] = None,
     repeat: Annotated[int, typer.Option(help="Passes over the selection, interleaved with the other methods of a --method list; each pass's rows carry its number (column repeat) and start from fresh cross-prompt state (a suffix cache). More passes narrow the intervals `report` prints. Default: 1.")] = 1,
     list_: Annotated[bool, typer.Option("--list", help="List methods, models and datasets, then exit.")] = False,
 ) -> None:
@@ -115,7 +115,7 @@ def run(
                        drafters=drafter or [], compile=compile, compile_buckets=compile_buckets,
                        batch_invariant=batch_invariant, tuned=tuned, engine=engine, engine_args=engine_arg or [],
                        engine_python=engine_python, engine_url=engine_url, engine_serve=engine_serve, threads=threads, repeat=repeat,
-                       replay=replay, acceptance=acceptance)
+                       replay=replay, acceptance=acceptance or [])
     run_levels(config, concurrency, batch_size, threads, console)
 
 

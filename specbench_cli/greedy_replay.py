@@ -66,7 +66,7 @@ def replay_columns(replayed: Replayed) -> dict:
 def replays(config: RunConfig) -> bool:
     """Whether a run (`inputs.RunConfig`) replays its turns: asked for, greedy, and on one device (a --device split
     target is for acceptance studies) and not a set acceptance's (not lossless by construction)."""
-    return config.replay and config.temperature == 0 and config.device != "split" and config.acceptance is None
+    return config.replay and config.temperature == 0 and config.device != "split" and not config.acceptance
 
 
 def replay_off(config: RunConfig) -> str:

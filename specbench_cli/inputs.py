@@ -65,7 +65,7 @@ class RunConfig:
     engine_serve: bool = False  # start `vllm serve` and reach it over HTTP instead of the in-process engine
     threads: int | None = None  # --threads: an engine process's CPU threads too
     repeat: int = 1  # passes over the selection (`run --repeat`), interleaved with the other methods of a list
-    acceptance: str | None = None  # `--acceptance synthetic:RATE | profile:FILE` (`parse_acceptance`)
+    acceptance: list[str] = field(default_factory=list)  # `--acceptance [METHOD.]synthetic:RATE | profile:FILE`
     replay: bool = True  # each temperature-0 turn's tokens checked against the target's greedy choice (greedy_replay.py)
 
 
@@ -152,6 +152,28 @@ class SetAcceptance:
     source: str  # "synthetic:0.7" or "profile:/absolute/path.json"
 
 
+MEMBER_ACCEPTANCE = re.compile(r"([\w.-]+?)\.((?:synthetic|profile):.*)")  # eagle3.synthetic:0.8
+
+
+def acceptance_for(entries: list[str], method: str, methods: list[str]) -> str | None:
+    """The `--acceptance` entry for `method` of a run of `methods`: its own (`METHOD.SPEC`) before the one for
+    every method (`SPEC`); one line for an entry that names no method of the run, or two for one method."""
+    own, common = {}, []
+    for entry in entries:
+        member = MEMBER_ACCEPTANCE.fullmatch(entry)
+        if member is None:
+            common.append(entry)
+        elif member[1] not in methods:
+            raise UsageError(f"--acceptance {entry}: {member[1]} is not a method of this run ({', '.join(methods)})")
+        elif member[1] in own:
+            raise UsageError(f"--acceptance: two entries for {member[1]}")
+        else:
+            own[member[1]] = member[2]
+    if len(common) > 1:
+        raise UsageError(f"--acceptance: two entries for every method ({', '.join(common)}); name each: METHOD.SPEC")
+    return own.get(method) or (common[0] if common else None)
+
+
 def parse_acceptance(text: str | None) -> SetAcceptance | None:
     """`synthetic:RATE` (one rate in (0, 1]) or `profile:FILE` (a speculation_profile.json's
     conditional_accept_rates, as `report --export specdec-bench` and NVIDIA's specdec_bench write it)."""
@@ -221,7 +243,8 @@ def check_run(config: RunConfig, env: dict[str, str]) -> Plan:
     if config.resume and not (out / "run.json").is_file():
         raise UsageError(f"--resume: no run to continue at {out}")
     return Plan(config, spec, prompts, warmup_prompts(everything, prompts, config.warmup), shard, out,
-                parse_buckets(config.compile_buckets), engine=engine, acceptance=parse_acceptance(config.acceptance))
+                parse_buckets(config.compile_buckets), engine=engine,
+                acceptance=parse_acceptance(acceptance_for(config.acceptance, config.method, [config.method])))
 
 
 def check_engine(config: RunConfig, env: dict[str, str]) -> EnginePlan | None:

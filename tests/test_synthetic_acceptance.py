@@ -93,9 +93,19 @@ def test_in_a_method_list_it_prices_the_methods_that_draft_beside_the_plain_base
     from specbench_cli.commands.interleave import member_configs
     from specbench_cli.inputs import RunConfig
 
-    config = RunConfig(method="baseline,suffix", acceptance="synthetic:0.5", out=tmp_path / "r")
-    members = {c.method: c.acceptance for c in member_configs(config, "1", "1")}
-    assert members == {"baseline": None, "suffix": "synthetic:0.5"}
+    def members(method: str, *entries: str) -> dict[str, list[str]]:
+        config = RunConfig(method=method, acceptance=list(entries), out=tmp_path / "r")
+        return {c.method: c.acceptance for c in member_configs(config, "1", "1")}
+
+    assert members("baseline,suffix", "synthetic:0.5") == {"baseline": [], "suffix": ["synthetic:0.5"]}
+    assert members("baseline,suffix,pld", "synthetic:0.5", "pld.synthetic:0.75") == {
+        "baseline": [], "suffix": ["synthetic:0.5"], "pld": ["synthetic:0.75"]}  # a method's own entry first
+    for entries, says in ((["eagle3.synthetic:0.5"], "not a method of this run"),
+                          (["synthetic:0.5", "synthetic:0.6"], "name each"),
+                          (["pld.synthetic:0.5", "pld.synthetic:0.6"], "two entries for pld")):
+        with pytest.raises(UsageError) as err:
+            members("baseline,pld", *entries)
+        assert says in str(err.value)
 
 
 def test_vllm_takes_it_as_its_own_synthetic_sampler_with_unconditional_rates():

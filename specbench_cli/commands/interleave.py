@@ -30,7 +30,7 @@ from rich.console import Console
 
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli.datasets import parse_shard
-from specbench_cli.inputs import Plan, RunConfig, at_least, check_run, default_name
+from specbench_cli.inputs import Plan, RunConfig, acceptance_for, at_least, check_run, default_name
 from specbench_cli.registry import METHODS, engine_entry, method_class
 
 AA = "baseline"  # the one method a list may name twice: baseline,baseline measures the machine's noise
@@ -86,10 +86,17 @@ def member_configs(config: RunConfig, batch_size: str, concurrency: str) -> list
     if len(methods) == 1:  # --repeat alone: the run's own folder
         return [dataclasses.replace(config, out=root)]
     opts, drafters = member_opts(config.opts, methods), member_drafters(config.drafters, methods)
-    # --acceptance prices the methods that draft; a baseline in the list stays the target's own decoding
-    acceptance = {m: config.acceptance if method_class(m).drafts else None for m in methods}
     return [dataclasses.replace(config, method=m, opts=opts[m], drafters=drafters[m], out=root / name,
-                                acceptance=acceptance[m]) for m, name in zip(methods, member_names(methods))]
+                                acceptance=member_acceptance(config.acceptance, m, methods))
+            for m, name in zip(methods, member_names(methods))]
+
+
+def member_acceptance(entries: list[str], method: str, methods: list[str]) -> list[str]:
+    """A member's --acceptance: its own entry (METHOD.SPEC), else the list's common one if it drafts (a baseline
+    in the list stays the target's own decoding)."""
+    spec = acceptance_for(entries, method, methods)
+    own = any(e.startswith(f"{method}.") for e in entries)
+    return [spec] if spec and (own or method_class(method).drafts) else []
 
 
 def member_drafters(pairs: list[str], methods: list[str]) -> dict[str, list[str]]:

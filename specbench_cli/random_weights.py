@@ -82,10 +82,15 @@ def random_drafter(name: str, target: torch.nn.Module, root: Path, seed: int) ->
     folder = root / f"{name}-{key}-seed{seed}"
     if (folder / "config.json").is_file():
         return folder
-    config, tensors = RANDOM_DRAFTERS[name](target, seed)
     dtype = target.get_input_embeddings().weight.dtype
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in the target's dtype: an 8 B target's DFlash is 4 GB in float32
+    try:
+        config, tensors = RANDOM_DRAFTERS[name](target, seed)
+    finally:
+        torch.set_default_dtype(previous)
     tmp = root / f".{folder.name}.partial"  # a killed write never leaves a folder that looks whole
-    save(tmp, config, {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()})
+    save(tmp, config, tensors)
     tmp.rename(folder)
     return folder
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from specbench_cli.cli import app
 from specbench_cli.core.errors import UsageError
-from specbench_cli.models import ARCHITECTURES, RandomWeights, get_model_spec, parse_random, random_architectures
+from specbench_cli.models import ARCHITECTURES, RANDOM_DRAFTER_NAMES, RandomWeights, get_model_spec, parse_random, random_architectures
 from safetensors.torch import load_file
 
 from specbench_cli import random_weights
@@ -98,6 +98,7 @@ def test_random_drafters_take_the_released_shapes_for_the_target():
     assert (dflash["num_hidden_layers"], dflash["block_size"]) == (5, 16)
     assert dflash["dflash_config"]["target_layer_ids"] == default_capture(t.num_hidden_layers)
     assert default_capture(36) == [1, 9, 17, 25, 33]
+    assert set(RANDOM_DRAFTER_NAMES) == set(random_weights.RANDOM_DRAFTERS)  # the torch-free registry's copy
 
 
 @pytest.mark.parametrize("method", ["eagle3", "dflash"])

@@ -18,7 +18,7 @@ Linears over one input are stacked into one packed weight (`Stacked`: q, k and v
 oneDNN call reads the three (two) weights instead of one call each. Each output column is still one weight row
 against the input, and on the embedded model's shapes the stacked call gives every part bit for bit what its
 own call gives, at every row count (tests/test_kernels.py; the target probes it on the running machine,
-`TargetModel._stacks_agree`, and calls each linear on its own where it fails). Measured on a 2-core EPYC with
+`core.target.probes.stacks_agree`, and calls each linear on its own where it fails). Measured on a 2-core EPYC with
 avx512_bf16 (2026-11-27, every GEMM of one decode, 30 layers and the head, medians of 15): 8.7-9.1 ms as seven
 calls per layer, 7.4-7.6 ms as four.
 """
@@ -155,7 +155,7 @@ class RowKernels:
     def __init__(self, packed: bool) -> None:
         self.packed = packed
         self.stack = packed  # q/k/v and gate/up as one call each (`Stacked`); the target may turn it off (probed)
-        # weight shapes whose one-row call is padded to two rows (a batch-invariant target's probe, `Target._rows`);
+        # weight shapes whose one-row call is padded to two rows (a batch-invariant target's probe, `core.target.choose`);
         # None: none is, and the target pads a one-row call of every module itself where it must
         self.pad_one_row: frozenset[tuple[int, int]] | None = None
         self._callables: dict[int, tuple[torch.nn.Module | Stacked, Callable]] = {}  # id(module) -> (module, callable)

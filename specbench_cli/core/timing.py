@@ -15,7 +15,7 @@ import torch
 
 PHASES = ("route", "catchup", "extra_forward", "draft", "verify", "accept", "commit")
 # Parts of a phase that a proposer times itself (inside `draft`; never added to the phase sums).
-SUB_PHASES = ("draft_head", "reverify")  # reverify: inside `verify` (core.engine._exact_path)
+SUB_PHASES = ("draft_head", "reverify")  # reverify: inside `verify` (core.engine._exact_paths)
 
 
 class PhaseClock:

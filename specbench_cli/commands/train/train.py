@@ -1,6 +1,6 @@
 """`specbench train-drafter`: train a drafter on a self-distillation corpus and write it in its loader's format.
 
-The objectives live in `specbench_cli/training/recipes/` (one module per method); this module is the loop they share:
+The objectives live in `specbench_cli/commands/train/recipes/` (one module per method); this module is the loop they share:
 a seeded held-out split of the corpus, AdamW with a linear warm-up (and optionally a cosine anneal at the end)
 and gradient clipping, held-out top-1 accuracy per draft position every `eval_every` steps, a resumable state
 file, and a JSON card with the data, steps, wall time, accuracies and the exact command(s).

@@ -1,5 +1,5 @@
 """What `specbench tune` does: the baseline live, the verify cost curve, a trace replay per candidate budget,
-the choice, and live runs of it interleaved with a baseline (the model behind the choice is `tuning.py`).
+the choice, and live runs of it interleaved with a baseline (the model behind the choice is `pricing.py`).
 
 The tune folder is held for the whole tune (`tune_command`: `folders.claim`, one writer; an existing folder is
 continued, each run inside it resuming where it stopped), and its records are written whole or not at all

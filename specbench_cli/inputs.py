@@ -155,9 +155,10 @@ class SetAcceptance:
 MEMBER_ACCEPTANCE = re.compile(r"([\w.-]+?)\.((?:synthetic|profile):.*)")  # eagle3.synthetic:0.8
 
 
-def acceptance_for(entries: list[str], method: str, methods: list[str]) -> str | None:
+def acceptance_for(entries: list[str], method: str, methods: list[str], drafts: bool = True) -> str | None:
     """The `--acceptance` entry for `method` of a run of `methods`: its own (`METHOD.SPEC`) before the one for
-    every method (`SPEC`); one line for an entry that names no method of the run, or two for one method."""
+    every method (`SPEC`), which a method that never drafts (`drafts` False: a list's baseline) does not take;
+    one line for an entry that names no method of the run, or two for one method."""
     own, common = {}, []
     for entry in entries:
         member = MEMBER_ACCEPTANCE.fullmatch(entry)
@@ -171,7 +172,7 @@ def acceptance_for(entries: list[str], method: str, methods: list[str]) -> str |
             own[member[1]] = member[2]
     if len(common) > 1:
         raise UsageError(f"--acceptance: two entries for every method ({', '.join(common)}); name each: METHOD.SPEC")
-    return own.get(method) or (common[0] if common else None)
+    return own.get(method) or (common[0] if common and drafts else None)
 
 
 def parse_acceptance(text: str | None) -> SetAcceptance | None:

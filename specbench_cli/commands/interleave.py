@@ -92,11 +92,9 @@ def member_configs(config: RunConfig, batch_size: str, concurrency: str) -> list
 
 
 def member_acceptance(entries: list[str], method: str, methods: list[str]) -> list[str]:
-    """A member's --acceptance: its own entry (METHOD.SPEC), else the list's common one if it drafts (a baseline
-    in the list stays the target's own decoding)."""
-    spec = acceptance_for(entries, method, methods)
-    own = any(e.startswith(f"{method}.") for e in entries)
-    return [spec] if spec and (own or method_class(method).drafts) else []
+    """A member's --acceptance (a baseline in the list stays the target's own decoding: `acceptance_for`)."""
+    spec = acceptance_for(entries, method, methods, method_class(method).drafts)
+    return [spec] if spec else []
 
 
 def member_drafters(pairs: list[str], methods: list[str]) -> dict[str, list[str]]:

@@ -117,6 +117,7 @@ BAD = [
     (["run", "--out", "/proc/specbench"], "cannot create results directory"),
     (["run", "--out", "/dev/null/x"], "cannot create results directory"),
     (["report", "fake", "--out", "a_file"], "is a file"),
+    (["report", "fake", "--export", "spec-bench", "a_file"], "--export spec-bench a_file: it is a file; name a folder"),
     # dataset files
     (["run", "--dataset", "rows_list.jsonl"], "rows_list.jsonl:1: each line must be a JSON object"),
     (["run", "--dataset", "rows_str.jsonl"], "rows_str.jsonl:2: each line must be a JSON object"),
@@ -137,6 +138,9 @@ BAD = [
     (["run", "--method", "baseline,sufix"], "did you mean 'suffix'"),
     (["run", "--repeat", "0"], "--repeat must be at least 1"),
     (["run", "--repeat", "-2"], "--repeat must be at least 1"),
+    (["run", "--repeat", "100000000000"], "--repeat 100000000000: at most 1000 passes"),
+    (["run", "--method", "baseline,eagle3", "--opt", "suffix.max_spec_tokens=3"],
+     "--opt suffix.max_spec_tokens=3: suffix is not in the list (baseline, eagle3)"),
     (["run", "--method", "baseline,eagle3", "--opt", "depth=4"], "each --opt names its method first, e.g. --opt eagle3.KEY=VALUE"),
     (["run", "--method", "baseline,eagle3", "--opt", "eagle3.top_k=0"], "top_k=0 is out of range for eagle3"),
     (["run", "--method", "baseline,suffix", "--drafter", "eagle3=x"], "none of baseline, suffix takes a drafter named 'eagle3'"),

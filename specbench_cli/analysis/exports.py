@@ -45,6 +45,12 @@ def check_format(fmt: str) -> None:
         raise unknown("export format", fmt, FORMATS)
 
 
+def check_destination(fmt: str, folder: Path) -> None:
+    """The export's folder can be one: checked before any table is printed or written."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--export {fmt} {folder}: it is a file; name a folder for the exported files")
+
+
 def check_exportable(results: Results, fmt: str) -> None:
     """Refuse, in one line, runs that lack what the format needs (before anything is written)."""
     check_format(fmt)

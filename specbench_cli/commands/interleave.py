@@ -1,7 +1,7 @@
 """`specbench run --method a,b,c --repeat N`: several methods measured side by side on one loaded target.
 
 Every prompt is decoded by each method in turn, the order rotated one place per prompt, and the selection is
-taken N times, so that the machine's drift (9-30 % within minutes on the 2-core CI machine) touches every method
+taken N times, so that the machine's drift (it can move tens of percent within minutes) touches every method
 alike and `report` can pair the measurements (`analysis/intervals.py`). Each method writes its own results
 folder, `<out>/<method>` (an A/A pair `baseline,baseline` writes `baseline` and `baseline-2`), exactly as a run
 of that method alone would, plus run.json's `pairing` (the list's id and members) and a `repeat` column; resume,
@@ -34,6 +34,7 @@ from specbench_cli.inputs import Plan, RunConfig, acceptance_for, at_least, chec
 from specbench_cli.registry import METHODS, engine_entry, method_class
 
 AA = "baseline"  # the one method a list may name twice: baseline,baseline measures the machine's noise
+MAX_PASSES = 1000  # --repeat: far past where intervals stop narrowing usefully; a larger number is a typo
 
 
 def parse_methods(text: str) -> list[str]:
@@ -62,6 +63,8 @@ def member_opts(opts: list[str], methods: list[str]) -> dict[str, list[str]]:
     mine: dict[str, list[str]] = {m: [] for m in methods}
     for opt in opts:
         head, dot, rest = opt.partition(".")
+        if dot and head in METHODS and head not in mine:
+            raise UsageError(f"--opt {opt}: {head} is not in the list ({', '.join(dict.fromkeys(methods))})")
         if not dot or head not in mine or "=" not in rest:
             raise UsageError(f"--opt {opt}: with several methods each --opt names its method first, e.g. "
                              f"--opt {next((m for m in methods if m != AA), methods[0])}.KEY=VALUE")
@@ -73,6 +76,9 @@ def member_configs(config: RunConfig, batch_size: str, concurrency: str) -> list
     """The run of each method of the list, into `<out>/<member>`; everything a list refuses is refused here."""
     methods = parse_methods(config.method)
     at_least("--repeat", config.repeat, 1)
+    if config.repeat > MAX_PASSES:
+        raise UsageError(f"--repeat {config.repeat}: at most {MAX_PASSES} passes (each pass decodes the whole "
+                         "selection once more)")
     if config.engine_url or config.engine_serve:
         raise UsageError("a vLLM server runs one method: a comma list of methods and --repeat start an engine of "
                          "their own per method (drop --engine-url/--engine-serve)")

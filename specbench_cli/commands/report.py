@@ -26,6 +26,7 @@ def report(console: Console, results_dirs: list[Path], out: Path | None, overwri
 
     if export is not None:
         exports.check_format(export[0])
+        exports.check_destination(*export)
     folder = out or results_dirs[0] / "report"
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out {folder} is a file; name a folder for the report")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from specbench_cli.records import RUN_TABLES, PromptRecord, RoundRecord, output_hash, run_parts
 from specbench_cli.greedy_replay import NOT_REPLAYED, Replayed, replay_columns
-from specbench_cli.run_folder import RunFolder, RunInfo
+from specbench_cli.run_folder import RunFolder, RunInfo, _marked
 
 CPU = {"cpu": "Test CPU 9000", "device": "cpu", "torch_threads": 2, "git_commit": "abc"}
 
@@ -25,6 +25,7 @@ class Turn:
     proposers: list[str] | None = None  # per round: who drafted (default: the method)
     prompt_ids: list[int] | None = None  # the turn's prompt ids (default: [1, 2, 3])
     replay: Replayed = NOT_REPLAYED  # the turn's greedy replay (greedy_replay.py)
+    repeat: int = 0  # the pass (`run --repeat`) that decoded it
 
     @property
     def tokens(self) -> int:
@@ -49,10 +50,12 @@ def write_run(folder: Path, method: str, turns: list[Turn], env: dict | None = N
     info.status = "complete"
     writer.write_info(info)
     phases = phases or {"draft_ms": 1.0, "verify_ms": 8.0, "wall_ms": 10.0}
-    by_prompt: dict[str, list[Turn]] = {}
+    by_prompt: dict[tuple[int, str], list[Turn]] = {}
     for t in turns:
-        by_prompt.setdefault(t.prompt_id, []).append(t)
-    for index, (pid, mine) in enumerate(by_prompt.items()):
+        by_prompt.setdefault((t.repeat, t.prompt_id), []).append(t)
+    per_pass = len({pid for _, pid in by_prompt})
+    for (repeat, pid), mine in by_prompt.items():
+        index = repeat * per_pass + list(dict.fromkeys(p for r, p in by_prompt if r == repeat)).index(pid)
         rounds, rows = [], []
         for t in mine:
             common = dict(run=folder.name, method=method, model="tiny", dataset=dataset, category=t.category or t.subtask,
@@ -69,11 +72,11 @@ def write_run(folder: Path, method: str, turns: list[Turn], env: dict | None = N
                 ms.update(phases)
                 rounds.append(RoundRecord(**common, round=k, proposer=t.proposers[k] if t.proposers else method, tree_size=t.depth, draft_depth=t.depth,
                                           accepted=a, emitted=a + 1, kv_len=10 + k, target_forwards=1, **ms))
-        writer.write_prompt(index, run_parts(rounds, rows))
+        writer.write_prompt(index, {name: _marked(table, repeat) for name, table in run_parts(rounds, rows).items()})
     return folder
 
 
 def baseline_turns(turns: list[Turn], ms_per_token: float) -> list[Turn]:
     """The baseline of the same prompts: one token per round, same output ids."""
     return [Turn(t.prompt_id, t.subtask, [0] * t.tokens, t.tokens * ms_per_token, depth=0, ids=t.ids,
-                 category=t.category, turn=t.turn) for t in turns]
+                 category=t.category, turn=t.turn, repeat=t.repeat) for t in turns]

@@ -215,6 +215,39 @@ def test_regression_gate_exit_codes(root, tmp_path):
     assert missing.exit_code == 1 and "tiny/spec-bench/suffix: missing" in missing.output
 
 
+def _two_passes(folder, slower: float, drift: list[float]) -> None:
+    """A paired baseline,suffix list of 8 prompts x 2 passes; every decode time times `slower` (the engine's
+    own speed) and, in pass p, times `drift[p]` (the machine)."""
+    turns = [Turn(f"p{i}", "qa", [1 + i % 3] * 5, 500.0 * (1 + i / 10) * slower * drift[p], repeat=p)
+             for p in range(2) for i in range(8)]
+    base = [Turn(t.prompt_id, "qa", [0] * t.tokens, t.tokens * 100.0 * slower * drift[t.repeat], depth=0,
+                 repeat=t.repeat) for t in turns]
+    pairing = {"id": "list", "members": ["baseline", "suffix"], "passes": 2}
+    for method, mine in (("baseline", base), ("suffix", turns)):
+        write_run(folder / method, method, mine, more={"pairing": {**pairing, "member": method}})
+
+
+def test_the_gate_sees_an_engine_that_got_slower(tmp_path):
+    """A change that slows the engine slows each method and its baseline alike: every speedup holds, and only
+    tokens/s against the reference's shows it (issue 69: the decoder layers turned off, -37 %)."""
+    _two_passes(tmp_path / "ref", 1.0, [1.0, 1.03])
+    _two_passes(tmp_path / "same", 1.0, [1.02, 1.0])
+    same = invoke(tmp_path / "same", "--out", tmp_path / "r0", "--compare", tmp_path / "ref", "--no-plots")
+    assert same.exit_code == 0, same.output
+    _two_passes(tmp_path / "slow", 1 / 0.63, [1.0, 1.03])
+    slow = invoke(tmp_path / "slow", "--out", tmp_path / "r1", "--compare", tmp_path / "ref", "--no-plots")
+    assert slow.exit_code == 1, slow.output
+    assert "tiny/spec-bench/baseline: tokens/s 9.85 -> 6.21" in slow.output and "a regression" in slow.output
+    gate = pd.read_csv(tmp_path / "r1" / "regression_gate.csv")
+    speedups = gate[gate.measure == "speedup"]
+    assert (speedups.verdict == "pass").all() and (gate[gate.measure == "tokens/s"].verdict == "regression").all()
+
+
+def test_the_gate_says_it_cannot_judge_tokens_per_s_against_one_pass(root, tmp_path):
+    result = invoke(root, "--out", tmp_path / "r0", "--compare", root, "--no-plots")
+    assert result.exit_code == 0 and "tokens/s not gated: the reference has one pass" in result.output
+
+
 def test_report_bad_input_is_one_line(tmp_path):
     result = invoke(tmp_path / "nothing")
     assert result.exit_code == 2 and "results directory not found" in result.output

@@ -5,9 +5,11 @@ Per (model, dataset, method) of the reference:
   so any change is real: a changed output fails, naming the prompt, turn, token and round; a τ that fell fails,
   naming the first round whose accepted length differs; a τ that rose is reported, not failed.
 - **speed, with its noise.** The ratio current speedup / reference speedup gets a bootstrap interval
-  (`intervals.change_interval`; each speedup paired where its run was interleaved with its baseline). It fails
-  only where the whole interval lies below 1 - threshold, passes where it lies at or above it, and is otherwise
-  *inconclusive*: its own exit code (3), with about how many passes (`run --repeat`) would decide it.
+  (`intervals.change_interval`; each speedup paired where its run was interleaved with its baseline), and so
+  does each method's tokens/s now / the reference's (`intervals.rate_change_interval`: an engine that got slower
+  slows the baseline too, which no speedup shows). Each fails only where the whole interval lies below
+  1 - threshold, passes where it lies at or above it, and is otherwise *inconclusive*: its own exit code (3),
+  with about how many passes (`run --repeat`) would decide it.
 - a reference row the current results lack fails; a temperature-0 mismatch in the lossless or replay table fails.
 
 Runs whose settings differ from the reference's (dtype, lengths, hardware...) are refused with one line naming
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from specbench_cli.analysis import intervals
@@ -57,6 +60,7 @@ def compare(current: Results, reference: Results, threshold_pct: float, lossless
         check_comparable(mine, ref)
         outputs(mine, ref, name, result)
         speed(current, reference, mine, ref, name, threshold_pct / 100, result)
+        tokens_per_s(mine, ref, name, threshold_pct / 100, result)
     for row in lossless.frame.to_dict("records") if lossless is not None else []:
         if row.get("mismatches"):
             result.failed.append(f"{row['dataset']}/{row['method']}: {row['mismatches']} output(s) diverge from the "
@@ -136,11 +140,32 @@ def speed(current: Results, reference: Results, mine: RunGroup, ref: RunGroup, n
         return  # an A/A pair's second baseline measures noise, not a speedup to keep
     change = intervals.change_interval((mine.prompts, base_now.prompts, current.paired(mine, base_now)),
                                        (ref.prompts, base_then.prompts, reference.paired(ref, base_then)))
+    judge(change, f"speedup now/reference {change.text(3)} (95% CI, {change.pairing} runs",
+          "speedup", mine, ref, name, threshold, result)
+
+
+def tokens_per_s(mine: RunGroup, ref: RunGroup, name: str, threshold: float, result: GateResult) -> None:
+    """tokens/s now / tokens/s of the reference (`intervals.rate_change_interval`): an engine that got slower
+    slows a method and its baseline alike, which no speedup shows. The reference needs two passes or more, whose
+    spread is the noise the interval goes by."""
+    drift = intervals.pass_ratio_samples(ref.prompts, np.random.default_rng(intervals.SEED))
+    if not drift[2]:
+        result.notes.append(f"{name}: tokens/s not gated: the reference has one pass, which says nothing of the "
+                            "machine's noise (record references with run --repeat 2 or more)")
+        return
+    change = intervals.rate_change_interval(mine.prompts, ref.prompts, drift)
+    now, then = intervals.mean_interval(mine.prompts).value, intervals.mean_interval(ref.prompts).value
+    judge(change, f"tokens/s {then:.2f} -> {now:.2f}, now/reference {change.text(3)} (95% CI, unpaired runs "
+          "widened by the reference's pass-to-pass noise", "tokens/s", mine, ref, name, threshold, result)
+
+
+def judge(change: intervals.Interval, what: str, measure: str, mine: RunGroup, ref: RunGroup, name: str,
+          threshold: float, result: GateResult) -> None:
+    """A ratio now/reference against the floor 1 - threshold: its row in the gate's table and its verdict line."""
     passes = int(mine.prompts.repeat.nunique()) if len(mine.prompts) else 1
     verdict = intervals.verdict(change, threshold, passes)
-    line = (f"{name}: speedup now/reference {change.text(3)} (95% CI, {change.pairing} "
-            f"runs, {change.prompts} prompts x {passes} passes) against the floor {1 - threshold:.3f}")
-    result.rows.append({"model": key(ref)[0], "dataset": key(ref)[1], "method": key(ref)[2],
+    line = f"{name}: {what}, {change.prompts} prompts x {passes} passes) against the floor {1 - threshold:.3f}"
+    result.rows.append({"model": key(ref)[0], "dataset": key(ref)[1], "method": key(ref)[2], "measure": measure,
                         "now / reference": change.value, "low": change.low, "high": change.high,
                         "verdict": verdict.outcome, "passes needed": verdict.passes_needed})
     if verdict.outcome == "regression":
@@ -154,6 +179,8 @@ def speed(current: Results, reference: Results, mine: RunGroup, ref: RunGroup, n
 
 
 def table(result: GateResult, threshold_pct: float) -> Table:
-    return Table("regression_gate", "Speedup against the reference (report --compare)", pd.DataFrame(result.rows),
+    return Table("regression_gate", "Speed against the reference (report --compare)", pd.DataFrame(result.rows),
                  f"a regression only where the whole 95% interval of now/reference lies below 1 - {threshold_pct:g}%; "
-                 "inconclusive where it straddles that floor")
+                 "inconclusive where it straddles that floor. speedup: over each run's own baseline; tokens/s: the "
+                 "engine's own speed, runs of different times, the interval widened by the reference's "
+                 "pass-to-pass noise")

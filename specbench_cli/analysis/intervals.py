@@ -199,13 +199,19 @@ def throughput_ratio_interval(mine: pd.DataFrame, mine_throughput: float, base: 
 def noise_from_passes(baseline: pd.DataFrame) -> Interval:
     """Without an A/A pair, a baseline of several passes measures the noise against itself: the odd passes over
     the even ones, prompt by prompt (paired: the same prompts). NOTHING with fewer than two passes."""
-    units = rates(baseline)
+    value, samples, n, count = pass_ratio_samples(baseline, np.random.default_rng(SEED))
+    return Interval(value, *bounds(samples, n), True, n, count) if n else NOTHING
+
+
+def pass_ratio_samples(prompts: pd.DataFrame, rng: np.random.Generator) -> tuple[float, np.ndarray, int, int]:
+    """A run's odd passes over its even ones with its bootstrap samples (`ratio_samples`, paired): a ratio that
+    only the machine moves from 1. No samples (prompts 0) with fewer than two passes."""
+    units = rates(prompts)
     if units.empty or units.repeat.nunique() < 2:
-        return NOTHING
+        return math.nan, np.full(RESAMPLES, math.nan), 0, 0
     odd = units[units.repeat % 2 == 1].assign(repeat=lambda f: f.repeat // 2)
     even = units[units.repeat % 2 == 0].assign(repeat=lambda f: f.repeat // 2)
-    value, samples, n, count = ratio_samples(odd, even, True, np.random.default_rng(SEED))
-    return Interval(value, *bounds(samples, n), True, n, count)
+    return ratio_samples(odd, even, True, rng)
 
 
 def detectable(noise: Interval) -> float:
@@ -231,20 +237,52 @@ def change_interval(current: tuple[pd.DataFrame, pd.DataFrame, bool],
     what a prompt set's mix of easy and hard prompts does to a speedup cancels, and what is left is how the two
     measurements of the same prompts differ."""
     frames = [rates(frame) for frame in (*current[:2], *reference[:2])]
+    drawn = _same_prompts(frames)
+    if drawn is None:
+        return NOTHING
+    value, samples, n, units = drawn(lambda m, b, rm, rb: (m / b) / (rm / rb))
+    return Interval(value, *bounds(samples, n), current[2] and reference[2], n, units)
+
+
+def rate_change_interval(current: pd.DataFrame, reference: pd.DataFrame,
+                         reference_passes: tuple[float, np.ndarray, int, int]) -> Interval:
+    """tokens/s now / tokens/s of the reference on the prompts both have: the engine's own speed, which a
+    speedup over a baseline that slowed alike cannot see. The two runs were made at different times, so nothing
+    pairs their measurements: one draw of prompts serves both (the prompt mix cancels), and each draw is
+    multiplied by a draw of the drift between two passes of one run, the reference's odd passes over its even
+    ones (`reference_passes`, from `pass_ratio_samples`) taken as a factor of either sign, since that ratio
+    should be 1 and only the machine moves it. The drift between two nights may be larger than the drift
+    between two passes of one night: the gate only calls a regression where the whole interval lies below its
+    floor. NOTHING where the reference has one pass (no noise to go by) or no prompt is shared."""
+    _, drift, _, noise_prompts = reference_passes
+    drawn = _same_prompts([rates(current), rates(reference)])
+    if drawn is None or not noise_prompts:
+        return NOTHING
+    value, samples, n, units = drawn(lambda now, then: now / then)
+    signs = np.random.default_rng(SEED + 1).choice([-1.0, 1.0], size=len(drift))
+    samples = samples * np.exp(signs * np.log(drift))
+    return Interval(value, *bounds(samples, n), False, n, units)
+
+
+def _same_prompts(frames: list[pd.DataFrame]):
+    """For frames of per-unit rates measured on the same prompts: a function that takes how to combine the
+    frames' mean rates and returns (its value, its RESAMPLES bootstrap samples with one draw of prompts for every
+    frame, prompts, units of the first frame); None where no prompt is in every frame."""
     shared = set.intersection(*(set(f.prompt_id) for f in frames))
     order = [p for p in dict.fromkeys(frames[0].prompt_id) if p in shared]
     if not order:
-        return NOTHING
+        return None
     per_prompt_sums = [_by_prompt(f, order) for f in frames]
-
-    def ratio(draw: np.ndarray) -> np.ndarray:
-        m, b, rm, rb = (sums[draw].sum(axis=-1) / counts[draw].sum(axis=-1) for sums, counts in per_prompt_sums)
-        return (m / b) / (rm / rb)
-
-    value = float(ratio(np.arange(len(order))))
-    samples = ratio(_draws(len(order), np.random.default_rng(SEED)))
     units = int(sum(frames[0].prompt_id.isin(shared)))
-    return Interval(value, *bounds(samples, len(order)), current[2] and reference[2], len(order), units)
+
+    def drawn(combine) -> tuple[float, np.ndarray, int, int]:
+        def at(draw: np.ndarray) -> np.ndarray:
+            return combine(*(sums[draw].sum(axis=-1) / counts[draw].sum(axis=-1) for sums, counts in per_prompt_sums))
+
+        samples = at(_draws(len(order), np.random.default_rng(SEED)))
+        return float(at(np.arange(len(order)))), samples, len(order), units
+
+    return drawn
 
 
 def verdict(change: Interval, threshold: float, passes: int = 1) -> Verdict:

@@ -365,7 +365,7 @@ def report(
     results_dirs: Annotated[list[Path], typer.Argument(help="Run directories, or folders searched for them (shards and repeats of one experiment are merged).", show_default=False)],
     out: Annotated[Optional[Path], typer.Option(help="Where tables (.md/.csv/.tex) and plots (.png/.pdf) go. Default: <first RESULTS_DIR>/report.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace the files of an existing report folder.")] = False,
-    compare: Annotated[Optional[Path], typer.Option(help="Reference results (a nightly gate): at temperature 0 any changed output or fallen τ per prompt fails (exit 1, naming the prompt and round); a speedup fails only where the 95% interval of now/reference lies wholly below 1 - --max-regression, and where the interval straddles that floor the verdict is inconclusive (exit 3, with the --repeat that would decide it). Runs of other settings or hardware than the reference's are refused.")] = None,
+    compare: Annotated[Optional[Path], typer.Option(help="Reference results (a nightly gate): a changed output or fallen τ fails (exit 1); speedup and tokens/s fail where their 95% interval lies below 1 - --max-regression, inconclusive (exit 3) where it straddles it. Other settings or hardware: refused.")] = None,
     max_regression: Annotated[float, typer.Option(help="Tolerated speedup drop, in percent, for --compare.")] = 5.0,
     along: Annotated[Optional[list[str]], typer.Option(help="Methods (labels as in the tables) for the τ-along-the-response plot (repeatable). Default: the first two drafting methods.")] = None,
     plots: Annotated[bool, typer.Option(help="Draw the figures.")] = True,

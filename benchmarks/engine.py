@@ -244,7 +244,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also the compiled Target and generate() with a static cache")
     ap.add_argument("--invariant", action="store_true", help="also the batch-invariant Target (core.target)")
     ap.add_argument("--sizes", default=",".join(map(str, NS)),
-                    help="verify sizes n of the c(n) table (each one a compiled bucket with --compile: ~40 s each on an H100)")
+                    help="verify sizes n of the c(n) table (each one a compiled bucket with --compile, compiled on its own)")
     ap.add_argument("--batch", default="", help="batch sizes for the batched verify table, e.g. 2,4,8,16")
     ap.add_argument("--batch-only", action="store_true", help="with --batch: that table alone")
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here too")

@@ -13,7 +13,7 @@ Spec-Bench tasks. This script writes such prompts itself, in Spec-Bench's format
 Only roleplay rows outside the roleplay source's calibration share are used, so no router calibrates on a
 passage a drafter trained on. The output is deterministic (seed 0, greedy, fp32 on CPU).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/write_task_prompts.py ROLEPLAY_JSON   # 50 min on 2 CPU threads
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/write_task_prompts.py ROLEPLAY_JSON   # long on a CPU
 
 ROLEPLAY_JSON is the upstream GPTeacher roleplay file (datasets/train/SOURCE.md: the project ships only its
 prompts, and the passages are made of its responses); its sha256 is checked.

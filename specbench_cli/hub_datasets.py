@@ -3,7 +3,7 @@ known) and normalised to `Prompt`s.
 
 Each entry says where its prompts come from, how a row becomes the user turns, how many prompts the papers
 use and which paper category it belongs to. The prompt construction and the subset rule are z-lab/dflash's
-(`model/utils.py` `load_and_process_dataset` and `benchmark.py` at its first commit bb48ef9): a dataset
+(`model/utils.py` `load_and_process_dataset` and `benchmark.py` at its first commit, which `DFLASH` names): a dataset
 larger than its size is shuffled with seed 0 and cut (`Dataset.shuffle(seed=0).select(range(size))`). The
 sizes are WhiFlash's Appendix A table, which equals DFlash's run_benchmark.sh. WhiFlash does not publish
 its loader; that it uses DFlash's construction is our assumption, said in `--list`. Datasets no released

@@ -73,9 +73,9 @@ class DtypeChoice:
 
 def resolve_dtype(dtype: str, device: torch.device, cpu_bf16: bool = True) -> DtypeChoice:
     """`auto`: bf16 on CUDA; on the CPU bf16 where it has bf16 in hardware (AMX or AVX512-BF16, read from its
-    flags), float32 elsewhere. Measured on a 2-core EPYC with avx512_bf16 (smollm2-135m, issue 36): a bf16
-    one-token forward 24 ms vs 36 ms in fp32, and a verify of 8 tokens costs 0.97 of one forward in bf16 but
-    1.64 in fp32; without those instructions bf16 matmuls are emulated and slower than fp32. `cpu_bf16=False`
+    flags), float32 elsewhere. On a CPU with avx512_bf16 (smollm2-135m, issue 36) a bf16 one-token forward is
+    faster than an fp32 one, and a verify of 8 tokens costs about one forward in bf16 but clearly more in fp32;
+    without those instructions bf16 matmuls are emulated and slower than fp32. `cpu_bf16=False`
     keeps float32 on the CPU for `auto` (the oracle: its replay equals a live run exactly in float32)."""
     if dtype != "auto":
         if dtype not in SPELLINGS:
@@ -120,7 +120,8 @@ def embedded_gguf() -> Path:
 
 
 def embedded_folder() -> Path:
-    """Convert the GGUF once into safetensors + config + tokenizer (dequantising takes ~15 s; loading then <1 s)."""
+    """Convert the GGUF once into safetensors + config + tokenizer (dequantising is the slow part; loading the
+    converted folder afterwards is quick)."""
     gguf = embedded_gguf()
     folder = cache_root() / "smollm2-135m"
     stamp = folder / "specbench-source.json"

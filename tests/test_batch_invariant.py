@@ -120,7 +120,7 @@ def test_embedded_bf16_chain_rows_and_tree_paths_equal_one_token_decodes(embedde
         tree = random_tree(random.Random(0), 40, 4000)
         deepest = max(range(1, len(tree) + 1), key=lambda node: len(path_to(tree, node)))
         assert_rows_are_decodes(bf16, prompt, path_to(tree, deepest), path_of=tree)
-        # every node: at their tree slots 8 of these 40 rows differed from their decodes (2026-11-26)
+        # every node: at their tree slots 8 of these 40 rows once differed from their decodes
         assert_tree_rows_are_decodes(bf16, prompt, tree, list(range(1, len(tree) + 1)))
     finally:
         embedded.model.to(torch.float32)

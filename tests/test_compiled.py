@@ -39,7 +39,7 @@ def test_oracle_trees_and_chains(tiny, chain):
 @pytest.mark.slow
 def test_baseline_through_inductor():
     """The real compiler: warm-up compiles each bucket once, then decoding never compiles again (one
-    architecture: inductor takes ~15 s a bucket on a 2-core CPU)."""
+    architecture: inductor is slow to compile a bucket on a small CPU)."""
     from tests.conftest import tiny_model
 
     tiny = tiny_model("llama")

@@ -24,7 +24,7 @@ TOKENS = "24"
 SELECTION = ["--model", "smollm2-135m", "--dataset", "spec-bench", "--category", "writing", "--category",
              "summarization", "--limit", "2", "--max-new-tokens", TOKENS, "--warmup", "0", "--dtype", "float32",
              "--threads", "1"]  # one OpenMP thread: a spinning pool on a busy core crawls
-# eager: a first vLLM start on CPU compiles for ~100 s per speculative config; the tests check outputs, not speed
+# eager: a first vLLM start on CPU compiles for a long time per speculative config; the tests check outputs, not speed
 ENGINE = ["--engine", "vllm", "--engine-arg", "enforce_eager=true"]
 METHODS = {"baseline": [], "pld": [], "suffix": [],
            "eagle3": ["--opt", "top_k=1", "--opt", "depth=2", "--opt", "total_token=4"],  # a chain of 3

@@ -95,7 +95,7 @@ def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch, dr
     assert set(drawn["candidates"]["legend"]) == {"predicted", "measured (95% interval)"}
     assert 2 in drawn["candidates"]["points"] and (tmp_path / "tune" / "candidates.png").exists()
     # live: the chosen budget and the paper's, or the paper's alone when it is the choice (1 prompt of 24 tokens
-    # can leave the two within noise of each other: a clean-clone CI run on 2026-11-28 chose the paper's)
+    # can leave the two within noise of each other: a clean-clone CI run once chose the paper's)
     live = frame.dropna(subset=["measured_speedup"])
     assert len(live) == (2 if record["opts"] else 1) and (live.measured_low <= live.measured_speedup).all()
     assert (live.measured_speedup <= live.measured_high).all()

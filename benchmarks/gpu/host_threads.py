@@ -1,6 +1,6 @@
-"""Does CPU work between eager GPU forwards slow the next forward's launches? (the H200 run of 2026-11-27: an
-eager verify in `specbench run` took 57 ms where benchmarks/engine.py's took 18.6 ms, and a suffix round with a
-draft 60 ms against 19 ms without one). Random weights in the model's config (no checkpoint needed): one
+"""Does CPU work between eager GPU forwards slow the next forward's launches? (benchmarks/gpu/README.md records an
+H200 run where an eager verify in `specbench run` was much slower than benchmarks/engine.py's, and a suffix round
+with a draft much slower than one without.) Random weights in the model's config (no checkpoint needed): one
 forward's cost on a host-bound GPU does not depend on the weights' values.
 
     python benchmarks/gpu/host_threads.py CONFIG.json [--device cuda] [--reps 20]

@@ -1,9 +1,9 @@
 """Where a round's time goes, operator by operator: `specbench run` of one method on a few prompts under
 torch.profiler, each round phase (core.timing.PhaseClock) marked as a record_function range.
 
-Two questions from the H200 call of 2026-11-27 (benchmarks/gpu/README.md) need it: why EAGLE-3's draft phase
-took 53-57 ms a round there, growing with the context, where the 2-core CPU takes 10-12 ms whatever the
-context; and why an eager verify inside a run took ~57 ms where benchmarks/engine.py's took 18.6 ms. It prints,
+Two questions from an H200 call (its numbers in benchmarks/gpu/README.md) need it: why EAGLE-3's draft phase was
+slow there and grew with the context, where on the CPU it takes about the same time whatever the context; and
+why an eager verify inside a run was much slower than benchmarks/engine.py's. It prints,
 per phase, the host time, the device time and the count of host-device synchronisations, copies and cuDNN
 attention calls inside it, then the operators with the most self host time and self device time.
 

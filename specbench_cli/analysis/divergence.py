@@ -7,11 +7,11 @@ over the baseline's own prefix. If both tokens the runs chose are within the run
 logit there, the divergence is a *numeric tie*; otherwise it is a *mismatch* (a real bug). Runs our engine
 replayed (greedy_replay.py) are classified by their replays instead, which check every token.
 
-Why the run's dtype and not float32 (until 2026-11-27): float32 is another computation, and a bf16 run of a
-30-layer model sits further from its logits than the threshold. On smollm2-135m in bf16 (4 Spec-Bench prompts
-x 128 tokens, plain target) a float32 recomputation called 5 of 8 divergences of eagle3, dflash and suffix from
-the baseline mismatches, where a bf16 reference put every token those runs emitted within 0.19 logits of its
-own choice.
+Why the run's dtype and not float32 (what this recomputed in before): float32 is another computation, and a
+bf16 run of a 30-layer model sits further from its logits than the threshold. On smollm2-135m in bf16 (4
+Spec-Bench prompts x 128 tokens, plain target) a float32 recomputation called 5 of 8 divergences of eagle3, dflash
+and suffix from the baseline mismatches, where a bf16 reference put every token those runs emitted within 0.19
+logits of its own choice.
 
 Thresholds are in logit units, a few units in the last place of a typical top logit (|logit| in 8..32) in
 the run's dtype: bf16 keeps 8 significant bits (ulp 0.0625-0.125 there), fp16 11 (0.008-0.016), fp32 24.

@@ -1,8 +1,8 @@
 """Confidence intervals for the speed figures, the machine's noise, and the regression verdict built on them.
 
 A speedup is Spec-Bench's ratio of means of per-prompt decode rates (`metrics.summarise`). Its uncertainty comes
-from which prompts were drawn and from the machine drifting while they ran (on the 2-core CI machine three
-baselines of the same prompts within 11 minutes gave 11.1, 12.0 and 14.4 tok/s). The intervals here are
+from which prompts were drawn and from the machine drifting while they ran (on the CI machine three baselines
+of the same prompts, run minutes apart, gave clearly different rates). The intervals here are
 percentile bootstraps over prompts (Efron & Tibshirani, An Introduction to the Bootstrap, ch. 13): 95 %, 2000
 resamples, a fixed seed so that the same records always print the same interval. A prompt is resampled with
 all its passes (`run --repeat`), so passes of one prompt are never treated as independent prompts. The plain

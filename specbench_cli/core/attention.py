@@ -7,7 +7,7 @@ target attends with it instead; these PyTorch forms serve a compiled forward (`g
 
 Why a form of our own: on a CPU in half precision, SDPA's one-query kernel is slow (`attends_by_matmul`), and
 the kernels' rounding follows where a key sits and how many rows share a call. Measured with MKL's float32
-matmuls on a 2-core EPYC (2026-11-26, random bf16-valued inputs, kv heads 3, head dim 64):
+matmuls on one CPU (random bf16-valued inputs, kv heads 3, head dim 64):
 - q @ k^T: each score is the same for any number of query rows from 6 up (3 query heads x 2 rows), any
   number of keys and any key offset; one row alone (3 query rows) rounds differently;
 - p @ v (reduction over keys): the same for any number of query rows from 6 up, for a fixed number of keys
@@ -32,9 +32,8 @@ TAIL = 64  # keys in a row's last block, the part of p @ v it sums on its own
 
 
 def attends_by_matmul(device: torch.device, dtype: torch.dtype) -> bool:
-    """Half precision on a CPU, where SDPA's flash kernel for one query row costs 293 us at 512 keys and 1.7 ms
-    at 3072 (bf16, 9 heads, 2-core EPYC, medians) against `grouped_attention`'s 171 us and 0.7 ms. Not in
-    float32 (SDPA: 49 us vs 85 us) and not for several rows (bf16, 8 rows: SDPA 142 us vs 271 us)."""
+    """Half precision on a CPU, where SDPA's flash kernel for one query row is slower than `grouped_attention`
+    (bf16, 9 heads, 512 to 3072 keys). Not in float32 and not for several rows, where SDPA is the faster."""
     return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 
 
@@ -49,14 +48,14 @@ def leave_cudnn_out_of_sdpa(leave_out: bool = True) -> None:
 
     Why leave it out: our forwards call SDPA with an explicit mask over a key span that grows every round (a
     decode reads one key more than the last), and cuDNN builds an execution plan for every new shape before it
-    runs one (modelscope/FunASR#3704: 0.44 s a new shape on a B200; with cuDNN out of the order those steps ran
-    as fast as the others). PyTorch puts cuDNN first on sm90 and sm100 when the cuDNN runtime is newer than
-    9.15 unless TORCH_CUDNN_SDPA_DEPRIORITIZED is set (`check_prefer_cudnn_attention` in
-    aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, read on pytorch main 2026-11-27).
-    On an H200 (2026-11-27, benchmarks/gpu/README.md) an eager verify inside a run took ~57 ms against 18.6 ms
-    for the same forward repeated at one context, a round that verified a draft (several rows) ~60 ms
-    against ~19 ms for one that verified one row, and a tree drafter's drafting (nine masked SDPA calls a round
-    over its growing cache) 53-57 ms: what per-shape plans would cost. Not yet measured with it left out."""
+    runs one (modelscope/FunASR#3704: on a B200 every new shape was slow; with cuDNN out of the order those
+    steps ran as fast as the others). PyTorch puts cuDNN first on sm90 and sm100 when the cuDNN runtime is newer
+    than 9.15 unless TORCH_CUDNN_SDPA_DEPRIORITIZED is set (`check_prefer_cudnn_attention` in
+    aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, read on pytorch main).
+    The slow eager rounds on a GPU recorded in benchmarks/gpu/README.md are what per-shape plans would cost: a
+    verify inside a run slower than the same forward repeated at one context, a round that verified a draft
+    (several rows) slower than one that verified one row, and a tree drafter's slow drafting (nine masked SDPA
+    calls a round over its growing cache). Not yet measured with it left out."""
     torch.backends.cuda.enable_cudnn_sdp(not leave_out)
 
 
@@ -73,7 +72,7 @@ def grouped_attention(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Ten
     forward's cache prefix and its own rows, `RowsApart`); returns [B, H, R, d] in q's dtype.
 
     For one query row in half precision on a CPU (`one_query_by_matmul`): a decode of the embedded model at 512
-    cached keys spends 30 x 0.12 ms less in attention than with SDPA, a third of what is left after the weights."""
+    cached keys spends less in attention, in each of its 30 layers, than with SDPA."""
     b, h, r, d = q.shape
     kvh = parts[0][0].shape[1]
     queries = q.float().reshape(b, kvh, h // kvh * r, d)

@@ -1,10 +1,9 @@
 """Every decoder layer of an eager CPU forward in one call of a C++ op of ours (`decoder_layers.cpp`).
 
 Why: with its GEMMs on prepacked weights and attention in the row kernel, a bf16 CPU decode of the embedded model
-still spent about a third of its time outside both: ~1,500 small PyTorch operators (norms, rotary, cache writes,
-casts, the MLP's activation, residual adds) and the Python between them (torch.profiler over 20 decodes at
-context 512, 2-core EPYC, 2026-11-28: GEMMs 6.05 ms, row kernel 1.03 ms, ~2.4 ms of small operators, ~3 ms of
-Python). The op runs the same layers — the same oneDNN calls on the same packed weights, the same row kernel —
+still spent a sizeable share of its time outside both: ~1,500 small PyTorch operators (norms, rotary, cache
+writes, casts, the MLP's activation, residual adds) and the Python between them (torch.profiler over decodes at
+context 512). The op runs the same layers — the same oneDNN calls on the same packed weights, the same row kernel —
 with loops of ours for what lies between, each over one row at a time, so a row's result never depends on the
 rows beside it: a batch-invariant target stays exact with it (its one-row GEMMs padded as `RowKernels.pad_one_row`
 says). Its norms, rotary and activation round where Hugging Face's modules do but sum and exponentiate in their

@@ -5,9 +5,9 @@ blocked (VNNI) layout on every call; for a decode, which reads every weight once
 reorder costs more than the product. Reordering each weight once (`torch.ops.mkldnn._reorder_linear_weight`,
 the op inductor's CPU freezing pass uses) and calling oneDNN's linear on the packed weight
 (`_linear_pointwise`) does the same arithmetic: on the embedded model's shapes the outputs are bit for bit
-those of `F.linear` for every row count (tests/test_kernels.py), so packing changes speed, not tokens.
-Measured on a 2-core AMD EPYC with avx512_bf16 (smollm2-135m, every GEMM of one forward, weights far larger
-than the L3): 24 ms plain vs 15 ms packed for one row, 28 vs 16 ms for eight.
+those of `F.linear` for every row count (tests/test_kernels.py), so packing changes speed, not tokens. On a CPU
+with bf16 instructions and weights far larger than its L3, the packed GEMMs of one forward are faster than the
+plain ones, for one row and for eight.
 
 Only bf16/fp16 are packed: a packed float32 weight goes through oneDNN instead of MKL's sgemm and rounds
 differently (faster too, but fp32 is the reference dtype whose outputs other engines are compared with).
@@ -18,9 +18,8 @@ Linears over one input are stacked into one packed weight (`Stacked`: q, k and v
 oneDNN call reads the three (two) weights instead of one call each. Each output column is still one weight row
 against the input, and on the embedded model's shapes the stacked call gives every part bit for bit what its
 own call gives, at every row count (tests/test_kernels.py; the target probes it on the running machine,
-`core.target.probes.stacks_agree`, and calls each linear on its own where it fails). Measured on a 2-core EPYC with
-avx512_bf16 (2026-11-27, every GEMM of one decode, 30 layers and the head, medians of 15): 8.7-9.1 ms as seven
-calls per layer, 7.4-7.6 ms as four.
+`core.target.probes.stacks_agree`, and calls each linear on its own where it fails). On a CPU with bf16
+instructions the GEMMs of one decode take less time as four calls per layer than as seven.
 """
 
 from __future__ import annotations
@@ -125,9 +124,9 @@ def _packable(dtype: torch.dtype) -> bool:
 def linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`module(x)`, on its packed weight where that gives `F.linear`'s bits without the per-call reorder: outside
     autograd, on a CPU, in half precision (a drafter's layers, a drafter's read of the target's head). Drafters are
-    small, so their reorder is a smaller share than the target's, but it is paid at every draft step: nine linears
-    of a one-layer drafter of the embedded model (576-1728 wide, a 4096-token head) took 0.26 ms packed against
-    0.55 ms (2-core EPYC, bf16, one row, outputs equal)."""
+    small, so their reorder is a smaller share than the target's, but it is paid at every draft step: the nine
+    linears of a one-layer drafter of the embedded model (576-1728 wide, a 4096-token head) run faster packed, in
+    bf16 for one row, with equal outputs."""
     weight = module.weight
     if (x.device.type == "cpu" and weight.dtype in PACKED_DTYPES and not torch.is_grad_enabled()
             and _packable(weight.dtype)):

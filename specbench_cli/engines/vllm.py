@@ -47,12 +47,12 @@ from specbench_cli.core.dtypes import dtype_name
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 CLOCK = "perf_counter in the vLLM process (engine step outputs)"
-# How vLLM runs best on a small CPU (measured on a 2-core machine; see the README): the engine core in this
-# process (start 4.5 s instead of 16-28 s), 1 GiB of KV cache, no thread pinning, one numba thread (without it
-# the ngram proposer stalled 21-69 s per batch). A variable the user set wins.
+# How vLLM runs best on a small CPU (see the README): the engine core in this process (it starts faster than
+# a separate one), 1 GiB of KV cache, no thread pinning, one numba thread (without it the ngram proposer stalled
+# for tens of seconds per batch). A variable the user set wins.
 ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
                 "VLLM_CPU_OMP_THREADS_BIND": "nobind", "NUMBA_NUM_THREADS": "1"}
-START_TIMEOUT_S = 900.0  # a first start compiles (about 100 s on 2 cores); past this the engine counts as stuck
+START_TIMEOUT_S = 900.0  # a first start compiles the model (slow on a small CPU); past this the engine counts as stuck
 
 
 # ---------------------------------------------------------------------------------------------- settings

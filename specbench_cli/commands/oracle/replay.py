@@ -90,8 +90,8 @@ def replay_turn(target: Target, drafters: dict[str, Method], trace: Trace, cold_
     context = {"category": trace.category, "subtask": trace.subtask, "prompt_id": trace.prompt_id}
     # `cold_drafts`: before each round start of a drafter's walk, an untimed one-row forward of the target (written
     # past the teacher-forced sequence, nothing committed), so that the drafter's weights are as cold as after a
-    # live round's verify: on the embedded model in bf16 a one-token EAGLE-3 draft took 0.72 ms hot and 1.50 ms
-    # after a target forward, what a live run measures (1.52 ms)
+    # live round's verify: on the embedded model in bf16 a one-token EAGLE-3 draft took about twice as long after a
+    # target forward as hot, and as long as in a live run
     forward = (lambda: target.verify(seq[-1], DraftTree.chain([]))) if cold_drafts else None
     walks = {name: _walk(d, rows, seq, P, T, context, target.device, forward) for name, d in drafters.items()}
     at = slice(P - 1, P - 1 + T)  # round t starts after committing position P+t-1

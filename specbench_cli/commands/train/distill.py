@@ -189,8 +189,8 @@ TOKENS_PER_PASS = 2048  # padded tokens per teacher forward on a GPU (its fp32 l
 
 def tokens_per_pass(device: torch.device) -> int:
     """A GPU runs a small target's pass in the time its kernels take to launch, so several sequences share
-    one; a CPU is busy computing, and padding only adds work there (15% slower, measured on the embedded
-    model), so each sequence goes alone."""
+    one; a CPU is busy computing, and padding only adds work there (slower, measured on the embedded model),
+    so each sequence goes alone."""
     return 1 if device.type == "cpu" else TOKENS_PER_PASS
 
 

@@ -51,8 +51,8 @@ from specbench_cli.models import cache_root
 # Verify sizes whose cost is measured; c(n) between them is interpolated linearly. Every multiple of 8 and the size
 # after it: where a batch-invariant target's GEMMs take rows 8 at a time (`core.target.ROW_BLOCK`: its start-up
 # probe found one call unsafe on that machine), its curve steps
-# up there (measured on the embedded model in bf16: c(8) = 1.44, a DART tree of 9 rows 2.3), and a line from 8 to
-# 12 would price 9 rows ~30% low (DART's total=8 was predicted 0.53x and ran 0.41x before these points).
+# up there (measured on the embedded model in bf16: a DART tree of 9 rows cost far more than 8 rows), and a line
+# from 8 to 12 would price 9 rows too low (DART's total=8 was predicted faster than it ran before these points).
 COST_ROWS = (1, 2, 3, 4, 6, 8, 9, 12, 16, 17, 24, 25, 32, 33, 40, 41, 48, 49, 56, 57, 64)
 
 
@@ -111,7 +111,7 @@ def measure_costs(target: Target | TargetModel, vocab: int, context: int = 256, 
 # batch-invariant target's one-call GEMMs, exact attention in a few calls per layer, trees verified once. 5: the
 # row attention kernel, core.row_attention. 6: every decoder layer in one C++ call, core.decoder_layers, and the
 # plain target's verifies of more than 16 rows in the row kernel). 7: the kernels' row loops and exp on vectors
-# (verifies of 8 and 16 rows ~20 % cheaper).
+# (verifies of 8 and 16 rows cheaper).
 COSTS_REVISION = 7
 
 

@@ -9,11 +9,11 @@ all started once, side by side, each serving every level with its caches emptied
 members' order rotated one place per level so that the machine's drift does not always fall on the same one. A
 level's choice is the K with the most output tokens per second there (never 0, which vLLM's table allows: with
 K = 0 from the table vLLM 0.32 still runs its speculative step, and ran at the speed of K = 10, not the
-baseline's, on the embedded model: 0.80x and 0.79x the baseline at 1 in flight, 4 prompts, 2026-11-27); the table maps each level's K from that
-level up to the next (`budgets.schedule`). `run --engine vllm --tuned` then starts one engine with
-num_speculative_tokens = the longest chosen K and the table, which vLLM's scheduler reads every step
-(vllm/v1/core/sched/scheduler.py: K = table[requests scheduled]). The check (default) runs exactly that at every
-level, beside the baseline and the paper budget again, and reports both speedups with their intervals.
+baseline's, on the embedded model at 1 in flight); the table maps each level's K from that level up to the
+next (`budgets.schedule`). `run --engine vllm --tuned` then starts one engine with num_speculative_tokens = the
+longest chosen K and the table, which vLLM's scheduler reads every step (vllm/v1/core/sched/scheduler.py:
+K = table[requests scheduled]). The check (default) runs exactly that at every level, beside the baseline and
+the paper budget again, and reports both speedups with their intervals.
 
 Each run is an ordinary results folder (`<out>/c<N>/<member>`, `<out>/check/c<N>/<member>`), so `report <out>`
 reads it as any concurrency sweep.
@@ -94,7 +94,7 @@ def tune(config, levels: list[int], console) -> budgets.TuneRecord:
         _start(members, engines, stack)
         measured = _measure(members, levels, console)
         paper, per_step = members[1], method in budgets.VLLM_PER_STEP_K
-        # not K = 0: a table entry of 0 still runs vLLM's speculative step (measured: 0.80x the baseline, as K 10)
+        # not K = 0: a table entry of 0 still runs vLLM's speculative step (measured: as slow as K 10, not the baseline)
         chosen = {n: max(members[1:], key=lambda m: measured[m.name, n].rate.value) for n in levels}
         table = budgets.schedule({n: chosen[n].k for n in levels}) if per_step else None
         cap = max(chosen.values(), key=lambda m: m.k) if per_step else chosen[levels[0]]
@@ -143,8 +143,7 @@ def _start(members: list[Member], engines: dict[str, Worker], stack: ExitStack) 
     """An engine for every distinct launch among the members' unfinished runs (one per budget: it serves every
     level), stopped when the stack closes; `engines` keeps them by launch for later members. They start in two
     waves, each side by side: the first engine of each method, then the rest, which find their method's compiled
-    graphs in vLLM's cache (started together, every one compiled the same graph again: 5 on 2 cores took 5
-    minutes)."""
+    graphs in vLLM's cache (started together, every one compiled the same graph again)."""
     waves: tuple[list[Worker], list[Worker]] = ([], [])
     methods: set[str] = set()
     for m in members:

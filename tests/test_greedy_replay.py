@@ -8,7 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specbench_cli.analysis import gate, report
+from specbench_cli.analysis import gate, report, summary
 from specbench_cli.analysis.results import load
 from specbench_cli.cli import app
 from specbench_cli.records import read_table
@@ -76,6 +76,29 @@ def test_report_counts_replays_and_the_gate_fails_a_mismatch(tmp_path):
     assert lossless.loc["suffix", "mismatches"] == 1
     failed = gate.compare(results, results, 5.0, None, report.replay(results)).failed
     assert len(failed) == 1 and "suffix" in failed[0] and "A/0@2" in failed[0]
+
+
+def test_another_engines_replays_are_its_numerics_weighed_against_its_own_baseline(tmp_path):
+    """vLLM's baseline replayed on our target: its off tokens are vLLM's numerics (it does not speculate), one of
+    them past our bf16 threshold; a vLLM method's turn within that baseline's largest margin is ties, one past it
+    a mismatch (issue 69: a baseline once read "1 MISMATCH(ES) ... a lossless bug")."""
+    bf16, vllm = {"dtype": "bfloat16", "engine": "vllm"}, {"replay": "batch-invariant target (exact)"}
+    base = [Turn("A", "qa", [0] * 3, 300.0, depth=0, ids=[5, 6, 7, 8], replay=Replayed(4, 2, 1, 1, 0.75)),
+            Turn("B", "qa", [0] * 3, 300.0, depth=0, ids=[5, 6, 7, 8], replay=Replayed(4, 0, 0, -1, 0.0))]
+    write_run(tmp_path / "base", "baseline", base, settings=bf16, more=vllm)
+    write_run(tmp_path / "sfx", "suffix", [Turn("A", "qa", [1, 1], 200.0, ids=[5, 6, 7, 8], replay=Replayed(4, 1, 0, 1, 0.7)),
+                                           Turn("B", "qa", [1, 1], 200.0, ids=[5, 9, 7, 8], replay=Replayed(4, 1, 0, 1, 2.0))],
+              settings=bf16, more=vllm)
+    results = load([tmp_path])
+    table = report.replay(results).frame.set_index("method")
+    assert (table.loc["vllm:baseline", "numeric ties"], table.loc["vllm:baseline", "mismatches"]) == (2, 0)
+    assert table.loc["vllm:baseline", "tie threshold"] == "none: vllm's baseline does not speculate"
+    assert (table.loc["vllm:suffix", "numeric ties"], table.loc["vllm:suffix", "mismatches"]) == (1, 1)
+    assert table.loc["vllm:suffix", "tie threshold"] == "vllm baseline's 0.75 logits"
+    lossless = report.lossless(results, lambda *args: pytest.fail("classifier asked")).frame.set_index("method")
+    assert lossless.loc["vllm:suffix", "mismatches"] == 1 and lossless.loc["vllm:suffix", "numeric ties"] == 0
+    line = summary.replay_line(results.groups[0].prompts, results.groups[0].info)
+    assert "2 token(s) off, largest margin 0.75 logits: vllm's numerics against ours" in line and "MISMATCH" not in line
 
 
 @pytest.mark.slow

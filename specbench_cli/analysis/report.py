@@ -18,7 +18,7 @@ from specbench_cli.datasets import dataset_slug
 from specbench_cli.analysis.metrics import (along_response, first_divergence, first_pass, group_column, histogram,
                                            position_acceptance, replayed, summarise, tau_turn_mean)
 from specbench_cli.analysis.phases import PARTS, split
-from specbench_cli.analysis.results import Results, RunGroup
+from specbench_cli.analysis.results import BEFORE, Results, RunGroup
 from specbench_cli.analysis.tables import Table
 
 NAN = float("nan")
@@ -242,12 +242,13 @@ def lossless(results: Results, classify: Classifier | None = None) -> Table:
                          "temperature": g.info["settings"]["temperature"], "turns compared": 0, "identical": NAN,
                          "first divergences (prompt/turn@token)": NOT_CHECKED})
             continue
-        theirs = base.prompts.drop_duplicates(PASS_TURN).set_index(PASS_TURN)
-        first = first_pass(base.prompts).set_index(["prompt_id", "turn"])
+        base_prompts = judged(results, base)
+        theirs = base_prompts.drop_duplicates(PASS_TURN).set_index(PASS_TURN)
+        first = first_pass(base_prompts).set_index(["prompt_id", "turn"])
         temperature = g.info["settings"]["temperature"]
         exact = _exact_pair(g.info["settings"], base.info["settings"])
         diverged, kinds, shared = [], [], 0
-        for r in g.prompts.itertuples(index=False):
+        for r in judged(results, g).itertuples(index=False):
             key = (r.prompt_id, r.turn, r.repeat)  # the baseline's turn of the same pass, else of its first pass
             if key not in theirs.index and key[:2] not in first.index:
                 continue
@@ -293,17 +294,18 @@ def _replay_kind(ours, theirs) -> str | None:
 
 def replay(results: Results) -> Table:
     """Every run's greedy replay (greedy_replay.py): of the tokens it emitted at temperature 0, how many the reference
-    target would not have chosen after the turn's earlier tokens, as numeric ties and mismatches."""
+    target would not have chosen after the turn's earlier tokens, as numeric ties and mismatches (`replay_split`)."""
     rows = []
     for g in results.groups:
         p = replayed(g.prompts)
         if p.empty:
             continue
         off = p[p.replay_off > 0]
+        ties, threshold = replay_split(results, g, p)
         rows.append({"dataset": g.info["settings"]["dataset"], "method": g.label,
                      "reference": g.info.get("replay", "?"), "turns": len(p), "tokens": int(p.replay_checked.sum()),
-                     "off": int(p.replay_off.sum()), "numeric ties": int(p.replay_ties.sum()),
-                     "mismatches": int((p.replay_off - p.replay_ties).sum()),
+                     "off": int(p.replay_off.sum()), "numeric ties": int(ties.sum()),
+                     "mismatches": int((p.replay_off - ties).sum()), "tie threshold": threshold,
                      "turns exact": float((p.replay_off == 0).mean()),
                      "largest margin": float(p.replay_margin.max()),
                      "first off (prompt/turn@token)": " ".join(f"{r.prompt_id}/{r.turn}@{r.replay_first_off}"
@@ -311,9 +313,39 @@ def replay(results: Results) -> Table:
                      + (" …" if len(off) > 6 else "")})
     return Table("replay", "Greedy replay: every emitted token against the reference target's choice after the turn's "
                  "earlier tokens (a batch-invariant run must have none off; elsewhere only numeric ties)",
-                 pd.DataFrame(rows), "off: tokens the reference would not have chosen; a numeric tie is one whose "
-                 "reference logit is within the dtype's threshold of the top one (bf16 0.5 logits), a mismatch "
-                 "anything else; margin: the reference's top logit minus the emitted token's")
+                 pd.DataFrame(rows), "off: tokens the reference would not have chosen; margin: the reference's top "
+                 "logit minus the emitted token's. Our engine's runs: a numeric tie is within the dtype's threshold "
+                 "of the top logit (bf16 0.5 logits), a mismatch anything else. Another engine's runs measure its "
+                 "numerics against ours: its baseline, which does not speculate, has ties only, and its largest "
+                 "margin is the threshold of that engine's other runs (a turn within it: ties)")
+
+
+def judged(results: Results, group: RunGroup) -> pd.DataFrame:
+    """A group's prompt rows with each replayed turn's numeric ties as `replay_split` counts them."""
+    p = replayed(group.prompts)
+    if p.empty:
+        return group.prompts
+    ties, _ = replay_split(results, group, p)
+    return group.prompts.assign(replay_ties=ties.reindex(group.prompts.index).fillna(group.prompts.replay_ties))
+
+
+def replay_split(results: Results, group: RunGroup, p: pd.DataFrame) -> tuple[pd.Series, str]:
+    """Per replayed turn, how many of its off tokens are numeric ties, and the threshold that said so. Our
+    engine's: the replay's own count, against the dtype's threshold. Another engine's: its baseline cannot have a
+    lossless bug (it does not speculate), so every off token is that engine's numerics against ours; a run of
+    that engine that speculates has a turn's off tokens called ties where the turn's largest margin is within
+    what the engine's own baseline showed on these prompts, the replay's own count elsewhere."""
+    engine = group.info["settings"].get("engine", BEFORE["engine"])
+    if engine == BEFORE["engine"]:
+        return p.replay_ties, "the dtype's"
+    if group.method == "baseline":
+        return p.replay_off, f"none: {engine}'s baseline does not speculate"
+    base = results.baseline_for(group)
+    measured = replayed(base.prompts) if base is not None else p.iloc[:0]
+    if measured.empty:
+        return p.replay_ties, f"the dtype's ({engine}'s numerics unmeasured: no {engine} baseline replayed)"
+    gap = float(measured.replay_margin.max()) if (measured.replay_off > 0).any() else 0.0
+    return p.replay_off.where(p.replay_margin <= gap, p.replay_ties), f"{engine} baseline's {gap:.3g} logits"
 
 
 def _exact_pair(ours: dict, baseline: dict) -> bool:

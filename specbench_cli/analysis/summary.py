@@ -58,6 +58,14 @@ def replay_line(prompts: pd.DataFrame, info: dict) -> str:
     if p.empty:
         return ""
     off, ties = int(p.replay_off.sum()), int(p.replay_ties.sum())
+    engine = info.get("settings", {}).get("engine", BEFORE["engine"])
+    if engine != BEFORE["engine"] and off:  # another engine's numerics against ours: `report.replay_split`
+        verdict = (f"{off} token(s) off, largest margin {p.replay_margin.max():.3g} logits: {engine}'s numerics "
+                   "against ours" + (" (a baseline does not speculate: no lossless question)"
+                                     if info["settings"].get("method") == "baseline" else
+                                     f"; report's replay table weighs them against {engine}'s own baseline"))
+        return (f"greedy replay of {engine}'s tokens on our {info.get('replay', '?')}: "
+                f"{int(p.replay_checked.sum())} tokens, {verdict}")
     verdict = ("every token the reference's greedy choice" if not off else
                f"{off} token(s) off, all numeric ties (largest margin {p.replay_margin.max():.3g} logits)" if off == ties
                else f"{off - ties} MISMATCH(ES) beside {ties} numeric tie(s): a lossless bug")

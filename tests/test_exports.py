@@ -120,3 +120,34 @@ def test_runs_of_two_datasets_export_into_a_folder_each(tmp_path):
     written = exports.export(load([tmp_path / "runs"]), "spec-bench", tmp_path / "x")
     assert sorted(p.relative_to(tmp_path / "x").as_posix() for p in written) == [
         "mt-bench/tiny-suffix-float32-temperature-0.0.jsonl", "spec-bench/tiny-suffix-float32-temperature-0.0.jsonl"]
+
+
+class Words:
+    """A tokenizer of whitespace-separated words, with a BOS first where `bos` (as Llama's adds one)."""
+
+    def __init__(self, bos: bool) -> None:
+        self.bos = bos
+
+    def __call__(self, text: str):
+        return type("Encoded", (), {"input_ids": [0] * self.bos + text.split()})
+
+
+def test_what_speed_py_reads_for_a_baseline_is_computed_with_its_arithmetic():
+    """speed.py counts a baseline's tokens as len(tokenizer(answer).input_ids) - 1 per turn: our decode tokens
+    where the tokenizer adds a BOS and the text round-trips, one token short per turn where it adds none, and 0 for
+    an answer that is only the stop token."""
+    from specbench_cli.analysis.exports import speed_py_rates
+
+    prompts = pd.DataFrame({"prompt_id": ["a", "a", "b"], "repeat": [0, 0, 0], "turn": [0, 1, 0],
+                            "output_text": ["w w w w", "w w", ""], "decode_tokens": [4, 2, 1],
+                            "decode_ms": [1000.0, 1000.0, 500.0]})
+    # a: 6 tokens in 2 s; b: 1 token in 0.5 s (its answer is only the stop token: speed.py reads 0)
+    assert speed_py_rates(prompts, Words(bos=True)) == pytest.approx(((6 / 2 + 0 / 0.5) / 2, (3 + 2) / 2))
+    assert speed_py_rates(prompts, Words(bos=False))[0] == pytest.approx((4 / 2 - 1 / 0.5) / 2)
+
+
+def test_the_spec_bench_export_says_when_it_cannot_compute_speed_py_s_baseline(tmp_path):
+    write_run(tmp_path / "runs" / "baseline", "baseline", baseline_turns([Turn("81", "qa", [1, 1], 20.0)], 5.0))
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "report"),
+                                      "--no-plots", "--no-classify", "--export", "spec-bench", str(tmp_path / "x")])
+    assert result.exit_code == 0 and "baseline: cannot compute what speed.py reads for this baseline" in result.output

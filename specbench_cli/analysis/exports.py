@@ -10,8 +10,9 @@ What the numbers mean, so that speed.py's figures equal ours: speed.py rates a m
 Σ wall_time over its turns, and we rate it as Σ decode tokens / Σ decode time (TTFT excluded, the first token
 being the prefill's), so `new_tokens` holds the decode tokens and `wall_time` the decode seconds (Spec-Bench's own
 scripts time the whole generate call). It rates the *baseline* by re-tokenizing the answer texts (tokens - 1 per
-turn), which equals our decode tokens where the text round-trips to the same tokens and the turn did not end on
-a stop token (the text leaves it out); elsewhere its baseline rate is a token or so per turn off ours.
+turn), which equals our decode tokens where the text round-trips to the same tokens and the tokenizer adds one
+BOS; elsewhere (a tokenizer without BOS, an answer that is only the stop token) its baseline rate is off ours,
+and so is every speedup it prints: the export says by how much (`speed_py_notes`).
 
 **specdec-bench**: what NVIDIA's specdec_bench (NVIDIA/Model-Optimizer, examples/specdec_bench) writes for
 acceptance and timing, a folder per run group: `acceptance_rate.json` (its `AcceptanceRate.out`: `Request_AL`
@@ -112,6 +113,54 @@ def _answer(group: RunGroup, prompt_id: str, repeat: int, turns: pd.DataFrame, s
     return {"question_id": int(prompt_id) if str(prompt_id).isdigit() else prompt_id,
             "category": str(turns.category.iloc[0]), "answer_id": f"{turns.run.iloc[0]}-{prompt_id}-{repeat}",
             "model_id": f"{s['model']}-{group.label}", "choices": [choice], "tstamp": group.info.get("started", "")}
+
+
+def speed_py_notes(results: Results) -> list[str]:
+    """For each baseline exported to spec-bench: the tokens/s Spec-Bench's speed.py will read for it (it
+    re-tokenizes each turn's answer text and takes one token off per turn, for the BOS its Llama tokenizers add),
+    against ours (the decode tokens the run counted), and so how far each speedup it prints is from the report's."""
+    lines = []
+    for g in results.groups:
+        if g.method != "baseline" or g.second_of_pair:
+            continue
+        try:
+            tokenizer = _tokenizer(g.info["settings"])
+        except Exception as err:  # a hub tokenizer offline, a folder gone: say so, the export stands
+            lines.append(f"{g.label}: cannot compute what speed.py reads for this baseline ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''})")
+            continue
+        theirs, ours = speed_py_rates(g.prompts, tokenizer)
+        if theirs != theirs or ours != ours or not ours:
+            continue
+        lines.append(f"{g.label}: speed.py reads this baseline at {theirs:.2f} tok/s (answers re-tokenized, one "
+                     f"token off per turn), the report at {ours:.2f} (decode tokens counted): every speedup it "
+                     f"prints over this file is {ours / theirs:.3f}x the report's")
+    return lines
+
+
+def speed_py_rates(prompts: pd.DataFrame, tokenizer) -> tuple[float, float]:
+    """(speed.py's baseline tokens/s, ours): the mean over answer lines (a prompt in one pass) of tokens over
+    decode seconds, tokens counted as speed.py counts a baseline's (`len(tokenizer(turn).input_ids) - 1` per turn)
+    and as the run did."""
+    theirs, ours = [], []
+    for _, turns in prompts.groupby(["prompt_id", "repeat"], sort=False):
+        seconds = float(turns.decode_ms.sum()) / 1e3
+        if seconds <= 0:
+            continue
+        counted = sum(len(tokenizer(str(text)).input_ids) - 1 for text in turns.output_text)
+        theirs.append(counted / seconds)
+        ours.append(float(turns.decode_tokens.sum()) / seconds)
+    return (sum(theirs) / len(theirs), sum(ours) / len(ours)) if ours else (float("nan"), float("nan"))
+
+
+def _tokenizer(settings: dict):
+    """The run's target's tokenizer (the one speed.py is given)."""
+    from transformers import AutoTokenizer
+
+    from specbench_cli.loading import checkpoint_location
+    from specbench_cli.models import get_model_spec
+
+    return AutoTokenizer.from_pretrained(checkpoint_location(get_model_spec(settings["model"], settings.get("target"))))
 
 
 # ---------------------------------------------------------------------------------------------- specdec-bench

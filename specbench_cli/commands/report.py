@@ -64,6 +64,8 @@ def report(console: Console, results_dirs: list[Path], out: Path | None, overwri
     if export is not None:
         files = exports.export(results, *export)
         console.print(f"exported {len(files)} {export[0]} file(s) to {export[1]}", highlight=False)
+        for line in exports.speed_py_notes(results) if export[0] == "spec-bench" else []:
+            console.print(line, highlight=False, soft_wrap=True)
     problems: list[str] = []
     undecided: list[str] = []
     if reference is not None:

@@ -248,6 +248,14 @@ def test_the_gate_says_it_cannot_judge_tokens_per_s_against_one_pass(root, tmp_p
     assert result.exit_code == 0 and "tokens/s not gated: the reference has one pass" in result.output
 
 
+def test_the_gate_names_a_changed_token_by_its_plain_id(root, tmp_path):
+    changed = tmp_path / "changed"
+    write_run(changed / "base", "baseline", baseline_turns(TURNS, 100.0))
+    write_run(changed / "fast", "suffix", [TURNS[0], Turn("B", "rag", [3] * 5, 500.0, ids=[0, 1, 2, 99, *range(4, 21)])])
+    result = invoke(changed, "--out", tmp_path / "r", "--compare", root, "--no-plots")
+    assert result.exit_code == 1 and "output changed at token 3 (round 0): token id 3 -> 99" in result.output, result.output
+
+
 def test_report_bad_input_is_one_line(tmp_path):
     result = invoke(tmp_path / "nothing")
     assert result.exit_code == 2 and "results directory not found" in result.output

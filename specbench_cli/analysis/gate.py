@@ -97,15 +97,20 @@ def outputs(mine: RunGroup, ref: RunGroup, name: str, result: GateResult) -> Non
             result.failed.append(f"{name}: prompt {prompt} turn {turn} missing from the current results")
             continue
         new = now.loc[(prompt, turn)]
-        a, b = list(old.output_ids), list(new.output_ids)
+        a, b = [int(t) for t in old.output_ids], [int(t) for t in new.output_ids]
         if a != b:
             at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             result.failed.append(f"{name}: prompt {prompt} turn {turn}: output changed at token {at} "
-                                 f"(round {_round_of(mine, prompt, turn, at)}): {a[at:at + 1]} -> {b[at:at + 1]}")
+                                 f"(round {_round_of(mine, prompt, turn, at)}): token id {_id(a, at)} -> {_id(b, at)}")
         elif old.tau != new.tau:
             line = (f"{name}: prompt {prompt} turn {turn}: τ {old.tau:.3f} -> {new.tau:.3f}, first at "
                     f"{_first_round_apart(mine, ref, prompt, turn)}")
             (result.failed if new.tau < old.tau else result.notes).append(line)
+
+
+def _id(ids: list[int], at: int) -> str:
+    """The token id at `at`, or "end" where the output stopped before it."""
+    return str(ids[at]) if at < len(ids) else "end"
 
 
 def _rounds(group: RunGroup, prompt: str, turn: int) -> pd.DataFrame:

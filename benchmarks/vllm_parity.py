@@ -1,0 +1,109 @@
+"""Our engine against vLLM's, method by method: every method both engines run, on the same prompt ids, dtype and
+threads, interleaved engine against engine prompt by prompt (`interleave.record_plans`: the two runs of a method
+share one pairing), reported as ours/vLLM tokens/s with its paired 95 % interval (`analysis/intervals.py`).
+
+Each method's two runs are one paired list: our target is loaded once for every method, vLLM starts an engine per
+method (a vLLM engine serves one speculative config). The budgets are each engine's defaults for the method on
+this machine (vLLM's as `engines/vllm_methods.py` maps our options), or `tune`'s with --tuned. Clock: each run's own
+(perf_counter on a CPU). Writes a record (command, commit, machine, date, numbers) with --record.
+
+    python benchmarks/vllm_parity.py --methods baseline,suffix,pld,eagle3,dflash,sps --limit 16 \\
+        --max-new-tokens 256 --record benchmarks/results/vllm-parity/cpu-float32.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from specbench_cli.analysis import intervals  # noqa: E402
+from specbench_cli.commands.interleave import record_plans  # noqa: E402
+from specbench_cli.hardware import environment  # noqa: E402
+from specbench_cli.inputs import RunConfig, use_threads  # noqa: E402
+from specbench_cli.planning import loaded_target, plan  # noqa: E402
+from specbench_cli.records import read_table  # noqa: E402
+
+ENGINES = ("specbench", "vllm")
+
+
+def configs(method: str, a: argparse.Namespace) -> list[RunConfig]:
+    """The method's run in each engine, into <out>/<method>/<engine>."""
+    common = RunConfig(method=method, dataset=a.dataset, limit=a.limit, max_new_tokens=a.max_new_tokens,
+                       dtype=a.dtype, device="cpu", warmup=a.warmup, threads=a.threads, tuned=a.tuned,
+                       replay=False, opts=[*a.opt_for.get(method, [])])
+    return [dataclasses.replace(common, engine=engine, out=a.out / method / engine) for engine in ENGINES]
+
+
+def measure(method: str, model, a: argparse.Namespace, console: Console) -> dict:
+    """One method's paired list, then ours/vLLM with its interval and each run's tokens/s and τ."""
+    env = dict(os.environ)
+    plans = [plan(c, env) for c in configs(method, a)]
+    record_plans(plans, model, a.repeat, console)
+    ours, theirs = (read_table(p.out, "prompts") for p in plans)
+    ratio = intervals.speedup_interval(ours, theirs, paired=True)
+    row = {"method": method, "ours_over_vllm": ratio.value, "interval95": [ratio.low, ratio.high],
+           "prompts": ratio.prompts, "units": ratio.units}
+    for engine, prompts in zip(ENGINES, (ours, theirs)):
+        rate = intervals.mean_interval(prompts)
+        row[engine] = {"tokens_per_s": rate.value, "interval95": [rate.low, rate.high],
+                       "tau": float(prompts.decode_tokens.sum() / max(prompts.rounds.sum(), 1))}
+    console.print(f"{method}: ours/vLLM {ratio.text(3)} (paired, {ratio.prompts} prompts); ours "
+                  f"{row['specbench']['tokens_per_s']:.1f} tok/s τ {row['specbench']['tau']:.2f}, vLLM "
+                  f"{row['vllm']['tokens_per_s']:.1f} tok/s τ {row['vllm']['tau']:.2f}", highlight=False)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", default="baseline,suffix,pld,eagle3,dflash,sps")
+    ap.add_argument("--dataset", default="spec-bench")
+    ap.add_argument("--limit", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--tuned", action="store_true", help="each engine at tune's budget for the method")
+    ap.add_argument("--opt", action="append", default=[], help="METHOD.KEY=VALUE for both engines (repeatable)")
+    ap.add_argument("--out", type=Path, default=Path("results/vllm-parity"))
+    ap.add_argument("--record", type=Path, default=None, help="write the record here (JSON)")
+    a = ap.parse_args()
+    a.opt_for = {}
+    for opt in a.opt:
+        method, _, rest = opt.partition(".")
+        a.opt_for.setdefault(method, []).append(rest)
+    console = Console()
+    methods = a.methods.split(",")
+    use_threads(a.threads)
+    first = plan(configs(methods[0], a)[0], dict(os.environ))
+    model = loaded_target(first, None, False)  # our target, shared by every method's run
+    rows = [measure(m, model, a, console) for m in methods]
+    if a.record:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=ROOT).stdout.strip()
+        env = environment(first.device)
+        a.record.parent.mkdir(parents=True, exist_ok=True)
+        a.record.write_text(json.dumps({
+            "what": "ours/vLLM tokens/s per method, interleaved prompt by prompt (benchmarks/vllm_parity.py)",
+            "command": "python " + " ".join(sys.argv), "commit": commit, "date": dt.date.today().isoformat(),
+            "machine": {k: env.get(k) for k in ("cpu", "torch_threads", "device")},
+            "clock": "perf_counter (the runs' own decode_ms)",
+            "settings": {k: getattr(a, k) for k in ("dataset", "limit", "max_new_tokens", "dtype", "threads",
+                                                    "warmup", "repeat", "tuned")},
+            "methods": rows}, indent=1))
+        console.print(f"record: {a.record}")
+
+
+if __name__ == "__main__":
+    main()

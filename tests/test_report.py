@@ -256,6 +256,24 @@ def test_the_gate_names_a_changed_token_by_its_plain_id(root, tmp_path):
     assert result.exit_code == 1 and "output changed at token 3 (round 0): token id 3 -> 99" in result.output, result.output
 
 
+def test_long_labels_are_short_in_the_terminal_with_a_legend_and_whole_in_the_files(tmp_path):
+    """An 80-column terminal wraps `eagle3[depth=0,top_k=1,total_token=2]` over many lines: the terminal shows
+    `eagle3 (1)` and a legend, the Markdown and CSV the label whole."""
+    from rich.console import Console
+
+    from specbench_cli.analysis.tables import Table
+
+    label = "eagle3[depth=0,top_k=1,total_token=2]"
+    table = Table("t", "A table", pd.DataFrame({"method": ["baseline", label], "τ": [1.0, 1.3]}), "a note")
+    console = Console(width=80, record=True)
+    console.print(table.rich())
+    shown = console.export_text()
+    assert "eagle3 (1)" in shown and f"(1) {label}" in shown and "a note" in shown
+    assert max(len(line) for line in shown.splitlines()) <= 80
+    table.write(tmp_path)
+    assert label in (tmp_path / "t.md").read_text() and label in (tmp_path / "t.csv").read_text()
+
+
 def test_report_bad_input_is_one_line(tmp_path):
     result = invoke(tmp_path / "nothing")
     assert result.exit_code == 2 and "results directory not found" in result.output

@@ -298,7 +298,7 @@ def dataset_rows() -> list[tuple[str, ...]]:
         rows.append((name, "suite: " + " ".join(m.name for m in members) + each,
                      "as its members", str(sum(m.size or m.entry.size for m in members)),
                      " ".join(dict.fromkeys(m.category or m.entry.category for m in members)), "as its members", "—"))
-    rows += [("speed-bench:PATH", "SPEED-Bench, prepared by its prepare_data.py (see README)", "—", "880 (qualitative)",
+    rows += [("speed-bench:PATH", "SPEED-Bench, prepared by its prepare_data.py (docs/datasets.md)", "—", "880 (qualitative)",
               "its 11 categories", "per source", "—"),
              ("FILE.jsonl", "your own prompts: turns or prompt per line", "—", "—", "category field", "yours", "—")]
     return rows

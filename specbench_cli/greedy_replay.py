@@ -4,7 +4,7 @@ Why: the default times the target as a serving engine runs it (a verify's rows i
 the rows together), and in bf16 a row's rounding there follows the row count, so at a near-tie a correct
 method's token can differ from the one a one-token decode would pick. Computing every row exactly as a decode
 does (the batch-invariant target, `--batch-invariant on`) makes outputs equal bit for bit, but makes a verify
-on a CPU costlier (README, Losslessness) — a cost no serving engine pays, which would then sit inside every
+on a CPU costlier (docs/losslessness.md) — a cost no serving engine pays, which would then sit inside every
 speed figure. So losslessness is checked apart from the timing: each temperature-0 turn's tokens are fed
 to a reference target after the prompt is recorded — its prompt prefilled, its output verified as chains
 — and at every position the reference's greedy choice given the turn's own earlier tokens is compared with

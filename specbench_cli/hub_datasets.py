@@ -8,7 +8,7 @@ larger than its size is shuffled with seed 0 and cut (`Dataset.shuffle(seed=0).s
 sizes are WhiFlash's Appendix A table, which equals DFlash's run_benchmark.sh. WhiFlash does not publish
 its loader; that it uses DFlash's construction is our assumption, said in `--list`. Datasets no released
 code constructs (WhiFlash's UltraChat, WildChat, AgentInstruct; DART's CodeAlpaca; HVD's sets) have
-`source=OURS`: the construction is ours, and `--list` and the README say so.
+`source=OURS`: the construction is ours, and `--list` and docs/datasets.md say so.
 
 Tests never touch the network: `load_hub(name, files=...)` reads a local file in the dataset's real schema
 through the same `datasets` builder and the same mapping.
@@ -37,7 +37,7 @@ SWE_VERIFIED_REVISION = "78f471bf655a3137b2e8a75af1501690ec009ec3"
 class HubDataset:
     hub_id: str
     split: str
-    revision: str | None  # a hub commit; None = not pinned yet (the README and --list say so)
+    revision: str | None  # a hub commit; None = not pinned yet (docs/datasets.md and --list say so)
     category: str  # WhiFlash's: chat, math, coding, agentic
     size: int  # prompts used
     licence: str
@@ -108,7 +108,7 @@ def _agent_turns(row: dict) -> list[str]:
     return [c["value"] for c in row["conversations"] if c["from"] == "human"][:2]
 
 
-OURS = "ours (no published construction; see the README's dataset notes)"
+OURS = "ours (no published construction; see docs/datasets.md)"
 def _swe_bench(row: dict) -> list[str]:
     return [f"Problem Statement:\n{row['problem_statement']}\nPlease fix the issue described above."]
 

@@ -96,7 +96,7 @@ def resolve_dtype(dtype: str, device: torch.device, cpu_bf16: bool = True) -> Dt
 def resolve_invariant(setting: str, compiled: bool, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the timed target runs batch-invariant (`core.target.Target`). `auto`: where exactness costs nothing
     worth measuring — an eager target in half precision on a CPU where the row attention kernel builds
-    (`core.row_attention.available`; README, Losslessness: its decode and verifies within a few percent of the
+    (`core.row_attention.available`; docs/losslessness.md: its decode and verifies within a few percent of the
     plain target's). Elsewhere (float32, CUDA, compiled, no kernel) exactness costs verify time a serving engine
     does not pay, so `auto` is off there: the timed target runs as an engine runs it and the greedy replay
     (greedy_replay.py) checks every token apart from the timing."""

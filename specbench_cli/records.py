@@ -3,7 +3,7 @@
 `rounds.parquet/` and `prompts.parquet/` are folders of part files, one part per finished prompt (all its
 turns), which pandas and pyarrow read as one table (`pd.read_parquet(run / "rounds.parquet")`). `RunFolder`
 (run_folder.py) writes them, rounds before prompts: a prompt counts as finished when its prompts part exists.
-Column meanings are in the README ("Records").
+Column meanings are in docs/records.md.
 """
 
 from __future__ import annotations

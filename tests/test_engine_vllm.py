@@ -177,7 +177,7 @@ def test_our_eagle3_chain_and_vllms_accept_the_same_at_every_step(runs):
 def test_our_dflash_and_vllms_agree_or_differ_by_the_known_cpu_kernel_defect(runs, engine_python, tmp_path):
     """Steps that differ are named with the known cause, and on vLLM 0.32's CPU build that cause is shown to be
     real: its grouped RMSNorm normalises layer 1 with layer 0's weight (tests/engine_side/rms_norm_probe.py). On
-    these short prompts the defect need not change an accepted count; on others it does (see the README)."""
+    these short prompts the defect need not change an accepted count; on others it does (docs/engines.md)."""
     import subprocess
     from pathlib import Path
 

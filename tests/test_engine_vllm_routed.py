@@ -37,7 +37,7 @@ AS_VLLM = ["--opt", "eagle3.top_k=1", "--opt", "suffix.tree=false", "--opt", "la
 WHIFLASH_AS_VLLM = ["--opt", "eagle3.top_k=1", "--opt", "lazy_catchup=false", "--opt", "kv_only=false"]
 WHIFLASH = ("whiflash-entropy", "whiflash-neural")
 # thresholds inside the signals these prompts give, so that both drafters draft whatever the committed calibration
-# chose (calibrated for bf16 on a CPU, the routers pick DFlash nearly always: README, Drafters)
+# chose (calibrated for bf16 on a CPU, the routers pick DFlash nearly always: docs/drafters.md)
 WHIFLASH_THRESHOLD = {"whiflash-entropy": ["--opt", "threshold=2.0"], "whiflash-neural": ["--opt", "threshold=1.1"]}
 VLLM = ("hvd", "hvd-freq", *WHIFLASH)
 IN_FLIGHT = ("hvd", "whiflash-entropy")

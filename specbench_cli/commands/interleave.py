@@ -14,7 +14,7 @@ prefix caches (the worker's "forget").
 
 What a list refuses, in one line before anything loads: a method twice (but baseline, for the A/A run), an
 `--opt` that does not name its method (`--opt eagle3.depth=4`), --batch-size or --concurrency above 1 (a list
-decodes one sequence at a time), and --engine-url/--engine-serve (a server runs one method; see the README's
+decodes one sequence at a time), and --engine-url/--engine-serve (a server runs one method; see docs/measuring.md's
 "Paired runs").
 """
 

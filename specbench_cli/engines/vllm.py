@@ -47,7 +47,7 @@ from specbench_cli.core.dtypes import dtype_name
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 CLOCK = "perf_counter in the vLLM process (engine step outputs)"
-# How vLLM runs best on a small CPU (see the README): the engine core in this process (it starts faster than
+# How vLLM runs best on a small CPU (docs/engines.md): the engine core in this process (it starts faster than
 # a separate one), 1 GiB of KV cache, no thread pinning, one numba thread (without it the ngram proposer stalled
 # for tens of seconds per batch). A variable the user set wins.
 ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",

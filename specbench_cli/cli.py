@@ -114,8 +114,8 @@ def run(
         help="Use the draft budget `specbench tune` chose for this "
              "model and method on this machine; an --opt overrides it.")] = False,
     engine: Annotated[str, typer.Option(
-        help="Who decodes: specbench (our engine) or vllm (vLLM in its "
-             "own Python: baseline, pld, suffix, eagle3, dflash, sps).")] = "specbench",
+        help="Who decodes: specbench (our engine) or vllm (vLLM in its own Python; which methods it runs: "
+             "docs/engines.md#method-mapping).")] = "specbench",
     engine_arg: Annotated[Optional[list[str]], typer.Option(
         help="--engine vllm: KEY=VALUE passed to vllm.EngineArgs "
              "(repeatable; JSON values parsed), e.g. max_model_len=4096.")] = None,
@@ -489,7 +489,7 @@ def report(
     plots: Annotated[bool, typer.Option(help="Draw the figures.")] = True,
     classify: Annotated[bool, typer.Option(
         help="Classify each temperature-0 divergence from the baseline "
-             "as a numeric tie or a mismatch (float32 logits, CPU).")] = True,
+             "as a numeric tie or a mismatch (by the replays, else recomputed in the run's dtype).")] = True,
     expect: Annotated[Optional[Path], typer.Option(
         help="Published values to reproduce (TOML [[expect]] entries): exit "
              "1 on a τ or rate outside its tolerance, or with no matching run.")] = None,

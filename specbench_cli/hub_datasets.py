@@ -180,7 +180,7 @@ GROUPS["dflash-suite"] = _members("mt-bench-prompts", "alpaca", "gsm8k", "math50
                                   "humaneval", "mbpp", "livecodebench", "swe-bench")  # DFlash's run_benchmark.sh
 GROUPS["dart-suite"] = _members("mt-bench-prompts", "humaneval", "alpaca", "math500", "codealpaca", "livecodebench",
                                 "mbpp")  # DART's Table 1 datasets; sizes are DFlash's (DART states none)
-# HVD's Table 8: 20 prompts per dataset, its six workload families as categories (the registered 11 of 16)
+# HVD's Table 8: 20 prompts per dataset, its workload families as categories (the 9 of its 16 sets registered here)
 GROUPS["hvd-suite"] = (*_members("swe-bench-verified", "magicoder", "mbpp", size=20, category="code"),
                        *_members("hotpotqa", "musique", size=20, category="multi-hop-qa"),
                        *_members("cnn-dailymail", "govreport", size=20, category="long-context"),

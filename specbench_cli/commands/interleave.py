@@ -147,7 +147,8 @@ def record_plans(plans: list[Plan], model, passes: int, console: Console) -> Non
     from specbench_cli.records import RUN_TABLES
     from specbench_cli.run_folder import RunFolder, record_interleaved
 
-    members = [(RunFolder(p.out, RUN_TABLES), engine_entry(p.config.engine).make_job(p, console, model),
+    members = [(RunFolder(p.out, RUN_TABLES), engine_entry(p.config.engine).make_job(
+                    p, console, model if engine_entry(p.config.engine).our_target else None),  # vLLM loads its own
                 p.config.resume) for p in plans]
     for _, job, _ in members[1:] if model is not None else []:
         job.announce_dtype = False  # they share the first one's target: one line says its dtype

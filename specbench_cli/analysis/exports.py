@@ -160,7 +160,8 @@ def _tokenizer(settings: dict):
     from specbench_cli.loading import checkpoint_location
     from specbench_cli.models import get_model_spec
 
-    return AutoTokenizer.from_pretrained(checkpoint_location(get_model_spec(settings["model"], settings.get("target"))))
+    spec = get_model_spec(settings["model"], settings.get("target"))
+    return AutoTokenizer.from_pretrained(checkpoint_location(spec))
 
 
 # ---------------------------------------------------------------------------------------------- specdec-bench

@@ -119,12 +119,16 @@ def speed_py_notes(results: Results) -> list[str]:
     """For each baseline exported to spec-bench: the tokens/s Spec-Bench's speed.py will read for it (it
     re-tokenizes each turn's answer text and takes one token off per turn, for the BOS its Llama tokenizers add),
     against ours (the decode tokens the run counted), and so how far each speedup it prints is from the report's."""
-    lines = []
+    lines, tokenizers = [], {}
     for g in results.groups:
         if g.method != "baseline" or g.second_of_pair:
             continue
+        settings = g.info["settings"]
         try:
-            tokenizer = _tokenizer(g.info["settings"])
+            which = (settings["model"], settings.get("target"))  # one load per tokenizer, not per baseline
+            if which not in tokenizers:
+                tokenizers[which] = _tokenizer(settings)
+            tokenizer = tokenizers[which]
         except Exception as err:  # a hub tokenizer offline, a folder gone: say so, the export stands
             lines.append(f"{g.label}: cannot compute what speed.py reads for this baseline ({type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else ''})")

@@ -159,7 +159,7 @@ def tokens_per_s(mine: RunGroup, ref: RunGroup, name: str, threshold: float, res
                             "machine's noise (record references with run --repeat 2 or more)")
         return
     change = intervals.rate_change_interval(mine.prompts, ref.prompts, drift)
-    now, then = intervals.mean_interval(mine.prompts).value, intervals.mean_interval(ref.prompts).value
+    now, then = (float(intervals.rates(g.prompts).rate.mean()) for g in (mine, ref))
     judge(change, f"tokens/s {then:.2f} -> {now:.2f}, now/reference {change.text(3)} (95% CI, unpaired runs "
           "widened by the reference's pass-to-pass noise", "tokens/s", mine, ref, name, threshold, result)
 

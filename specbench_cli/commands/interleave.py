@@ -147,10 +147,11 @@ def record_plans(plans: list[Plan], model, passes: int, console: Console) -> Non
     from specbench_cli.records import RUN_TABLES
     from specbench_cli.run_folder import RunFolder, record_interleaved
 
-    members = [(RunFolder(p.out, RUN_TABLES), engine_entry(p.config.engine).make_job(
-                    p, console, model if engine_entry(p.config.engine).our_target else None),  # vLLM loads its own
-                p.config.resume) for p in plans]
-    for _, job, _ in members[1:] if model is not None else []:
+    entries = [engine_entry(p.config.engine) for p in plans]
+    members = [(RunFolder(p.out, RUN_TABLES), entry.make_job(p, console, model if entry.our_target else None),
+                p.config.resume) for p, entry in zip(plans, entries)]  # a production engine loads its own target
+    sharing = [job for (_, job, _), entry in zip(members, entries) if entry.our_target and model is not None]
+    for job in sharing[1:]:
         job.announce_dtype = False  # they share the first one's target: one line says its dtype
     pairing = {"id": secrets.token_hex(6), "members": [p.out.name for p in plans], "passes": passes}
     with ExitStack() as claimed:

@@ -37,8 +37,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from methods.baseline import Baseline
-from methods.hf_generate import Stamps
+from specbench_methods.baseline import Baseline
+from specbench_methods.hf_generate import Stamps
 from specbench_cli.core.engine import decode_turn
 from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.tree import DraftTree

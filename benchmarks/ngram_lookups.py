@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from methods.ngram import Trie
+from specbench_methods.ngram import Trie
 
 
 def main() -> None:

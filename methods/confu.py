@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from specbench_cli.core.method import DecodeState
-from methods.checkpoints import Checkpoint, CheckpointError
-from methods.eagle3 import Eagle3, Eagle3Draft
+from specbench_methods.checkpoints import Checkpoint, CheckpointError
+from specbench_methods.eagle3 import Eagle3, Eagle3Draft
 from specbench_cli.core.target import SideTokens, Target, VerifyExtras
 from specbench_cli.core.tree import DraftTree
 

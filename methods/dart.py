@@ -24,11 +24,11 @@ import torch
 from torch import nn
 
 from specbench_cli.core.method import DecodeState
-from methods.checkpoints import Checkpoint, locate_file
-from methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
-from methods.features import FeatureDrafter
-from methods.layers import append_kv, stack_kv
-from methods.ngram import Trie
+from specbench_methods.checkpoints import Checkpoint, locate_file
+from specbench_methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
+from specbench_methods.features import FeatureDrafter
+from specbench_methods.layers import append_kv, stack_kv
+from specbench_methods.ngram import Trie
 from specbench_cli.core.tree import DraftTree
 
 

@@ -30,9 +30,9 @@ from specbench_cli.core.acceptance import greedy_tokens
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.kernels import Linear, linear
 from specbench_cli.core.method import DecodeState
-from methods.checkpoints import Checkpoint, CheckpointError
-from methods.features import FeatureDrafter
-from methods.layers import Attention, MLP, RMSNorm, Rotary, append_kv, causal_mask, rope_settings, stack_kv
+from specbench_methods.checkpoints import Checkpoint, CheckpointError
+from specbench_methods.features import FeatureDrafter
+from specbench_methods.layers import Attention, MLP, RMSNorm, Rotary, append_kv, causal_mask, rope_settings, stack_kv
 from specbench_cli.core.tree import DraftTree
 
 

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from specbench_cli.core.method import DecodeState
-from methods.checkpoints import CheckpointError, locate
-from methods.sps import SpS
+from specbench_methods.checkpoints import CheckpointError, locate
+from specbench_methods.sps import SpS
 
 ASSET_FILE = "clustering_cache.safetensors"
 

@@ -34,13 +34,13 @@ import torch
 
 from specbench_cli.core.method import DecodeState, Proposer, Route
 from specbench_cli.core.options import proposer_options
-from methods.checkpoints import locate, timed_as, warn_if_stale
-from methods.eagle3 import Eagle3
-from methods.hvd_features import CLASSES, FEATURES, HISTORY, History, features, token_classes  # noqa: F401
-from methods.predictors import PayoffPredictor
-from methods.router_policies import hvd_extras, verifies_cache
-from methods.routed import RoutedMethod
-from methods.suffix import Suffix, SuffixDraft
+from specbench_methods.checkpoints import locate, timed_as, warn_if_stale
+from specbench_methods.eagle3 import Eagle3
+from specbench_methods.hvd_features import CLASSES, FEATURES, HISTORY, History, features, token_classes  # noqa: F401
+from specbench_methods.predictors import PayoffPredictor
+from specbench_methods.router_policies import hvd_extras, verifies_cache
+from specbench_methods.routed import RoutedMethod
+from specbench_methods.suffix import Suffix, SuffixDraft
 from specbench_cli.core.tree import DraftTree
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from methods.checkpoints import CheckpointError
+from specbench_methods.checkpoints import CheckpointError
 
 HEADER = struct.Struct("<QQ")
 NODE = struct.Struct("<iQiQ")

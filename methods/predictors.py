@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from methods.checkpoints import CheckpointError
+from specbench_methods.checkpoints import CheckpointError
 
 
 class Standardised(nn.Module):
@@ -77,7 +77,7 @@ class Router(Standardised):
 
 class PayoffPredictor(Standardised):
     """HVD's payoff predictor: an MLP with two hidden layers of 256 and ReLU (the HVD seed) over the cache draft's
-    features (`methods.hvd_features.FEATURES`), predicting how many of its tokens the target will accept."""
+    features (`specbench_methods.hvd_features.FEATURES`), predicting how many of its tokens the target will accept."""
 
     FILE = "predictor.safetensors"
 

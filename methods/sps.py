@@ -20,7 +20,7 @@ from transformers import DynamicCache
 
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.method import DecodeState, Method
-from methods.checkpoints import CheckpointError, locate
+from specbench_methods.checkpoints import CheckpointError, locate
 from specbench_cli.core.target import VerifyExtras
 from specbench_cli.core.tree import DraftTree
 

@@ -26,13 +26,13 @@ import torch
 
 from specbench_cli.core.method import DecodeState, Method, Proposer, Route
 from specbench_cli.core.options import proposer_options
-from methods.checkpoints import CheckpointError, locate, timed_as, warn_if_stale
-from methods.dflash import DFlash
-from methods.eagle3 import Eagle3
-from methods.layers import causal_mask
-from methods.predictors import Router
-from methods.router_policies import category_threshold, eagle3_by_entropy, eagle3_by_score, whiflash_extras
-from methods.routed import RoutedMethod
+from specbench_methods.checkpoints import CheckpointError, locate, timed_as, warn_if_stale
+from specbench_methods.dflash import DFlash
+from specbench_methods.eagle3 import Eagle3
+from specbench_methods.layers import causal_mask
+from specbench_methods.predictors import Router
+from specbench_methods.router_policies import category_threshold, eagle3_by_entropy, eagle3_by_score, whiflash_extras
+from specbench_methods.routed import RoutedMethod
 from specbench_cli.core.target import Target
 
 

@@ -18,6 +18,8 @@ cd "$work"
 export HF_HUB_OFFLINE=1
 "$work/venv/bin/specbench" run --list > list.txt
 "$work/venv/bin/python" -c "from specbench_cli.models import random_architectures as a; assert 'qwen3-8b' in a(), a()"
+# methods/ installs under a name of ours, never as a bare top-level `methods`
+"$work/venv/bin/python" -c "import importlib.util as u; assert u.find_spec('specbench_methods') and not u.find_spec('methods')"
 grep -q "smollm2-135m/eagle3" list.txt || { echo "check_install: the committed drafters are not found"; exit 1; }
 "$work/venv/bin/specbench" run --method eagle3 --dataset mt-bench --limit 1 --max-new-tokens 8 --warmup 0 --threads 2 \
     --opt depth=2 --opt top_k=2 --opt total_token=6 --out run

@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from methods.checkpoints import weights_id
+from specbench_methods.checkpoints import weights_id
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.kernels import packs
 from specbench_cli.core.method import Method, OwnLoop

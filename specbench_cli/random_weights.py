@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from methods.checkpoints import save
-from methods.layers import rope_settings
+from specbench_methods.checkpoints import save
+from specbench_methods.layers import rope_settings
 from specbench_cli.models import ARCHITECTURES, RandomWeights, parse_random
 
 
@@ -97,7 +97,7 @@ def random_drafter(name: str, target: torch.nn.Module, root: Path, seed: int) ->
 
 def _eagle3(target: torch.nn.Module, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
     """One decoder layer of the target's own shape over its three feature layers, a 32,000-token draft head."""
-    from methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
+    from specbench_methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
 
     t = target.config
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
@@ -115,7 +115,7 @@ def _eagle3(target: torch.nn.Module, seed: int) -> tuple[dict, dict[str, torch.T
 def _dflash(target: torch.nn.Module, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
     """Five layers of the target's own shape reading five evenly spaced feature layers, blocks of 16, the mask
     token the last id of the vocabulary (the released Qwen3 drafters use 151669, also past the tokenizer's)."""
-    from methods.dflash import DFlashConfig, DFlashDraft, default_capture
+    from specbench_methods.dflash import DFlashConfig, DFlashDraft, default_capture
 
     t = target.config
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads

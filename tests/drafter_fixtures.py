@@ -40,7 +40,7 @@ def loaded(model: torch.nn.Module, name: str = "tiny"):
 
 def greedy_corpus(target: torch.nn.Module, n: int = 12, new: int = 120) -> list[list[int]]:
     """Prompt + greedy continuation of n random prompts: the distillation data."""
-    from methods.baseline import Baseline
+    from specbench_methods.baseline import Baseline
 
     seqs = []
     for i in range(n):

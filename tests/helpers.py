@@ -109,7 +109,7 @@ def chi_square_p(observed: list[float], expected: list[float]) -> float:
 
 
 def baseline_output(model: torch.nn.Module, prompt: list[int], max_new: int = 150, invariant: bool = False) -> list[int]:
-    from methods.baseline import Baseline
+    from specbench_methods.baseline import Baseline
 
     target = Target(model, torch.device("cpu"), invariant=invariant)
     return run_method(model, Baseline(Baseline.Options(), None), prompt, max_new=max_new, target=target).output_ids

@@ -213,8 +213,8 @@ def test_every_hook_batches_and_equals_batch_one(distilled, tmp_path, monkeypatc
     side rows of the one verify forward, each sequence's future token from its own side rows), SpS deferred and
     naive (`deferred=false`: an extra target forward per sequence, its root then cached in the verify) and
     FlashHead: every sequence equals its batch-1 output, accepted lengths and target forwards round by round."""
-    from methods.flashhead import FlashHead
-    from methods.sps import SpS
+    from specbench_methods.flashhead import FlashHead
+    from specbench_methods.sps import SpS
     from tests.drafter_fixtures import loaded, make_method
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
@@ -264,8 +264,8 @@ def noisy_draft(request, tmp_path_factory):
 
 
 def _sps(name: str, target, folder):
-    from methods.flashhead import FlashHead
-    from methods.sps import SpS
+    from specbench_methods.flashhead import FlashHead
+    from specbench_methods.sps import SpS
     from tests.drafter_fixtures import loaded
 
     cls = FlashHead if name == "flashhead" else SpS
@@ -439,8 +439,8 @@ def test_routed_methods_route_each_sequence_of_a_batch(distilled, name):
     sequence as batch 1 does (HVD's suffix lookups also see the other sequences' outputs, so its routes may differ)."""
     import statistics
 
-    from methods.dflash import DFlash
-    from methods.eagle3 import Eagle3
+    from specbench_methods.dflash import DFlash
+    from specbench_methods.eagle3 import Eagle3
     from specbench_cli.registry import method_class
     from tests.drafter_fixtures import loaded
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from methods.predictors import Router
+from specbench_methods.predictors import Router
 from specbench_cli.commands.calibrate.command import (TABLE2_THRESHOLDS, Latency, break_even_threshold, entropy_grid, entropy_sweep,
                                      fit, simulate, throughput)
 from specbench_cli.analysis.oracles import static_rounds

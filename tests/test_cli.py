@@ -264,9 +264,9 @@ def test_every_method_declares_a_range_for_each_numeric_option():
 
 
 def test_routed_options_nest_each_proposers_and_the_flat_spelling_still_works_with_a_note():
-    from methods.dflash import DFlash
-    from methods.eagle3 import Eagle3
-    from methods.whiflash import WhiFlashEntropy
+    from specbench_methods.dflash import DFlash
+    from specbench_methods.eagle3 import Eagle3
+    from specbench_methods.whiflash import WhiFlashEntropy
     from specbench_cli.options import options_record, parse_options
 
     notes: list[str] = []
@@ -278,7 +278,7 @@ def test_routed_options_nest_each_proposers_and_the_flat_spelling_still_works_wi
     record = options_record(dotted)
     assert record["eagle3.depth"] == 4 and record["dflash.block_size"] == 8 and record["eagle3.top_k"] == 10
     # HVD's own EAGLE-3 setting (32/8/4) is its default, not EAGLE-3's (60/8/10)
-    from methods.hvd import Hvd
+    from specbench_methods.hvd import Hvd
 
     assert parse_options(Hvd, []).eagle3 == Eagle3.Options(depth=8, top_k=4, total_token=32)
 

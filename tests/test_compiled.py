@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from methods.baseline import Baseline
+from specbench_methods.baseline import Baseline
 from specbench_cli.core.target import Target
 from tests.drafter_fixtures import make_method
 from tests.helpers import OracleTree, assert_lossless, baseline_output, random_prompt, run_method
@@ -66,9 +66,9 @@ def test_model_drafters(distilled, name):
 
 @pytest.mark.slow
 def test_routed_method(distilled):
-    from methods.dflash import DFlash
-    from methods.eagle3 import Eagle3
-    from methods.whiflash import WhiFlashEntropy
+    from specbench_methods.dflash import DFlash
+    from specbench_methods.eagle3 import Eagle3
+    from specbench_methods.whiflash import WhiFlashEntropy
     from tests.drafter_fixtures import loaded
 
     target, corpus, eagle3 = distilled("eagle3", "llama")
@@ -88,7 +88,7 @@ def test_routed_method(distilled):
 def test_sps_extra_forward(tmp_path):
     """deferred=false: the root's own one-token forward and a verify of only the drafts, both compiled
     (the draft model is a copy of the target, so every draft is accepted)."""
-    from methods.sps import SpS
+    from specbench_methods.sps import SpS
     from tests.conftest import tiny_model
     from tests.drafter_fixtures import loaded
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from methods.checkpoints import CheckpointError
+from specbench_methods.checkpoints import CheckpointError
 from specbench_cli.core.target import Target
 from specbench_cli.core.target import SideTokens, VerifyExtras
 from specbench_cli.core.tree import DraftTree
@@ -45,7 +45,7 @@ def test_the_future_token_reaches_the_draft(distilled, tmp_path):
     """f is taken from the accepted contemplate token after round 1, and its [f] entry moves the draft."""
     from types import SimpleNamespace
 
-    from methods.layers import causal_mask
+    from specbench_methods.layers import causal_mask
     from tests.helpers import run_method
 
     target, corpus, _ = distilled("confu", "qwen3")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from methods.checkpoints import Checkpoint, CheckpointError
-from methods.dart import DartDraft, SearchParams, search, to_tree
-from methods.ngram import Trie
+from specbench_methods.checkpoints import Checkpoint, CheckpointError
+from specbench_methods.dart import DartDraft, SearchParams, search, to_tree
+from specbench_methods.ngram import Trie
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import edit_checkpoint, write_dart
 from tests.helpers import random_prompt
@@ -95,7 +95,7 @@ def test_double_norm_and_mask_slots(distilled):
     draft = DartDraft.load(Checkpoint.read(str(folder), "dart"), target)
     assert draft.config.mask_slots == 4 and draft.midlayer.mask_rep.shape == (128,)
     feats = torch.randn(10, 192)
-    from methods.layers import causal_mask
+    from specbench_methods.layers import causal_mask
 
     with torch.no_grad():
         out, (k, _) = draft.step(feats, torch.arange(10), torch.arange(14), mask=causal_mask(14, 0, feats.device))

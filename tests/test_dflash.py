@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from methods.checkpoints import Checkpoint, CheckpointError
-from methods.dflash import DFlashDraft
+from specbench_methods.checkpoints import Checkpoint, CheckpointError
+from specbench_methods.dflash import DFlashDraft
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import VOCAB, edit_checkpoint, make_method, write_dflash
 
@@ -80,7 +80,7 @@ def test_block_draft_is_the_argmax_at_each_mask_position(distilled):
 
 def test_rope_parameters_of_transformers_5_are_read(tmp_path):
     """theta in `rope_parameters` (transformers 5), not `rope_theta`: read, not replaced by 10000."""
-    from methods.dflash import read_config
+    from specbench_methods.dflash import read_config
 
     def five(c: dict) -> None:
         c.pop("rope_theta", None), c.pop("rope_scaling", None)
@@ -102,7 +102,7 @@ def as_speculators(c: dict, **top) -> None:
 
 
 def test_a_speculators_config_reads_as_the_zlab_one(tmp_path):
-    from methods.dflash import read_config
+    from specbench_methods.dflash import read_config
 
     target = tiny_model("qwen3", layers=6)
     original = read_config(Checkpoint.read(str(write_dflash(tmp_path / "z", target)), "dflash"), 6)

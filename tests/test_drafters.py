@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from methods.pld import lookup
-from methods.suffix import SpecParams, TokenStore, speculate
+from specbench_methods.pld import lookup
+from specbench_methods.suffix import SpecParams, TokenStore, speculate
 
 
 class Trie:
@@ -96,7 +96,7 @@ def test_suffix_path_draft_matches_an_explicit_suffix_tree(seed):
 def test_equally_frequent_continuations_go_as_in_arcticinference():
     """Cases worked by hand from the reference's sibling list (suffix_tree.cc); tests/test_engine_vllm.py compares
     whole drafts with ArcticInference's own cache where it is installed."""
-    from methods.suffix import sibling_order
+    from specbench_methods.suffix import sibling_order
 
     assert sibling_order([9, 7]) == [9, 7]  # [5, 9, 5, 7] then "5": 9 arrived first, so 9 is drafted
     store = TokenStore()

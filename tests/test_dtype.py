@@ -79,7 +79,7 @@ def test_a_run_records_the_choice_and_why(cpuinfo, tmp_path):
 
 
 def test_a_calibration_timed_in_another_dtype_is_warned(capsys):
-    from methods.checkpoints import timed_as, warn_if_stale
+    from specbench_methods.checkpoints import timed_as, warn_if_stale
 
     here = timed_as(torch.bfloat16, CPU)
     assert here == "bfloat16 on cpu"

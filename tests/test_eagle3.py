@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from methods.checkpoints import Checkpoint, CheckpointError
-from methods.eagle3 import Candidates, Eagle3Draft, beam_search, top_nodes
-from methods.layers import causal_mask
+from specbench_methods.checkpoints import Checkpoint, CheckpointError
+from specbench_methods.eagle3 import Candidates, Eagle3Draft, beam_search, top_nodes
+from specbench_methods.layers import causal_mask
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import VOCAB, edit_checkpoint, write_eagle3
 from tests.helpers import random_prompt
@@ -142,8 +142,8 @@ def test_unreachable_hub_checkpoint_is_one_line(monkeypatch):
 def test_rope_settings_written_as_transformers_5_rope_parameters_are_read(tmp_path, layout):
     """transformers 5 (what speculators 0.9 writes) keeps theta and scaling in one `rope_parameters` dict; a
     loader that looked only for `rope_theta` would silently use 10000 (Qwen3 uses 1e6, Llama-3.1 500000)."""
-    from methods.eagle3.checkpoint import read_config
-    from methods.layers import rope_settings
+    from specbench_methods.eagle3.checkpoint import read_config
+    from specbench_methods.layers import rope_settings
 
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 8192}

@@ -395,7 +395,7 @@ def test_our_suffix_drafts_what_arcticinference_drafts(engine_python, tmp_path, 
     import subprocess
     from pathlib import Path
 
-    from methods.suffix import SpecParams, TokenStore, speculate
+    from specbench_methods.suffix import SpecParams, TokenStore, speculate
 
     rng = random.Random(max_depth)
     params = SpecParams(max_depth=max_depth, max_spec_tokens=16, max_spec_factor=factor, min_token_prob=min_prob,
@@ -432,9 +432,9 @@ def test_our_suffix_drafts_what_arcticinference_drafts(engine_python, tmp_path, 
         assert draft.probs == pytest.approx(arctic["probs"], abs=1e-6)
     assert sum(bool(arctic["tokens"]) for arctic in theirs) > len(cases) // 2
     # the cases exercise ties: breaking them by the smaller token id instead drafts otherwise in some
-    import methods.suffix
+    import specbench_methods.suffix
 
-    monkeypatch.setattr(methods.suffix, "sibling_order",
+    monkeypatch.setattr(specbench_methods.suffix, "sibling_order",
                         lambda arrivals: sorted(set(arrivals), key=lambda t: (-arrivals.count(t), t)))
     assert any(ours(case).tokens != arctic["tokens"] for case, arctic in zip(cases, theirs))
 

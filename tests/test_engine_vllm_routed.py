@@ -118,7 +118,7 @@ def test_both_proposers_draft_and_win_somewhere_inside_vllm(runs):
 @pytest.mark.slow
 def test_vllms_decisions_follow_the_rule_with_our_predictor(runs):
     """Each step's recorded features, scored by the predictor our engine loads, give vLLM's score and choice."""
-    from methods.predictors import PayoffPredictor
+    from specbench_methods.predictors import PayoffPredictor
 
     info = json.loads((runs["vllm-hvd"] / "run.json").read_text())
     settings = info["settings"]["engine_proposer"]

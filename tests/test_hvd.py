@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from methods.eagle3 import Eagle3
-from methods.hvd import CLASSES, FEATURES, History, Hvd, HvdFreq, features, token_classes
-from methods.predictors import PayoffPredictor
+from specbench_methods.eagle3 import Eagle3
+from specbench_methods.hvd import CLASSES, FEATURES, History, Hvd, HvdFreq, features, token_classes
+from specbench_methods.predictors import PayoffPredictor
 from specbench_cli.commands.calibrate.command import Latency
 from specbench_cli.commands.calibrate.hvd import CacheTurn, frequency_rule, quality, rollout, simulated
 from tests.drafter_fixtures import SAMPLING_TEMPERATURE, loaded
@@ -100,8 +100,8 @@ def test_payoff_predictor_switches_losslessly_and_needs_its_artifact(setup, tmp_
 
 def test_replayed_features_are_the_live_ones(setup, median_score):
     """Calibration's rollout over a replay of the live output reproduces every round's features and route."""
-    from methods.eagle3 import Eagle3
-    from methods.suffix import Suffix
+    from specbench_methods.eagle3 import Eagle3
+    from specbench_methods.suffix import Suffix
     from specbench_cli.commands.oracle.replay import Trace, replay_turn
     from specbench_cli.core.target import Target
 

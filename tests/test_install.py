@@ -23,7 +23,7 @@ def package_dirs(top: str, name: str) -> set[str]:
 
 def test_every_package_and_data_folder_is_declared():
     declared = set(CONFIG["packages"])
-    expected = (package_dirs("specbench_cli", "specbench_cli") | package_dirs("methods", "methods")
+    expected = (package_dirs("specbench_cli", "specbench_cli") | package_dirs("methods", "specbench_methods")
                 | package_dirs("datasets", "specbench_datasets") | package_dirs("drafters", "specbench_drafters"))
     assert expected - declared == set(), f"add to [tool.setuptools] packages: {sorted(expected - declared)}"
     assert declared - expected == set(), f"no such folder: {sorted(declared - expected)}"

@@ -29,7 +29,7 @@ def imports(path: Path) -> set[str]:
 
 
 def ours(module: str) -> bool:
-    return module.split(".")[0] in ("specbench_cli", "methods")
+    return module.split(".")[0] in ("specbench_cli", "specbench_methods")
 
 
 def test_core_imports_nothing_above_it() -> None:
@@ -55,7 +55,7 @@ def test_core_names_no_method() -> None:
 
 def test_methods_import_only_core() -> None:
     for path in sorted((ROOT / "methods").rglob("*.py")):
-        above = [m for m in imports(path) if ours(m) and not m.startswith(("specbench_cli.core", "methods"))]
+        above = [m for m in imports(path) if ours(m) and not m.startswith(("specbench_cli.core", "specbench_methods"))]
         assert not above, f"methods/{path.name} imports {above}"
 
 
@@ -83,6 +83,7 @@ def modules() -> dict[str, Path]:
     found = {}
     for path in [*(ROOT / "specbench_cli").rglob("*.py"), *(ROOT / "methods").rglob("*.py")]:
         parts = path.relative_to(ROOT).with_suffix("").parts
+        parts = ("specbench_methods", *parts[1:]) if parts[0] == "methods" else parts  # installed under that name
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
@@ -136,6 +137,7 @@ def test_the_circle_finder_finds_circles() -> None:  # the check above would pas
     graph = import_graph()
     assert "specbench_cli.commands.tune.pricing" in graph["specbench_cli.commands.tune.budget"]  # `from specbench_cli.commands.tune import pricing as tuning`
     assert "specbench_cli.run_folder" in graph["specbench_cli.engines.specbench"]
+    assert "specbench_methods.eagle3.network" in graph["specbench_methods.eagle3.method"]  # methods/ by its installed name
 
 
 # The layers, bottom first: a module's layer is that of the longest prefix naming it. The pieces commands share sit
@@ -143,7 +145,7 @@ def test_the_circle_finder_finds_circles() -> None:  # the check above would pas
 # (the results folder's life, conversations, the greedy replay, the plan).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("specbench_cli.core",)),
-    ("methods", ("methods",)),
+    ("methods", ("specbench_methods",)),
     ("shared", ("specbench_cli", "specbench_cli.registry", "specbench_cli.models", "specbench_cli.resources",
                 "specbench_cli.datasets", "specbench_cli.hub_datasets", "specbench_cli.options", "specbench_cli.folders",
                 "specbench_cli.records", "specbench_cli.hardware", "specbench_cli.telemetry", "specbench_cli.progress",
@@ -189,5 +191,5 @@ def test_the_direction_check_sees_an_upward_import() -> None:  # the check above
         "specbench_cli.inputs -> specbench_cli.engines.vllm_methods"]
     assert not upward({"specbench_cli.commands.run": {"specbench_cli.inputs"}})
     assert layer("specbench_cli.commands.tune.batch") > layer("specbench_cli.engines.specbench") > layer(
-        "specbench_cli.planning") > layer("specbench_cli.inputs") > layer("methods.eagle3.method") > layer(
+        "specbench_cli.planning") > layer("specbench_cli.inputs") > layer("specbench_methods.eagle3.method") > layer(
         "specbench_cli.core.target")

@@ -9,7 +9,7 @@ import torch
 
 from specbench_cli.registry import method_class
 from specbench_cli.options import parse_options
-from methods.hf_generate import HFGenerate
+from specbench_methods.hf_generate import HFGenerate
 from tests.helpers import OracleTree, random_prompt, run_method
 
 MODEL_FREE = ["suffix", "pld"]

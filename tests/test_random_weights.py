@@ -86,7 +86,7 @@ def test_random_drafters_take_the_released_shapes_for_the_target():
     """EAGLE-3: one layer of the target's own shape over its three feature layers and a 32,000-token head (every
     released EAGLE-3 config); DFlash: five such layers over five evenly spaced feature layers, blocks of 16 (the
     released Qwen3 drafters': for 36 layers the ids 1, 9, 17, 25, 33)."""
-    from methods.dflash import default_capture
+    from specbench_methods.dflash import default_capture
 
     target = build(RandomWeights("qwen3-0.6b"), torch.device("meta"), torch.bfloat16)
     t = target.config
@@ -103,7 +103,7 @@ def test_random_drafters_take_the_released_shapes_for_the_target():
 
 @pytest.mark.parametrize("method", ["eagle3", "dflash"])
 def test_random_drafters_are_written_once_per_seed_and_load_as_released_ones(tmp_path, method):
-    from methods.baseline import Baseline
+    from specbench_methods.baseline import Baseline
     from tests.drafter_fixtures import make_method
     from tests.helpers import random_prompt, run_method
 

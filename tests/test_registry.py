@@ -26,8 +26,8 @@ def test_capabilities_answer_for_what_a_method_lacks():
         recipe_class("suffix")
     with pytest.raises(UsageError, match="calibrate knows whiflash-entropy, whiflash-neural, hvd"):
         calibrator("hvd-freq")
-    assert corpus_layers(30) == sorted(set(load("methods.eagle3:default_capture")(30))
-                                       | set(load("methods.dflash:default_capture")(30)))
+    assert corpus_layers(30) == sorted(set(load("specbench_methods.eagle3:default_capture")(30))
+                                       | set(load("specbench_methods.dflash:default_capture")(30)))
 
 
 def test_profile_asks_the_registry_which_methods_it_can_measure():

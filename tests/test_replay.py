@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from methods.pld import PromptLookup
-from methods.suffix import Suffix
+from specbench_methods.pld import PromptLookup
+from specbench_methods.suffix import Suffix
 from specbench_cli.analysis.oracles import best_rounds, static_rounds
 from specbench_cli.commands.oracle.replay import Trace, replay_turn
 from specbench_cli.core.target import Target

@@ -386,7 +386,7 @@ def test_whiflash_switches_on_the_real_model(multi_turn):
 
 @pytest.mark.slow
 def test_hvd_routes_on_the_real_model(multi_turn):
-    from methods.hvd import FEATURES
+    from specbench_methods.hvd import FEATURES
 
     for method in ("hvd", "hvd-freq"):  # hvd: the committed payoff predictor (drafters/smollm2-135m/hvd)
         rounds = read_table(multi_turn[method], "rounds")
@@ -447,7 +447,7 @@ def test_chain_3_run_loads_the_calibrated_router(neural_router, tmp_path):
 
 @pytest.mark.slow
 def test_hvd_calibration_makes_a_predictor_run_loads(tmp_path):
-    from methods.hvd import FEATURES
+    from specbench_methods.hvd import FEATURES
 
     cal = tmp_path / "cal"
     result = CliRunner().invoke(app, ["calibrate", "--method", "hvd", *COMMON, "--prompts", "3", "--max-new-tokens",

@@ -9,9 +9,9 @@ import copy
 import pytest
 import torch
 
-from methods.flashhead import (Clustering, FlashHead, FlashHeadLayer, balanced_assign, build_clustering, load_assets,
+from specbench_methods.flashhead import (Clustering, FlashHead, FlashHeadLayer, balanced_assign, build_clustering, load_assets,
                                save_assets)
-from methods.sps import SpS
+from specbench_methods.sps import SpS
 from tests.conftest import tiny_model
 from tests.drafter_fixtures import VOCAB, loaded
 from tests.helpers import assert_lossless, assert_multi_turn_lossless, random_prompt, run_method, sampling_p_value

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from methods.checkpoints import Checkpoint
-from methods.layers import causal_mask
+from specbench_methods.checkpoints import Checkpoint
+from specbench_methods.layers import causal_mask
 from specbench_cli.commands.train.distill import Corpus, cache_features, cache_topk, calibration_prompts, training_prompts
 from specbench_cli.core.errors import UsageError
 from specbench_cli.registry import recipe_class

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from methods.checkpoints import CheckpointError, fingerprint
-from methods.predictors import Router
-from methods.dflash import DFlash
-from methods.eagle3 import Eagle3
-from methods.whiflash import WhiFlashEntropy, WhiFlashNeural
+from specbench_methods.checkpoints import CheckpointError, fingerprint
+from specbench_methods.predictors import Router
+from specbench_methods.dflash import DFlash
+from specbench_methods.eagle3 import Eagle3
+from specbench_methods.whiflash import WhiFlashEntropy, WhiFlashNeural
 from tests.drafter_fixtures import SAMPLING_TEMPERATURE, loaded
 from tests.helpers import assert_lossless, assert_multi_turn_lossless, run_method, sampling_p_value
 

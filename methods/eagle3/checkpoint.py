@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from methods.checkpoints import Checkpoint, CheckpointError
-from methods.layers import rope_settings
+from specbench_methods.checkpoints import Checkpoint, CheckpointError
+from specbench_methods.layers import rope_settings
 
 
 @dataclass

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.checkpoints import Checkpoint
-from methods.eagle3.network import Eagle3Draft
-from methods.eagle3.tree_search import Candidates, beam_search, top_nodes
-from methods.features import FeatureDrafter
-from methods.layers import append_kv, causal_mask, stack_kv
+from specbench_methods.checkpoints import Checkpoint
+from specbench_methods.eagle3.network import Eagle3Draft
+from specbench_methods.eagle3.tree_search import Candidates, beam_search, top_nodes
+from specbench_methods.features import FeatureDrafter
+from specbench_methods.layers import append_kv, causal_mask, stack_kv
 from specbench_cli.core.method import DecodeState
 from specbench_cli.core.tree import DraftTree
 

@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from specbench_cli.core.kernels import Linear
-from methods.checkpoints import Checkpoint, CheckpointError
-from methods.eagle3.checkpoint import Eagle3Config, _checkpoint_name, read_config
-from methods.layers import MLP, Attention, RMSNorm, Rotary
+from specbench_methods.checkpoints import Checkpoint, CheckpointError
+from specbench_methods.eagle3.checkpoint import Eagle3Config, _checkpoint_name, read_config
+from specbench_methods.layers import MLP, Attention, RMSNorm, Rotary
 
 
 class Eagle3Layer(nn.Module):

@@ -163,14 +163,14 @@ def has_plugin(python: str) -> bool:
 
 def whole_draft_model(folder: Path, target: Path) -> str:
     """A draft model vLLM can load. The draft models `train-drafter` makes ship no embedding or head (config
-    `specbench_embedding_from_target`: ours copies the target's in at load, `methods.sps.load_draft_model`), and
+    `specbench_embedding_from_target`: ours copies the target's in at load, `specbench_methods.sps.load_draft_model`), and
     vLLM's draft_model proposer would run them with none; this writes, once per draft and target, a folder with
     the target's tied embedding added, under the cache. Any other folder is used as it is."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from methods.checkpoints import fingerprint
-    from methods.sps import EMBEDDING_FROM_TARGET
+    from specbench_methods.checkpoints import fingerprint
+    from specbench_methods.sps import EMBEDDING_FROM_TARGET
     from specbench_cli.models import cache_root
 
     config = json.loads((folder / "config.json").read_text())

@@ -5,11 +5,11 @@ payoff predictor scores the suffix-cache draft before verification; the step ver
 predicted accepted length is at least τ, otherwise EAGLE-3's. Here a subclass of vLLM's `EagleProposer`
 (installed by `vllm_routed.register`) owns an ArcticInference `SuffixDecodingCache` (the one vLLM's suffix
 proposer uses, called as `vllm/v1/spec_decode/suffix_decoding.py` calls it) and our payoff predictor (the card
-`specbench calibrate --method hvd` writes, loaded by `methods.predictors`; `hvd-freq` scores a draft by
+`specbench calibrate --method hvd` writes, loaded by `specbench_methods.predictors`; `hvd-freq` scores a draft by
 SuffixDecoding's own frequency score instead).
 
 Per step: every request's new tokens go into the suffix cache; the cache draft is looked up (a chain, as vLLM's
-suffix proposer verifies it), its HVD features computed (`methods.hvd_features`, the same function our engine
+suffix proposer verifies it), its HVD features computed (`specbench_methods.hvd_features`, the same function our engine
 and calibration use) and scored. EAGLE-3 then runs once for the batch: `num_speculative_tokens` = its chain
 length when any request chose it, else 0 — vLLM's own "K = 0" path, which still runs the draft model's forward
 over the step's verified tokens, so the drafter's KV cache stays in step with every token (the paper's catch-up,
@@ -27,9 +27,9 @@ def proposer_class(base: type) -> type:
     import torch
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-    from methods.hvd_features import History, features
-    from methods.predictors import PayoffPredictor
-    from methods.router_policies import hvd_extras, verifies_cache
+    from specbench_methods.hvd_features import History, features
+    from specbench_methods.predictors import PayoffPredictor
+    from specbench_methods.router_policies import hvd_extras, verifies_cache
     from specbench_cli.engines.vllm_steps import NewTokens, StepLog, settings
 
     class Request:

@@ -149,7 +149,7 @@ MAPPINGS: dict[str, Callable] = {"baseline": _baseline, "pld": _pld, "suffix": _
 
 def hybrid_settings(method: str, options, drafters: dict[str, str]) -> dict:
     """What the HVD proposer inside vLLM reads (engines/vllm_hvd.py): the payoff predictor (hvd; none for
-    hvd-freq, which scores a draft by SuffixDecoding's own frequency score), the threshold as `methods.hvd`
+    hvd-freq, which scores a draft by SuffixDecoding's own frequency score), the threshold as `specbench_methods.hvd`
     resolves it, EAGLE-3's chain length and the suffix cache's knobs."""
     predictor = drafters.get("hvd") if method == "hvd" else None
     threshold = options.threshold
@@ -181,7 +181,7 @@ def engine_method(method: str, options, given: set[str], drafters: dict[str, str
 
 def whiflash_settings(method: str, options, config: dict, drafters: dict[str, str]) -> dict:
     """What the WhiFlash proposer inside vLLM reads (engines/vllm_whiflash.py): the DFlash drafter and block, the
-    EAGLE-3 chain, and the policy with its thresholds as `methods.whiflash` resolves them (--opt threshold, else
+    EAGLE-3 chain, and the policy with its thresholds as `specbench_methods.whiflash` resolves them (--opt threshold, else
     the calibration card's: per category for the entropy policy)."""
     card = {}
     if method in drafters:

@@ -67,7 +67,7 @@ class Decisions:
         if settings["method"] in HVD_METHODS:
             import numpy as np
 
-            from methods.hvd_features import token_classes
+            from specbench_methods.hvd_features import token_classes
 
             np.save(folder / "hvd-classes.npy", token_classes(tokenizer, vocab))
             settings["classes"] = str(folder / "hvd-classes.npy")

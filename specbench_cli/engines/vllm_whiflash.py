@@ -56,8 +56,8 @@ def proposer_class(base: type) -> type:
     from vllm.model_executor.model_loader.utils import get_draft_load_config
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
-    from methods.predictors import Router
-    from methods.router_policies import category_threshold, eagle3_by_entropy, eagle3_by_score, whiflash_extras
+    from specbench_methods.predictors import Router
+    from specbench_methods.router_policies import category_threshold, eagle3_by_entropy, eagle3_by_score, whiflash_extras
     from specbench_cli.engines.vllm_steps import NewTokens, StepLog, settings
 
     class PrefixedDFlash(DFlashProposer):

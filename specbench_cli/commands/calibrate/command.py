@@ -140,7 +140,7 @@ def entropy_grid(turns: pd.DataFrame, n: int = 19) -> list[float]:
 # ---------------------------------------------------------------------------------------------- learned policies
 def fit(make, inputs: np.ndarray, targets: np.ndarray, steps: int, lr: float = 1e-3, seed: int = 0,
         batch: int = 256, progress=None, validation: tuple[np.ndarray, np.ndarray] | None = None, every: int = 50):
-    """Fit `make(n_inputs)` (a `methods.predictors.Standardised`) to the targets with MSE: AdamW, linear
+    """Fit `make(n_inputs)` (a `specbench_methods.predictors.Standardised`) to the targets with MSE: AdamW, linear
     warm-up then cosine decay to 0 (WhiFlash's and HVD's recipe). With `validation` pairs, the weights with
     the lowest validation MSE (checked every `every` steps) are kept: a few thousand pairs overfit these MLPs
     long before the schedule ends."""
@@ -218,7 +218,7 @@ def round_ms(run_dir: Path) -> float:
 def card(config: CalibrateConfig, drafters: tuple[str, ...], **fields) -> dict:
     """The artifact's config.json. `drafters`: the model's registered drafters the calibration measured;
     their fingerprints let a run warn when it loads other weights than these."""
-    from methods.checkpoints import fingerprint, locate, timed_as
+    from specbench_methods.checkpoints import fingerprint, locate, timed_as
     from specbench_cli.hardware import environment
     from specbench_cli.models import get_model_spec
     from specbench_cli.commands.train.train import command_line
@@ -300,7 +300,7 @@ def measure(config: CalibrateConfig, prompts_file: Path, console: Console, other
             eagle3_opts: tuple[str, ...] = ()) -> tuple[Path, Latency]:
     """Replay EAGLE-3 (with `eagle3_opts`) and `other` over the prompts into <work>/oracle, and time both
     drafters' rounds and EAGLE-3's catch-up on this machine (cached in <work>/latency.json)."""
-    from methods.eagle3 import Eagle3
+    from specbench_methods.eagle3 import Eagle3
     from specbench_cli.commands.oracle import command as oracle_run
     from specbench_cli.inputs import RunConfig
 
@@ -381,7 +381,7 @@ def calibrate_neural(config: CalibrateConfig, console: Console) -> dict:
                 np.concatenate([r.al_e - r.al_d for r in frame.itertuples()]).astype(np.float32))
 
     x, y = pairs(train)
-    from methods.predictors import Router
+    from specbench_methods.predictors import Router
     from specbench_cli.progress import progress_bar
 
     with progress_bar(console) as bar:

@@ -5,7 +5,7 @@ position it records the cache draft (score, matched length, tokens) and its acce
 path of the draft that matches the trace (HVD's payoff label). EAGLE-3 (in HVD's tree setting) is replayed too,
 so a routed decode of every turn can be simulated exactly.
 
-Features: `methods.hvd_features.features`, the function `hvd` calls live. Its history terms (recent cache selection
+Features: `specbench_methods.hvd_features.features`, the function `hvd` calls live. Its history terms (recent cache selection
 rate and accepted lengths) depend on the route taken, so each turn is rolled out as HVD would decode it —
 round after round, the route choosing by a policy — and a position's history is that of the rounds finished
 before it. The first rollout uses the frequency rule (`hvd-freq`), the second the predictor fitted on the
@@ -69,7 +69,7 @@ Decide = Callable[[np.ndarray], np.ndarray]  # features [N, F] → verify the ca
 def rollout(turn: CacheTurn, classes: np.ndarray, decide: Decide) -> tuple[np.ndarray, np.ndarray]:
     """Features at every position and the route's choice there, as an HVD decode of the turn sees them: the
     history terms count the rounds finished before the position (the route's rounds, chosen by `decide`)."""
-    from methods.hvd_features import History, features
+    from specbench_methods.hvd_features import History, features
 
     history, end, finished = History(), 0, None
     rows, chose = [], []
@@ -98,7 +98,7 @@ def samples(turns: list[CacheTurn], classes: np.ndarray, decide: Decide) -> tupl
 
 
 def frequency_rule(depth: int = 8) -> Decide:
-    from methods.hvd_features import FEATURES
+    from specbench_methods.hvd_features import FEATURES
 
     column = FEATURES.index("suffix_score")
     return lambda x: x[:, column] >= depth
@@ -136,10 +136,10 @@ def simulated(turns: list[CacheTurn], classes: np.ndarray, decide: Decide, lat: 
 
 
 def token_table(model_name: str) -> np.ndarray:
-    """The vocabulary's class table of the model's tokenizer (methods.hvd_features.token_classes)."""
+    """The vocabulary's class table of the model's tokenizer (specbench_methods.hvd_features.token_classes)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from methods.hvd_features import token_classes
+    from specbench_methods.hvd_features import token_classes
     from specbench_cli.loading import checkpoint_location
     from specbench_cli.models import get_model_spec
 
@@ -148,8 +148,8 @@ def token_table(model_name: str) -> np.ndarray:
 
 
 def calibrate_hvd(config: CalibrateConfig, console: Console) -> dict:
-    from methods.hvd_features import FEATURES
-    from methods.predictors import PayoffPredictor
+    from specbench_methods.hvd_features import FEATURES
+    from specbench_methods.predictors import PayoffPredictor
     from specbench_cli.progress import progress_bar
 
     prompts = calibration_prompts(config)

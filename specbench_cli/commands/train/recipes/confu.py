@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from methods.checkpoints import save
-from methods.confu import ConFuConfig, new_parts
+from specbench_methods.checkpoints import save
+from specbench_methods.confu import ConFuConfig, new_parts
 from specbench_cli.commands.train.distill import Corpus
 from specbench_cli.commands.train.recipes import Recipe, Sample, half, pick_anchors
 from specbench_cli.commands.train.recipes.eagle3 import start_draft, ttt_loss

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from methods.checkpoints import save
-from methods.dart import DartDraft
-from methods.layers import causal_mask
-from methods.ngram import Trie
+from specbench_methods.checkpoints import save
+from specbench_methods.dart import DartDraft
+from specbench_methods.layers import causal_mask
+from specbench_methods.ngram import Trie
 from specbench_cli.commands.train.distill import Corpus
 from specbench_cli.commands.train.recipes import Recipe, Sample, half, kl_to_topk, pick_anchors, top1
 from specbench_cli.commands.train.recipes.eagle3 import start_draft

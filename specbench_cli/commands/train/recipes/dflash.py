@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from methods.checkpoints import Checkpoint, save
-from methods.dflash import DFlashConfig, DFlashDraft, default_capture
+from specbench_methods.checkpoints import Checkpoint, save
+from specbench_methods.dflash import DFlashConfig, DFlashDraft, default_capture
 from specbench_cli.commands.train.distill import Corpus
 from specbench_cli.commands.train.recipes import Recipe, Sample, check_layers, half, pick_anchors, top1
 

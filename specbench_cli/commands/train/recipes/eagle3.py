@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from methods.checkpoints import Checkpoint, save
-from methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
-from methods.layers import causal_mask
+from specbench_methods.checkpoints import Checkpoint, save
+from specbench_methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
+from specbench_methods.layers import causal_mask
 from specbench_cli.commands.train.distill import Corpus
 from specbench_cli.commands.train.recipes import Recipe, Sample, check_layers, half, top1
 

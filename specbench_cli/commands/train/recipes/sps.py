@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from methods.checkpoints import save
-from methods.flashhead import build_clustering, save_assets
-from methods.sps import EMBEDDING_FROM_TARGET, load_draft_model
+from specbench_methods.checkpoints import save
+from specbench_methods.flashhead import build_clustering, save_assets
+from specbench_methods.sps import EMBEDDING_FROM_TARGET, load_draft_model
 from specbench_cli.commands.train.distill import Corpus
 from specbench_cli.commands.train.recipes import Recipe, Sample, half, kl_to_topk, top1
 

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
-PROSE = [*PAGES, ROOT / "ARCHITECTURE.md"]  # no dates, no commits: records under benchmarks/results/ hold those
+GUIDES = sorted(ROOT.glob("benchmarks/*/README.md"))  # benchmarks/gpu/, benchmarks/parity/: guides, not notebooks
+PROSE = [*PAGES, ROOT / "ARCHITECTURE.md", *GUIDES]  # no dates, no commits: records under benchmarks/results/
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)\)")
@@ -71,7 +72,7 @@ def test_slug_follows_github():
     assert slug("snake_case and τ") == "snake_case-and-τ"
 
 
-@pytest.mark.parametrize("page", [*PAGES, ROOT / "ARCHITECTURE.md"], ids=rel)
+@pytest.mark.parametrize("page", PROSE, ids=rel)
 def test_relative_links_resolve(page):
     broken = []
     for target in links(page):
@@ -175,8 +176,8 @@ def test_tables_are_rendered_from_their_records():
 
 
 def test_linked_records_say_what_how_where_and_when():
-    records = {(page.parent / target.partition("#")[0]).resolve() for page in PAGES for target in links(page)
-               if "benchmarks/results/" in target and target.endswith(".json")}
+    records = {(page.parent / target.partition("#")[0]).resolve() for page in [*PAGES, *GUIDES]
+               for target in links(page) if "benchmarks/results/" in target and target.endswith(".json")}
     assert records
     missing = []
     for path in sorted(records):

@@ -1,4 +1,4 @@
-"""Does CPU work between eager GPU forwards slow the next forward's launches? (benchmarks/gpu/README.md records an
+"""Does CPU work between eager GPU forwards slow the next forward's launches? (benchmarks/results/readme/h200-check.json records an
 H200 run where an eager verify in `specbench run` was much slower than benchmarks/engine.py's, and a suffix round
 with a draft much slower than one without.) Random weights in the model's config (no checkpoint needed): one
 forward's cost on a host-bound GPU does not depend on the weights' values.

@@ -1,7 +1,7 @@
 """Where a round's time goes, operator by operator: `specbench run` of one method on a few prompts under
 torch.profiler, each round phase (core.timing.PhaseClock) marked as a record_function range.
 
-Two questions from an H200 call (its numbers in benchmarks/gpu/README.md) need it: why EAGLE-3's draft phase was
+Two questions from an H200 call (its numbers in benchmarks/results/readme/h200-check.json) need it: why EAGLE-3's draft phase was
 slow there and grew with the context, where on the CPU it takes about the same time whatever the context; and
 why an eager verify inside a run was much slower than benchmarks/engine.py's. It prints,
 per phase, the host time, the device time and the count of host-device synchronisations, copies and cuDNN

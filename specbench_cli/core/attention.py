@@ -52,7 +52,7 @@ def leave_cudnn_out_of_sdpa(leave_out: bool = True) -> None:
     steps ran as fast as the others). PyTorch puts cuDNN first on sm90 and sm100 when the cuDNN runtime is newer
     than 9.15 unless TORCH_CUDNN_SDPA_DEPRIORITIZED is set (`check_prefer_cudnn_attention` in
     aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, read on pytorch main).
-    The slow eager rounds on a GPU recorded in benchmarks/gpu/README.md are what per-shape plans would cost: a
+    The slow eager rounds on a GPU recorded in benchmarks/results/readme/h200-check.json are what per-shape plans would cost: a
     verify inside a run slower than the same forward repeated at one context, a round that verified a draft
     (several rows) slower than one that verified one row, and a tree drafter's slow drafting (nine masked SDPA
     calls a round over its growing cache). Not yet measured with it left out."""

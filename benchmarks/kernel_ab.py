@@ -4,9 +4,11 @@
 linear. `--change row-attention`: the row attention kernel (core/row_attention.py) against the PyTorch forms
 it replaced (`core.attention`: a decode's grouped matmuls, a batch-invariant verify's `exact_attention`).
 `--change decoder-layers`: every layer in one C++ call (core/decoder_layers.py) against the layers as PyTorch
-operators (both with the row kernel).
+operators (both with the row kernel). `--change fp32-kernels`: a float32 model, the reference path (MKL's sgemm,
+PyTorch's attention and layers) against SPECBENCH_FP32_KERNELS=1 (packed oneDNN GEMMs, the row kernel, the
+one-call layers; plain targets only, so its batch-invariant pair is the same path twice).
 
-Four targets over one bf16 model (plain and batch-invariant, each with the change off and on): their greedy
+Four targets over one bf16 model (float32 for fp32-kernels) (plain and batch-invariant, each with the change off and on): their greedy
 tokens from a 512-token context compared, then blocks of decodes (and verifies of 8, 16 and 64 tokens) timed in
 turn, so the machine's drift touches every variant alike; medians per block and the ratios' median and range,
 and with the change on, the batch-invariant target's cost over the plain one's. CPU only; perf_counter.
@@ -31,13 +33,17 @@ from specbench_cli.models import MODELS
 CONTEXT = list(range(100, 612))
 
 
-SWITCHES = {"row-attention": "SPECBENCH_ROW_ATTENTION", "decoder-layers": "SPECBENCH_DECODER_LAYERS"}
+# the environment switch of each change, and its value with the change off and on (None: unset)
+SWITCHES = {"row-attention": ("SPECBENCH_ROW_ATTENTION", "0", None),
+            "decoder-layers": ("SPECBENCH_DECODER_LAYERS", "0", None),
+            "fp32-kernels": ("SPECBENCH_FP32_KERNELS", None, "1")}
 
 
 def target(model: torch.nn.Module, invariant: bool, change: str, on: bool) -> Target:
-    switch = SWITCHES.get(change)
-    if switch and not on:  # read when a target is made
-        os.environ[switch] = "0"
+    switch, off_value, on_value = SWITCHES.get(change, (None, None, None))
+    value = on_value if on else off_value
+    if switch and value is not None:  # read when a target is made
+        os.environ[switch] = value
     try:
         t = Target(model, torch.device("cpu"), invariant=invariant)
     finally:
@@ -49,7 +55,7 @@ def target(model: torch.nn.Module, invariant: bool, change: str, on: bool) -> Ta
 
 
 def is_on(t: Target, change: str) -> bool:
-    if change == "decoder-layers":
+    if change in ("decoder-layers", "fp32-kernels"):
         return t.shared.layers == "one call"
     return t.shared.kernels.stack if change == "stack" else t.shared.attention == "row kernel"
 
@@ -86,7 +92,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=25, help="decodes per block (verifies: 10, 64 tokens: 4)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model = load_model(MODELS[args.model], torch.device("cpu"), torch.bfloat16).model
+    dtype = torch.float32 if args.change == "fp32-kernels" else torch.bfloat16
+    model = load_model(MODELS[args.model], torch.device("cpu"), dtype).model
     sizes = (1, 8, 16, 64)
     with torch.inference_mode():
         variants = {(inv, on): target(model, inv, args.change, on) for inv in (False, True) for on in (False, True)}

@@ -54,7 +54,7 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
     planned = dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device,
                                   dtype=dtype.dtype, dtype_reason=dtype.reason, tuned_from=tuned_from,
                                   compile_mode=mode, batch_invariant=invariant, notes=notes,
-                                  prepacked=ours and packs(device, dtype.dtype, compiled=mode is not None))
+                                  prepacked=ours and packs(device, dtype.dtype, mode is not None, invariant))
     if chosen.acceptance is not None and not cls.drafts:
         raise UsageError(f"--acceptance replaces the accept decision on a draft; {config.method} never drafts")
     if config.batch_size > 1 and issubclass(cls, OwnLoop):

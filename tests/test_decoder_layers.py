@@ -23,9 +23,9 @@ CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(kernel() is None, reason="the C++ kernels do not build here")
 
 
-def tiny(arch: str) -> torch.nn.Module:
+def tiny(arch: str, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
     if arch != "qwen2":
-        return tiny_model(arch).to(torch.bfloat16)
+        return tiny_model(arch).to(dtype)
     from transformers import Qwen2Config, Qwen2ForCausalLM  # biases on q, k and v
 
     torch.manual_seed(0)
@@ -37,17 +37,20 @@ def tiny(arch: str) -> torch.nn.Module:
         for layer in model.model.layers:
             for name in ("q_proj", "k_proj", "v_proj"):
                 getattr(layer.self_attn, name).bias.normal_(0, 0.5)
-    return model.to(torch.bfloat16)
+    return model.to(dtype)
 
 
 def test_runs_where_the_row_kernel_attends_and_can_be_turned_off(monkeypatch):
     """bf16 takes the one-call layers where this build packs bf16 GEMMs (oneDNN on an avx512_bf16 CPU), else
-    PyTorch's layers; float32 and the switch turned off always take PyTorch's."""
+    PyTorch's layers; float32 takes PyTorch's unless a plain target opts in (SPECBENCH_FP32_KERNELS=1), and the
+    switch turned off always does."""
     model = tiny("llama")
     fused = "one call" if can_pack(CPU, torch.bfloat16) else "pytorch"
     assert Target(model, CPU).shared.layers == fused
     assert Target(model, CPU, invariant=True).shared.layers == fused
     assert Target(tiny_model("llama"), CPU).shared.layers == "pytorch"  # float32: the reference path
+    monkeypatch.setenv("SPECBENCH_FP32_KERNELS", "1")  # float32 opts in (core.kernels.float32_kernels)
+    assert Target(tiny_model("llama"), CPU).shared.layers == "one call"
     monkeypatch.setenv("SPECBENCH_DECODER_LAYERS", "0")
     assert Target(model, CPU).shared.layers == "pytorch"
 
@@ -71,14 +74,18 @@ def forwards(model: torch.nn.Module, invariant: bool) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen2"])
 @pytest.mark.parametrize("invariant", [False, True])
-def test_computes_what_the_pytorch_layers_compute(arch, invariant, monkeypatch):
-    model = tiny(arch)
+@pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 2e-2), (torch.float32, 1e-4)])
+def test_computes_what_the_pytorch_layers_compute(arch, invariant, dtype, tol, monkeypatch):
+    """bf16 where this build packs it; float32 with SPECBENCH_FP32_KERNELS=1, which runs the op for a plain target
+    on every CPU (the only way CI's CPU, without bf16 instructions, runs it)."""
+    monkeypatch.setenv("SPECBENCH_FP32_KERNELS", "1")
+    model = tiny(arch, dtype)
     fused = forwards(model, invariant)
     monkeypatch.setenv("SPECBENCH_DECODER_LAYERS", "0")
     reference = forwards(model, invariant)
     for got, want in zip(fused, reference):
         assert got.shape == want.shape
-        assert torch.allclose(got, want, rtol=2e-2, atol=2e-2), (got - want).abs().max()
+        assert torch.allclose(got, want, rtol=tol, atol=tol), (got - want).abs().max()
         # the same greedy choices (no near-ties in these logits)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
 

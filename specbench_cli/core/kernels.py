@@ -9,9 +9,14 @@ those of `F.linear` for every row count (tests/test_kernels.py), so packing chan
 with bf16 instructions and weights far larger than its L3, the packed GEMMs of one forward are faster than the
 plain ones, for one row and for eight.
 
-Only bf16/fp16 are packed: a packed float32 weight goes through oneDNN instead of MKL's sgemm and rounds
-differently (faster too, but fp32 is the reference dtype whose outputs other engines are compared with).
-The packed copies live beside the model's own weights (drafters and `generate()` still use those), so
+By default only bf16/fp16 are packed: a packed float32 weight goes through oneDNN instead of MKL's sgemm and
+rounds differently, and float32 is the reference path whose outputs other engines are compared with.
+SPECBENCH_FP32_KERNELS=1 (`float32_kernels`) packs a plain float32 target too and gives it the half-precision
+path's row kernel and one-call layers (a batch-invariant one keeps the reference path: bit-exact verify rows are
+established in half precision only, tests/test_batch_invariant.py): on a CPU without bf16 instructions, where `--dtype auto` picks float32, MKL's
+one-row sgemm reads the embedded model's wide weights at well under the machine's read bandwidth and the
+~1,000 small operators of a PyTorch-layers decode add their own share (record:
+benchmarks/results/code-ab/fp32-kernels.json). The packed copies live beside the model's own weights (drafters and `generate()` still use those), so
 the target's projections take twice their memory on a CPU.
 
 Linears over one input are stacked into one packed weight (`Stacked`: q, k and v; the MLP's gate and up): one
@@ -25,13 +30,15 @@ instructions the GEMMs of one decode take less time as four calls per layer than
 from __future__ import annotations
 
 import functools
+import os
 import weakref
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-PACKED_DTYPES = (torch.bfloat16, torch.float16)
+PACKED_DTYPES = (torch.bfloat16, torch.float16)  # packed wherever they are used (their packed bits are F.linear's)
+TARGET_PACKED_DTYPES = (*PACKED_DTYPES, torch.float32)  # what a target that packs packs (`packs`)
 PACK_ROWS = 8  # the row count oneDNN is told to expect (a decode has 1, a verify a few to 64)
 
 # nn.Linear or Stacked -> (its weights' identity when packed, the packed weight, the bias): one packed copy per
@@ -142,10 +149,21 @@ class Linear(torch.nn.Linear):
         return linear(self, x)
 
 
-def packs(device: torch.device, dtype: torch.dtype, compiled: bool) -> bool:
+def float32_kernels() -> bool:
+    """Whether a plain float32 target on a CPU runs the kernels half precision runs (packed GEMMs, the row kernel,
+    the one-call layers) rather than the reference path: SPECBENCH_FP32_KERNELS=1 (module docstring)."""
+    return os.environ.get("SPECBENCH_FP32_KERNELS", "0") == "1"
+
+
+def packs(device: torch.device, dtype: torch.dtype, compiled: bool, invariant: bool = False) -> bool:
     """Whether the target packs its weights: eager forwards on a CPU, where this build can (a compiled
-    forward is inductor's to lay out)."""
-    return not compiled and can_pack(device, dtype)
+    forward is inductor's to lay out); float32 only for a plain target with `float32_kernels`."""
+    if compiled:
+        return False
+    if dtype == torch.float32:
+        return (device.type == "cpu" and not invariant and float32_kernels() and torch.backends.mkldnn.is_available()
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return can_pack(device, dtype)
 
 
 class RowKernels:
@@ -170,10 +188,10 @@ class RowKernels:
         if not self.packed:
             return module
         if isinstance(module, Stacked) or (isinstance(module, torch.nn.Linear)
-                                           and module.weight.dtype in PACKED_DTYPES):
+                                           and module.weight.dtype in TARGET_PACKED_DTYPES):
             return lambda x: self.linear(module, x)
         if (all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-                and module.down_proj.weight.dtype in PACKED_DTYPES):
+                and module.down_proj.weight.dtype in TARGET_PACKED_DTYPES):
             return lambda x: self.gated_mlp(module, x)
         return module
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from specbench_cli.core.kernels import float32_kernels
+
 SOURCE = Path(__file__).with_name("row_attention.cpp")
 # built into one library with the kernel: what they share, and the decoder layers (`core.decoder_layers`)
 SOURCES = (SOURCE, SOURCE.with_name("decoder_layers.cpp"))
@@ -67,18 +69,21 @@ def kernel() -> Callable[..., torch.Tensor] | None:
 HEAD_DIMS = (16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 256)  # what the kernel is built for (16-float vectors)
 
 
-def available(device: torch.device, dtype: torch.dtype) -> bool:
+def available(device: torch.device, dtype: torch.dtype, plain: bool = False) -> bool:
     """Whether the kernel attends for targets on `device` in `dtype`: half precision on a CPU (where SDPA's
     one-query kernel is slow and a batch-invariant verify needs rows computed alone; float32 keeps SDPA, the
-    reference path), SPECBENCH_ROW_ATTENTION not 0, and a kernel that builds."""
-    return (device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
+    reference path, but for a `plain` target with `kernels.float32_kernels`), SPECBENCH_ROW_ATTENTION not 0, and a
+    kernel that builds."""
+    kernel_dtype = (dtype in (torch.bfloat16, torch.float16)
+                    or (dtype == torch.float32 and plain and float32_kernels()))
+    return (device.type == "cpu" and kernel_dtype
             and os.environ.get("SPECBENCH_ROW_ATTENTION", "1") != "0" and kernel() is not None)
 
 
-def rows_alone(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+def rows_alone(device: torch.device, dtype: torch.dtype, head_dim: int, plain: bool = False) -> bool:
     """Whether an eager target attends one row at a time with the kernel (`available`, and a head dim it is
     built for)."""
-    return head_dim in HEAD_DIMS and available(device, dtype)
+    return head_dim in HEAD_DIMS and available(device, dtype, plain)
 
 
 def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:

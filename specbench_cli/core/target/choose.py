@@ -22,7 +22,7 @@ def choose(model: torch.nn.Module, device: torch.device, kernels: RowKernels, kv
     what the probes find on this machine; it also settles the kernels' stacking and one-row padding.
 
     - compiled: `compiled.RowsApart` (grouped attention in the graph, the host writes the cache);
-    - the C++ row kernel where it is built for this head dim (half precision on a CPU, `row_attention.rows_alone`),
+    - the C++ row kernel where it is built for this head dim (half precision on a CPU, a plain float32 target too with SPECBENCH_FP32_KERNELS=1: `row_attention.rows_alone`),
       every layer in one C++ call where `decoder_layers.fits` (and a batch-invariant target's GEMMs take a
       verify's rows in one call);
     - batch-invariant elsewhere: `ExactOrders` in half precision on a CPU, else `PerRowSDPA`;
@@ -45,7 +45,7 @@ def choose(model: torch.nn.Module, device: torch.device, kernels: RowKernels, kv
         rows = PaddedOneRow(kernels) if one_call else RowBlocks(kernels)
     if compiled:
         return Backend(RowsApart(), rows, invariant=invariant)
-    if rows_alone(device, dtype, model.model.layers[0].self_attn.head_dim):
+    if rows_alone(device, dtype, model.model.layers[0].self_attn.head_dim, plain=not invariant):
         devices = [block.self_attn.k_proj.weight.device for block in model.model.layers]
         fits = (not invariant or one_call) and decoder_layers.fits(model, kernels, devices)
         return Backend(RowKernel(), rows, OneCall(model, kernels, invariant) if fits else None, invariant)

@@ -53,7 +53,7 @@ class TargetModel:
         self.slots: list[Target] = []
         self._capture: tuple[int, ...] = ()  # decoder layers every forward returns (what the sequences asked for)
         dtype = model.get_input_embeddings().weight.dtype
-        self.kernels = RowKernels(packs(device, dtype, compile is not None) if packed is None else packed)
+        self.kernels = RowKernels(packs(device, dtype, compile is not None, invariant) if packed is None else packed)
         self.decoder = Decoder(model, self.kernels)
         self.backend = choose(model, device, self.kernels, self.kv, invariant, compile is not None)
         self.prefill_backend = Backend(Causal(), KernelRows(self.kernels))  # a prompt's rows: see `_prefill`

@@ -13,11 +13,12 @@ By default only bf16/fp16 are packed: a packed float32 weight goes through oneDN
 rounds differently, and float32 is the reference path whose outputs other engines are compared with.
 SPECBENCH_FP32_KERNELS=1 (`float32_kernels`) packs a plain float32 target too and gives it the half-precision
 path's row kernel and one-call layers (a batch-invariant one keeps the reference path: bit-exact verify rows are
-established in half precision only, tests/test_batch_invariant.py): on a CPU without bf16 instructions, where `--dtype auto` picks float32, MKL's
-one-row sgemm reads the embedded model's wide weights at well under the machine's read bandwidth and the
-~1,000 small operators of a PyTorch-layers decode add their own share (record:
-benchmarks/results/code-ab/fp32-kernels.json). The packed copies live beside the model's own weights (drafters and `generate()` still use those), so
-the target's projections take twice their memory on a CPU.
+established in half precision only, tests/test_batch_invariant.py). On a CPU without bf16 instructions, where
+`--dtype auto` picks float32, that is the fast path: oneDNN's packed one-row GEMMs read the wide weights faster
+than MKL's sgemm, and one C++ call replaces a decode's small PyTorch operators (forward times:
+benchmarks/results/code-ab/fp32-kernels.json; against vLLM: benchmarks/results/vllm-parity/). The packed copies
+live beside the model's own weights (drafters and `generate()` still use those), so the target's projections
+take twice their memory on a CPU.
 
 Linears over one input are stacked into one packed weight (`Stacked`: q, k and v; the MLP's gate and up): one
 oneDNN call reads the three (two) weights instead of one call each. Each output column is still one weight row

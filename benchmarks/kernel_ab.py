@@ -8,10 +8,11 @@ operators (both with the row kernel). `--change fp32-kernels`: a float32 model, 
 PyTorch's attention and layers) against SPECBENCH_FP32_KERNELS=1 (packed oneDNN GEMMs, the row kernel, the
 one-call layers; plain targets only, so its batch-invariant pair is the same path twice).
 
-Four targets over one bf16 model (float32 for fp32-kernels) (plain and batch-invariant, each with the change off and on): their greedy
-tokens from a 512-token context compared, then blocks of decodes (and verifies of 8, 16 and 64 tokens) timed in
-turn, so the machine's drift touches every variant alike; medians per block and the ratios' median and range,
-and with the change on, the batch-invariant target's cost over the plain one's. CPU only; perf_counter.
+Four targets over one bf16 model (float32 for fp32-kernels), plain and batch-invariant, each with the change off
+and on: their greedy tokens from a 512-token context compared, then blocks of decodes (and verifies of 8, 16 and
+64 tokens) timed in turn, so the machine's drift touches every variant alike; medians per block and the ratios'
+median and range, and with the change on, the batch-invariant target's cost over the plain one's. CPU only;
+perf_counter.
 
     python benchmarks/kernel_ab.py --change row-attention --threads 2
 """

@@ -5,8 +5,8 @@ linear. `--change row-attention`: the row attention kernel (core/row_attention.p
 it replaced (`core.attention`: a decode's grouped matmuls, a batch-invariant verify's `exact_attention`).
 `--change decoder-layers`: every layer in one C++ call (core/decoder_layers.py) against the layers as PyTorch
 operators (both with the row kernel). `--change fp32-kernels`: a float32 model, the reference path (MKL's sgemm,
-PyTorch's attention and layers) against SPECBENCH_FP32_KERNELS=1 (packed oneDNN GEMMs, the row kernel, the
-one-call layers; plain targets only, so its batch-invariant pair is the same path twice).
+PyTorch's attention and layers; SPECBENCH_FP32_KERNELS=0) against the default (packed oneDNN GEMMs, the row
+kernel, the one-call layers; plain targets only, so its batch-invariant pair is the same path twice).
 
 Four targets over one bf16 model (float32 for fp32-kernels), plain and batch-invariant, each with the change off
 and on: their greedy tokens from a 512-token context compared, then blocks of decodes (and verifies of 8, 16 and
@@ -37,7 +37,7 @@ CONTEXT = list(range(100, 612))
 # the environment switch of each change, and its value with the change off and on (None: unset)
 SWITCHES = {"row-attention": ("SPECBENCH_ROW_ATTENTION", "0", None),
             "decoder-layers": ("SPECBENCH_DECODER_LAYERS", "0", None),
-            "fp32-kernels": ("SPECBENCH_FP32_KERNELS", None, "1")}
+            "fp32-kernels": ("SPECBENCH_FP32_KERNELS", "0", None)}
 
 
 def target(model: torch.nn.Module, invariant: bool, change: str, on: bool) -> Target:

@@ -108,18 +108,20 @@ def test_tiny_bf16_chain_rows_equal_one_token_decodes(arch, attention):
 
 
 def test_float32_kernels_leave_the_batch_invariant_target_on_the_reference_path(monkeypatch):
-    """SPECBENCH_FP32_KERNELS=1 gives a plain float32 target the row kernel and packed GEMMs, but not a
-    batch-invariant one (bit-exact verify rows are established in half precision only): it keeps the reference
-    path, and `--batch-invariant auto` stays off in float32."""
+    """A plain float32 target gets the row kernel and packed GEMMs, but not a batch-invariant one (bit-exact verify
+    rows are established in half precision only): it keeps the reference path, and `--batch-invariant auto` stays
+    off in float32. SPECBENCH_FP32_KERNELS=0 puts the plain target on the reference path too."""
     if kernel() is None:
         pytest.skip("the C++ kernels do not build here")
-    monkeypatch.setenv("SPECBENCH_FP32_KERNELS", "1")
     model = tiny_model("llama")
     assert Target(model, CPU).shared.attention == "row kernel"
     assert Target(model, CPU).shared.layers == "one call"
     assert_attention_form(model, "pytorch")
     assert Target(model, CPU, invariant=True).shared.layers == "pytorch"
     assert not resolve_invariant("auto", False, CPU, torch.float32)
+    monkeypatch.setenv("SPECBENCH_FP32_KERNELS", "0")
+    assert Target(model, CPU).shared.attention == "pytorch"
+    assert Target(model, CPU).shared.layers == "pytorch"
 
 
 @pytest.mark.slow

@@ -42,15 +42,16 @@ def tiny(arch: str, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
 
 def test_runs_where_the_row_kernel_attends_and_can_be_turned_off(monkeypatch):
     """bf16 takes the one-call layers where this build packs bf16 GEMMs (oneDNN on an avx512_bf16 CPU), else
-    PyTorch's layers; float32 takes PyTorch's unless a plain target opts in (SPECBENCH_FP32_KERNELS=1), and the
-    switch turned off always does."""
+    PyTorch's layers; a plain float32 target takes the one call unless SPECBENCH_FP32_KERNELS=0 (then it runs the
+    reference path), and the switch turned off always takes PyTorch's."""
     model = tiny("llama")
     fused = "one call" if can_pack(CPU, torch.bfloat16) else "pytorch"
     assert Target(model, CPU).shared.layers == fused
     assert Target(model, CPU, invariant=True).shared.layers == fused
+    assert Target(tiny_model("llama"), CPU).shared.layers == "one call"  # float32 (core.kernels.float32_kernels)
+    monkeypatch.setenv("SPECBENCH_FP32_KERNELS", "0")
     assert Target(tiny_model("llama"), CPU).shared.layers == "pytorch"  # float32: the reference path
-    monkeypatch.setenv("SPECBENCH_FP32_KERNELS", "1")  # float32 opts in (core.kernels.float32_kernels)
-    assert Target(tiny_model("llama"), CPU).shared.layers == "one call"
+    monkeypatch.delenv("SPECBENCH_FP32_KERNELS")
     monkeypatch.setenv("SPECBENCH_DECODER_LAYERS", "0")
     assert Target(model, CPU).shared.layers == "pytorch"
 
@@ -76,9 +77,8 @@ def forwards(model: torch.nn.Module, invariant: bool) -> list[torch.Tensor]:
 @pytest.mark.parametrize("invariant", [False, True])
 @pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 2e-2), (torch.float32, 1e-4)])
 def test_computes_what_the_pytorch_layers_compute(arch, invariant, dtype, tol, monkeypatch):
-    """bf16 where this build packs it; float32 with SPECBENCH_FP32_KERNELS=1, which runs the op for a plain target
-    on every CPU (the only way CI's CPU, without bf16 instructions, runs it)."""
-    monkeypatch.setenv("SPECBENCH_FP32_KERNELS", "1")
+    """bf16 where this build packs it; float32, where the op runs for a plain target on every CPU (the only way
+    CI's CPU, without bf16 instructions, runs it)."""
     model = tiny(arch, dtype)
     if dtype == torch.float32 and not invariant:  # else the comparison below would be of PyTorch's layers twice
         assert Target(model, CPU).shared.layers == "one call"

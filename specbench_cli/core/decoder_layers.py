@@ -8,7 +8,7 @@ with loops of ours for what lies between, each over one row at a time, so a row'
 rows beside it: a batch-invariant target stays exact with it (its one-row GEMMs padded as `RowKernels.pad_one_row`
 says). Its norms, rotary and activation round where Hugging Face's modules do but sum and exponentiate in their
 own order, so bf16 outputs move by a last bit here and there against the PyTorch forms (float32 runs here only
-in a plain target with SPECBENCH_FP32_KERNELS=1, `kernels.float32_kernels`).
+in a plain target, `kernels.float32_kernels`).
 
 Used for every masked eager forward of a target whose rows the row kernel attends (`target.cpu.RowKernel`)
 and whose layers are what the op knows (`fits`): packed and stacked projections (`core.kernels`), SiLU MLPs, one

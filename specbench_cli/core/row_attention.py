@@ -71,8 +71,8 @@ HEAD_DIMS = (16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 256)  # what the kernel
 
 def available(device: torch.device, dtype: torch.dtype, plain: bool = False) -> bool:
     """Whether the kernel attends for targets on `device` in `dtype`: half precision on a CPU (where SDPA's
-    one-query kernel is slow and a batch-invariant verify needs rows computed alone; float32 keeps SDPA, the
-    reference path, but for a `plain` target with `kernels.float32_kernels`), SPECBENCH_ROW_ATTENTION not 0, and a
+    one-query kernel is slow and a batch-invariant verify needs rows computed alone) and a `plain` float32 target
+    (`kernels.float32_kernels`; a batch-invariant one keeps SDPA, the reference path), SPECBENCH_ROW_ATTENTION not 0, and a
     kernel that builds."""
     kernel_dtype = (dtype in (torch.bfloat16, torch.float16)
                     or (dtype == torch.float32 and plain and float32_kernels()))

@@ -22,7 +22,8 @@ def choose(model: torch.nn.Module, device: torch.device, kernels: RowKernels, kv
     what the probes find on this machine; it also settles the kernels' stacking and one-row padding.
 
     - compiled: `compiled.RowsApart` (grouped attention in the graph, the host writes the cache);
-    - the C++ row kernel where it is built for this head dim (half precision on a CPU, a plain float32 target too with SPECBENCH_FP32_KERNELS=1: `row_attention.rows_alone`),
+    - the C++ row kernel where it is built for this head dim (half precision on a CPU, and a plain float32
+      target: `row_attention.rows_alone`),
       every layer in one C++ call where `decoder_layers.fits` (and a batch-invariant target's GEMMs take a
       verify's rows in one call);
     - batch-invariant elsewhere: `ExactOrders` in half precision on a CPU, else `PerRowSDPA`;

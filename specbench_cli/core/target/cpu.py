@@ -1,6 +1,6 @@
 """The CPU kernel backend: attention by the C++ row kernel (`core.row_attention`) and every decoder layer in one
 C++ call (`core.decoder_layers`), for eager targets in half precision on a CPU where the kernel builds (a plain
-float32 target too with SPECBENCH_FP32_KERNELS=1, `core.kernels.float32_kernels`).
+float32 target too unless SPECBENCH_FP32_KERNELS=0, `core.kernels.float32_kernels`).
 
 Why: there a decode's attention as PyTorch operators (float32 casts of the cached keys and values, two matmuls,
 mask, softmax, each layer) and the small operators and Python between the GEMMs were a large share of its time;

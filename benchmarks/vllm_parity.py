@@ -5,7 +5,8 @@ share one pairing), reported as ours/vLLM tokens/s with its paired 95 % interval
 Each method's two runs are one paired list: our target is loaded once for every method, vLLM starts an engine per
 method (a vLLM engine serves one speculative config). The budgets are each engine's defaults for the method on
 this machine (vLLM's as `engines/vllm_methods.py` maps our options), or `tune`'s with --tuned. Clock: each run's own
-(perf_counter on a CPU). Writes a record (command, commit, machine, date, numbers) with --record.
+(perf_counter on a CPU). Writes a record (command, commit, machine, date, numbers, and our phases' mean ms a round:
+vLLM exposes none) with --record; --resume continues the runs already under --out.
 
     python benchmarks/vllm_parity.py --methods baseline,suffix,pld,eagle3,dflash,sps --limit 16 \\
         --max-new-tokens 256 --record benchmarks/results/vllm-parity/cpu-float32.json
@@ -35,6 +36,7 @@ from specbench_cli.planning import loaded_target, plan  # noqa: E402
 from specbench_cli.records import read_table  # noqa: E402
 
 ENGINES = ("specbench", "vllm")
+PHASES = ("draft_ms", "draft_head_ms", "verify_ms", "wall_ms")
 
 
 def configs(method: str, a: argparse.Namespace) -> list[RunConfig]:
@@ -42,7 +44,9 @@ def configs(method: str, a: argparse.Namespace) -> list[RunConfig]:
     common = RunConfig(method=method, dataset=a.dataset, limit=a.limit, max_new_tokens=a.max_new_tokens,
                        dtype=a.dtype, device="cpu", warmup=a.warmup, threads=a.threads, tuned=a.tuned,
                        replay=False, opts=[*a.opt_for.get(method, [])])
-    return [dataclasses.replace(common, engine=engine, out=a.out / method / engine) for engine in ENGINES]
+    return [dataclasses.replace(common, engine=engine, out=a.out / method / engine,
+                                resume=a.resume and (a.out / method / engine / "run.json").is_file())
+            for engine in ENGINES]
 
 
 def measure(method: str, model, a: argparse.Namespace, console: Console) -> dict:
@@ -58,10 +62,17 @@ def measure(method: str, model, a: argparse.Namespace, console: Console) -> dict
         rate = intervals.mean_interval(prompts)
         row[engine] = {"tokens_per_s": rate.value, "interval95": [rate.low, rate.high],
                        "tau": float(prompts.decode_tokens.sum() / max(prompts.rounds.sum(), 1))}
+    row["specbench"]["phases_ms"] = phases(plans[0].out)
     console.print(f"{method}: ours/vLLM {ratio.text(3)} (paired, {ratio.prompts} prompts); ours "
                   f"{row['specbench']['tokens_per_s']:.1f} tok/s τ {row['specbench']['tau']:.2f}, vLLM "
                   f"{row['vllm']['tokens_per_s']:.1f} tok/s τ {row['vllm']['tau']:.2f}", highlight=False)
     return row
+
+
+def phases(folder: Path) -> dict[str, float]:
+    """Our run's mean milliseconds a round per phase (vLLM exposes none): where a method's time goes."""
+    rounds = read_table(folder, "rounds")
+    return {c: round(float(rounds[c].mean()), 2) for c in PHASES if c in rounds}
 
 
 def main() -> None:
@@ -77,6 +88,7 @@ def main() -> None:
     ap.add_argument("--tuned", action="store_true", help="each engine at tune's budget for the method")
     ap.add_argument("--opt", action="append", default=[], help="METHOD.KEY=VALUE for both engines (repeatable)")
     ap.add_argument("--out", type=Path, default=Path("results/vllm-parity"))
+    ap.add_argument("--resume", action="store_true", help="continue the runs already under --out")
     ap.add_argument("--record", type=Path, default=None, help="write the record here (JSON)")
     a = ap.parse_args()
     a.opt_for = {}

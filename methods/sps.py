@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from specbench_cli.core.errors import UsageError
+from specbench_cli.core.kernels import linear
 from specbench_cli.core.method import DecodeState, Method
 from specbench_methods.checkpoints import CheckpointError, locate
 from specbench_cli.core.target import VerifyExtras
@@ -121,7 +122,7 @@ class SpS(Method):
 
     def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[int, torch.Tensor | None]:
         """The next draft token and, when sampling, its distribution over the target vocabulary."""
-        logits = self.draft.get_output_embeddings()(hidden).float()[: self.vocab]
+        logits = linear(self.draft.get_output_embeddings(), hidden[None], wide=True)[0].float()[: self.vocab]
         if state.temperature <= 0:
             return int(logits.argmax()), None
         probs = torch.softmax(logits / state.temperature, dim=-1)
@@ -134,7 +135,7 @@ class SpS(Method):
         if len(states) == 1:
             token, probs = self.head(hidden[0], states[0])
             return [token], [probs]
-        logits = self.draft.get_output_embeddings()(hidden).float()[:, : self.vocab]
+        logits = linear(self.draft.get_output_embeddings(), hidden, wide=True).float()[:, : self.vocab]
         if all(s.temperature <= 0 for s in states):
             return logits.argmax(-1).tolist(), [None] * len(states)
         draws, rows = [], []

@@ -202,6 +202,14 @@ def _whiflash(recs, link):
     return markdown(["method", "τ", "speedup", "steps drafted by EAGLE-3"], rows)
 
 
+@table("vllm-parity", "vllm-parity/cpu-float32-methods-embedded.json")
+def _vllm_parity(recs, link):
+    return markdown(["method", "ours/vLLM [95 % CI, paired]", "ours tokens/s", "vLLM tokens/s", "τ ours / vLLM"], [
+        [m["method"], speedup(m["ours_over_vllm"], m["interval95"]), num(m["specbench"]["tokens_per_s"], 1),
+         num(m["vllm"]["tokens_per_s"], 1), f"{num(m['specbench']['tau'])} / {num(m['vllm']['tau'])}"]
+        for m in recs[0]["methods"]])
+
+
 @table("paired-runs", "readme/paired-runs.json")
 def _paired(recs, link):
     r = recs[0]

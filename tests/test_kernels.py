@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specbench_cli.core.kernels import GATE_UP, QKV, Linear, RowKernels, can_pack, stacked
+from specbench_cli.core.kernels import GATE_UP, QKV, Linear, RowKernels, can_pack, linear, packed, stacked
+from specbench_cli.core import kernels
 from specbench_cli.core.attention import grouped_attention
 
 CPU = torch.device("cpu")
@@ -42,6 +43,26 @@ def test_a_drafters_linear_is_the_modules_and_trains_as_one(out_features, in_fea
     x = torch.randn(4, in_features, dtype=torch.bfloat16)
     ours(x).float().sum().backward()
     assert ours.weight.grad is not None and ours.weight.grad.abs().sum() > 0
+
+
+def test_a_float32_linear_reads_the_packed_copy_only_where_a_target_made_one_or_it_is_wide(monkeypatch):
+    """float32 `linear`: F.linear's bits for a drafter's own layer; the packed copy where a target packed the module
+    (its head, read by DFlash) or the caller says it is wide (a draft model's head), within float32 rounding of
+    F.linear; SPECBENCH_FP32_KERNELS=0 keeps a wide one on F.linear."""
+    if not kernels._float32_packable():
+        pytest.skip("this torch build has no oneDNN linear")
+    torch.manual_seed(0)
+    own, head, wide = (torch.nn.Linear(576, out, bias=False) for out in (576, 4096, 4096))
+    x = torch.randn(1, 15, 576)
+    with torch.inference_mode():
+        assert torch.equal(linear(own, x), F.linear(x, own.weight)) and own not in kernels._PACKED
+        packed(head)  # as a float32 target packs its head
+        for module, flag in ((head, False), (wide, True)):
+            out = linear(module, x, wide=flag)
+            assert module in kernels._PACKED and torch.allclose(out, F.linear(x, module.weight), atol=1e-4)
+        monkeypatch.setenv("SPECBENCH_FP32_KERNELS", "0")
+        fresh = torch.nn.Linear(576, 4096, bias=False)
+        assert torch.equal(linear(fresh, x, wide=True), F.linear(x, fresh.weight)) and fresh not in kernels._PACKED
 
 
 @pytest.mark.skipif(not can_pack(CPU, torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")

@@ -129,18 +129,31 @@ def _packable(dtype: torch.dtype) -> bool:
     return can_pack(torch.device("cpu"), dtype)
 
 
-def linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`module(x)`, on its packed weight where that gives `F.linear`'s bits without the per-call reorder: outside
-    autograd, on a CPU, in half precision (a drafter's layers, a drafter's read of the target's head). Drafters are
-    small, so their reorder is a smaller share than the target's, but it is paid at every draft step: the nine
-    linears of a one-layer drafter of the embedded model (576-1728 wide, a 4096-token head) run faster packed, in
-    bf16 for one row, with equal outputs."""
-    weight = module.weight
-    if (x.device.type == "cpu" and weight.dtype in PACKED_DTYPES and not torch.is_grad_enabled()
-            and _packable(weight.dtype)):
+def linear(module: torch.nn.Linear, x: torch.Tensor, wide: bool = False) -> torch.Tensor:
+    """`module(x)` outside autograd on a CPU, on its packed weight (a drafter's layers, a drafter's read of the
+    target's head, a draft model's head):
+    - in half precision, where packing gives `F.linear`'s bits without the per-call reorder. Drafters are small, so
+      their reorder is a smaller share than the target's, but it is paid at every draft step: the nine linears of
+      a one-layer drafter of the embedded model (576-1728 wide, a 4096-token head) run faster packed, in bf16 for
+      one row, with equal outputs;
+    - in float32, where a plain target packed the module (its head, read by a drafter that has none of its own): the drafter
+      then reads the copy the target reads, and its logits are the target head's for the same rows; and where the
+      caller says the weight is `wide` (a draft model's head over the whole vocabulary), packed as the target's
+      head is. MKL's sgemm over a few rows of a wide head is the slower read on a CPU without bf16 instructions
+      (the embedded model's 49152-token head: docs/engines.md), and one draft step reads that head once."""
+    if x.device.type == "cpu" and not torch.is_grad_enabled() and _reads_packed(module, wide):
         packed_weight, bias = packed(module)
         return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
-    return F.linear(x, weight, module.bias)
+    return F.linear(x, module.weight, module.bias)
+
+
+def _reads_packed(module: torch.nn.Linear, wide: bool) -> bool:
+    """`linear`'s choice of weight: half precision where this build packs it; float32 where a target packed it
+    or the caller says it is wide (with the float32 kernels on)."""
+    dtype = module.weight.dtype
+    if dtype in PACKED_DTYPES:
+        return _packable(dtype)
+    return dtype == torch.float32 and (module in _PACKED or (wide and float32_kernels() and _float32_packable()))
 
 
 class Linear(torch.nn.Linear):
@@ -156,14 +169,18 @@ def float32_kernels() -> bool:
     return os.environ.get("SPECBENCH_FP32_KERNELS", "1") != "0"
 
 
+@functools.cache
+def _float32_packable() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def packs(device: torch.device, dtype: torch.dtype, compiled: bool, invariant: bool = False) -> bool:
     """Whether the target packs its weights: eager forwards on a CPU, where this build can (a compiled
     forward is inductor's to lay out); float32 only for a plain target with `float32_kernels`."""
     if compiled:
         return False
     if dtype == torch.float32:
-        return (device.type == "cpu" and not invariant and float32_kernels() and torch.backends.mkldnn.is_available()
-                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+        return device.type == "cpu" and not invariant and float32_kernels() and _float32_packable()
     return can_pack(device, dtype)
 
 

@@ -9,7 +9,8 @@ Then every ordered pair of nights is gated as `report --compare` gates it (`anal
 - slowed against a normal reference: a "regression" verdict on tokens/s is a detection.
 Each verdict (pass, regression, inconclusive) is counted per measure (tokens/s, speedup) and method. Pairs share
 nights, so they are not independent: the record gives the nights behind them. Clock: the runs' own (perf_counter
-on a CPU). Writes a record (command, commit, machine, date, counts) with --record.
+on a CPU). Writes a record (command, commit, machine, date, counts) with --record; --tally-only gates the
+finished nights already under --out without running more.
 
     python benchmarks/gate_rates.py --nights 8 --slowed 4 --out /tmp/gate-rates \\
         --record benchmarks/results/gate/real-aa-cpu.json
@@ -32,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from specbench_cli.analysis import gate, intervals  # noqa: E402
 from specbench_cli.analysis.results import load  # noqa: E402
+from specbench_cli.folders import is_complete  # noqa: E402
 from specbench_cli.hardware import environment  # noqa: E402
 
 import torch  # noqa: E402
@@ -94,11 +96,16 @@ def main() -> None:
     ap.add_argument("--max-regression", type=float, default=5.0, help="the gate's threshold, percent")
     ap.add_argument("--out", type=Path, default=Path("results/gate-rates"))
     ap.add_argument("--record", type=Path, default=None, help="write the record here (JSON)")
+    ap.add_argument("--tally-only", action="store_true", help="run nothing: gate the nights already under --out")
     a = ap.parse_args()
     slow_env = dict(kv.split("=", 1) for kv in a.slow_env.split(","))
     nights = {"normal": [], "slowed": []}
     for i, kind in enumerate(schedule(a.nights, a.slowed)):
         folder = a.out / f"night-{i:02d}-{kind}"
+        if a.tally_only:
+            if all(is_complete(folder / m) for m in a.methods.split(",")):  # a finished night
+                nights[kind].append(folder)
+            continue
         print(f"night {i} ({kind}) -> {folder}", flush=True)
         run_night(folder, slow_env if kind == "slowed" else None, a)
         nights[kind].append(folder)
@@ -121,10 +128,10 @@ def main() -> None:
             "command": "python " + " ".join(sys.argv), "commit": commit, "date": dt.date.today().isoformat(),
             "machine": {k: env.get(k) for k in ("cpu", "torch_threads", "device")},
             "clock": "perf_counter (the runs' own decode_ms)",
-            "settings": {k: getattr(a, k) for k in ("nights", "slowed", "slow_env", "methods", "dataset", "limit",
-                                                    "max_new_tokens", "repeat", "threads", "dtype",
-                                                    "max_regression")},
-            "night_order": schedule(a.nights, a.slowed), "baseline_tokens_per_s": rates, "verdicts": result},
+            "settings": {k: getattr(a, k) for k in ("slow_env", "methods", "dataset", "limit", "max_new_tokens",
+                                                    "repeat", "threads", "dtype", "max_regression")},
+            "nights_gated": {kind: [f.name for f in folders] for kind, folders in nights.items()},
+            "baseline_tokens_per_s": rates, "verdicts": result},
             indent=1))
         print(f"record: {a.record}")
 

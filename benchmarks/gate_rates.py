@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -31,10 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.record import write_record  # noqa: E402
 from specbench_cli.analysis import gate, intervals  # noqa: E402
 from specbench_cli.analysis.results import load  # noqa: E402
 from specbench_cli.folders import is_complete  # noqa: E402
-from specbench_cli.hardware import environment  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -119,20 +117,12 @@ def main() -> None:
             print(f"{what}: {name}: {row['verdicts']} of {row['pairs']} ordered pairs", flush=True)
     print(f"baseline tokens/s per night: {rates}")
     if a.record:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=ROOT).stdout.strip()
-        env = environment(torch.device("cpu"))
-        a.record.parent.mkdir(parents=True, exist_ok=True)
-        a.record.write_text(json.dumps({
-            "what": "report --compare verdicts over every ordered pair of real nights (benchmarks/gate_rates.py)",
-            "command": "python " + " ".join(sys.argv), "commit": commit, "date": dt.date.today().isoformat(),
-            "machine": {k: env.get(k) for k in ("cpu", "torch_threads", "device")},
-            "clock": "perf_counter (the runs' own decode_ms)",
-            "settings": {k: getattr(a, k) for k in ("slow_env", "methods", "dataset", "limit", "max_new_tokens",
-                                                    "repeat", "threads", "dtype", "max_regression")},
-            "nights_gated": {kind: [f.name for f in folders] for kind, folders in nights.items()},
-            "baseline_tokens_per_s": rates, "verdicts": result},
-            indent=1))
+        write_record(a.record, "report --compare verdicts over every ordered pair of real nights (benchmarks/gate_rates.py)",
+                     "perf_counter (the runs' own decode_ms)", torch.device("cpu"),
+                     settings={k: getattr(a, k) for k in ("slow_env", "methods", "dataset", "limit", "max_new_tokens",
+                                                          "repeat", "threads", "dtype", "max_regression")},
+                     nights_gated={kind: [f.name for f in folders] for kind, folders in nights.items()},
+                     baseline_tokens_per_s=rates, verdicts=result)
         print(f"record: {a.record}")
 
 

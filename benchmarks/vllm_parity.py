@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,9 +25,9 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.record import write_record  # noqa: E402
 from specbench_cli.analysis import intervals  # noqa: E402
 from specbench_cli.commands.interleave import record_plans  # noqa: E402
-from specbench_cli.hardware import environment  # noqa: E402
 from specbench_cli.inputs import RunConfig, use_threads  # noqa: E402
 from specbench_cli.planning import loaded_target, plan  # noqa: E402
 from specbench_cli.records import read_table  # noqa: E402
@@ -102,18 +99,11 @@ def main() -> None:
     model = loaded_target(first, None, False)  # our target, shared by every method's run
     rows = [measure(m, model, a, console) for m in methods]
     if a.record:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=ROOT).stdout.strip()
-        env = environment(first.device)
-        a.record.parent.mkdir(parents=True, exist_ok=True)
-        a.record.write_text(json.dumps({
-            "what": "ours/vLLM tokens/s per method, interleaved prompt by prompt (benchmarks/vllm_parity.py)",
-            "command": "python " + " ".join(sys.argv), "commit": commit, "date": dt.date.today().isoformat(),
-            "machine": {k: env.get(k) for k in ("cpu", "torch_threads", "device")},
-            "clock": "perf_counter (the runs' own decode_ms)",
-            "settings": {k: getattr(a, k) for k in ("dataset", "limit", "max_new_tokens", "dtype", "threads",
-                                                    "warmup", "repeat", "tuned")},
-            "methods": rows}, indent=1))
+        write_record(a.record, "ours/vLLM tokens/s per method, interleaved prompt by prompt (benchmarks/vllm_parity.py)",
+                     "perf_counter (the runs' own decode_ms)", first.device,
+                     settings={k: getattr(a, k) for k in ("dataset", "limit", "max_new_tokens", "dtype", "threads",
+                                                          "warmup", "repeat", "tuned")},
+                     methods=rows)
         console.print(f"record: {a.record}")
 
 

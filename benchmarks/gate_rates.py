@@ -13,7 +13,7 @@ on a CPU). Writes a record (command, commit, machine, date, counts) with --recor
 finished nights already under --out without running more.
 
     python benchmarks/gate_rates.py --nights 8 --slowed 4 --out /tmp/gate-rates \\
-        --record benchmarks/results/gate/real-aa-cpu.json
+        --record benchmarks/results/gate/real-nights-cpu.json
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.record import write_record  # noqa: E402
 from specbench_cli.analysis import gate, intervals  # noqa: E402
-from specbench_cli.analysis.results import load  # noqa: E402
+from specbench_cli.analysis.results import Results, load  # noqa: E402
 from specbench_cli.folders import is_complete  # noqa: E402
 
 import torch  # noqa: E402
@@ -46,7 +46,7 @@ def schedule(normal: int, slowed: int) -> list[str]:
 
 
 def run_night(folder: Path, slow_env: dict[str, str] | None, a: argparse.Namespace) -> None:
-    """One night's list into `folder` (a finished night is kept: `run` resumes and skips what it holds)."""
+    """One night's list into `folder`, which must not exist yet (`--tally-only` gates the finished nights)."""
     env = {**os.environ, **(slow_env or {})}
     cmd = [sys.executable, "-m", "specbench_cli", "run", "--method", a.methods, "--dataset", a.dataset,
            "--limit", str(a.limit), "--max-new-tokens", str(a.max_new_tokens), "--repeat", str(a.repeat),
@@ -54,18 +54,14 @@ def run_night(folder: Path, slow_env: dict[str, str] | None, a: argparse.Namespa
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
-def verdicts(reference: Path, current: Path, threshold: float) -> list[dict]:
-    """The gate's speed rows for `current` against `reference` (outputs are not counted here: a slowed engine
-    may round differently, and A/A nights of one engine have equal outputs)."""
-    return gate.compare(load([current]), load([reference]), threshold).rows
-
-
-def tally(pairs: list[tuple[Path, Path]], threshold: float) -> dict:
-    """Verdict counts per measure and method over `pairs` (reference, current), and each pair's tokens/s ratios."""
+def tally(pairs: list[tuple[Results, Results]], threshold: float) -> dict:
+    """Verdict counts per measure and method over `pairs` (reference, current), and each pair's ratios. Only the
+    gate's speed rows count: a slowed engine may round differently, and A/A nights of one engine have equal
+    outputs."""
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     ratios: dict[str, list[float]] = collections.defaultdict(list)
     for ref, cur in pairs:
-        for row in verdicts(ref, cur, threshold):
+        for row in gate.compare(cur, ref, threshold).rows:
             name = f"{row['measure']} {row['method']}"
             counts[name][row["verdict"]] += 1
             ratios[name].append(round(float(row["now / reference"]), 4))
@@ -73,9 +69,9 @@ def tally(pairs: list[tuple[Path, Path]], threshold: float) -> dict:
             for name in sorted(counts)}
 
 
-def rate(folder: Path) -> float:
+def rate(night: Results) -> float:
     """The night's baseline tokens/s (mean over its prompts and passes)."""
-    group = next(g for g in load([folder]).groups if g.method == "baseline")
+    group = next(g for g in night.groups if g.method == "baseline")
     return float(intervals.rates(group.prompts).rate.mean())
 
 
@@ -107,9 +103,10 @@ def main() -> None:
         print(f"night {i} ({kind}) -> {folder}", flush=True)
         run_night(folder, slow_env if kind == "slowed" else None, a)
         nights[kind].append(folder)
-    aa = [(r, c) for r, c in itertools.permutations(nights["normal"], 2)]
-    slowed = [(r, c) for r in nights["normal"] for c in nights["slowed"]]
-    rates = {kind: [round(rate(f), 3) for f in folders] for kind, folders in nights.items()}
+    loaded = {kind: [load([f]) for f in folders] for kind, folders in nights.items()}  # each night read once
+    aa = list(itertools.permutations(loaded["normal"], 2))
+    slowed = list(itertools.product(loaded["normal"], loaded["slowed"]))
+    rates = {kind: [round(rate(night), 3) for night in runs] for kind, runs in loaded.items()}
     result = {"a/a (normal against normal)": tally(aa, a.max_regression),
               "slowed against normal": tally(slowed, a.max_regression)}
     for what, rows in result.items():

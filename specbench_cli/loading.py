@@ -168,6 +168,9 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     cache_dir: Path = field(default_factory=lambda: cache_root())
+    # the command that loaded it found that every run on it reads the weights through packed targets only
+    # (`planning.one_weight_copy`): the first run's target frees the plain copies (`kernels.keep_one_copy`)
+    one_copy: bool = False
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Apply the model's chat template (always: without it acceptance collapses) and tokenize."""

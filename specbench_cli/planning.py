@@ -12,10 +12,11 @@ import torch
 
 from specbench_methods.checkpoints import weights_id
 from specbench_cli.core.errors import UsageError
-from specbench_cli.core.kernels import packs
+from specbench_cli.core.kernels import PACKED_DTYPES, packs
 from specbench_cli.core.method import Method, OwnLoop
 from specbench_cli.options import parse_options
 from specbench_cli.datasets import Prompt
+from specbench_cli.greedy_replay import replays
 from specbench_cli.inputs import Plan, RunConfig, check_run
 from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype, resolve_invariant
 from specbench_cli.models import checkpoint_ref
@@ -61,6 +62,15 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
         raise UsageError(f"{config.method} runs its own loop, one sequence at a time; --batch-size > 1 runs every "
                          "other method")
     return plan_for_engine(planned)
+
+
+def one_weight_copy(plans: list[Plan]) -> bool:
+    """Whether runs sharing one loaded target can free its plain weights once it has packed them (one copy of
+    each weight, not two: what lets an 8 B bf16 target fit a 24 GiB machine): every run packs its target, none
+    runs the model's own forward (an `OwnLoop`, `generate()`), and none replays on a target that reads the plain
+    weights (a float32 replay's batch-invariant target does not pack; a half-precision one packs alike)."""
+    return all(p.prepacked and not issubclass(p.method_cls, OwnLoop)
+               and (p.dtype in PACKED_DTYPES or not replays(p.config)) for p in plans)
 
 
 def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:

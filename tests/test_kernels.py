@@ -165,3 +165,84 @@ def test_a_stacked_bf16_target_verifies_what_one_call_per_linear_verifies(arch):
         logits.append((first, t.verify(9, tree), t.verify(4, DraftTree.chain([]))))
     for stacked_out, apart in zip(*logits):
         assert torch.equal(stacked_out, apart)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not can_pack(CPU, torch.bfloat16), reason="this torch build has no oneDNN bf16 linear"))])
+@pytest.mark.parametrize("stack", [True, False])
+def test_a_target_that_keeps_one_copy_of_each_weight_verifies_what_it_did(dtype, stack):
+    """`keep_one_copy` frees the plain weights behind the packed ones: a target built after it gives the logits
+    one built before gave, bit for bit; what still reads a freed weight reads NaN, and repacking one raises."""
+    from specbench_cli.core.target import Target
+    from specbench_cli.core.tree import DraftTree
+    from tests.conftest import tiny_model
+
+    model = tiny_model("qwen3", layers=3).to(dtype)
+    tree = DraftTree([5, 6, 7, 8], [0, 1, 1, 0])
+
+    def target() -> Target:
+        t = Target(model, CPU)
+        t.shared.kernels.stack = stack
+        return t
+
+    def logits() -> tuple[torch.Tensor, ...]:
+        t = target()
+        return t.prefill(list(range(3, 40))), t.verify(9, tree), t.verify(4, DraftTree.chain([]))
+
+    before = logits()
+    rows = target().shared.kernels
+    if not rows.packed:
+        pytest.skip("this torch build does not pack float32")
+    linears = [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    plain = sum(m.weight.numel() * m.weight.element_size() for m in [*linears, model.lm_head])
+    assert kernels.keep_one_copy(model, rows) == plain
+    assert kernels.keep_one_copy(model, rows) == 0  # freed once
+    for out, again in zip(before, logits()):
+        assert torch.equal(out, again)
+    assert all(torch.isnan(m.weight).all() for m in [*linears, model.lm_head])
+    assert model.model.embed_tokens.weight.isfinite().all()  # not the head's weight here: it stays
+    never_packed = stacked(model.model.layers[0].mlp, ("up_proj", "down_proj"))
+    with pytest.raises(RuntimeError, match="plain weight was freed"):
+        packed(never_packed)
+
+
+def test_a_head_that_is_the_embedding_keeps_its_weight():
+    from specbench_cli.core.target import Target
+    from tests.conftest import tiny_model
+
+    model = tiny_model("llama")
+    model.lm_head.weight = model.model.embed_tokens.weight
+    rows = Target(model, CPU).shared.kernels
+    if not rows.packed:
+        pytest.skip("this torch build does not pack float32")
+    kernels.keep_one_copy(model, rows)
+    assert model.lm_head.weight.isfinite().all()
+    assert torch.isnan(model.model.layers[0].mlp.down_proj.weight).all()
+
+
+@pytest.mark.skipif(not can_pack(CPU, torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")
+def test_a_drafter_that_keeps_one_copy_of_each_weight_computes_what_it_did():
+    """`keep_one_copy_of` packs and frees a drafter's half-precision `Linear`s: outside autograd the network gives
+    what it gave; a float32 layer (which reads `F.linear`'s weight) keeps its weight."""
+    from specbench_cli.core.method import Proposer, networks
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(Linear(64, 128), torch.nn.SiLU(), Linear(128, 32)).to(torch.bfloat16)
+    wide = Linear(16, 8)  # float32
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        before = net(x)
+
+    class Drafter(Proposer):
+        def __init__(self) -> None:
+            self.draft, self.head = net, wide
+
+    class Routed(Proposer):
+        def __init__(self) -> None:
+            self.proposers = {"a": Drafter(), "b": Drafter()}
+
+    assert [id(n) for n in networks(Routed())] == [id(net), id(wide)]
+    assert kernels.keep_one_copy_of(networks(Routed())) == 2 * (64 * 128 + 128 * 32)
+    with torch.inference_mode():
+        assert torch.equal(net(x), before)
+    assert torch.isnan(net[0].weight).all() and wide.weight.isfinite().all()

@@ -12,6 +12,7 @@ import time
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from specbench_cli.cli import app
@@ -321,6 +322,26 @@ def test_warm_up_never_uses_a_scored_prompt_and_long_prompts_are_refused(tmp_pat
                                       "--out", str(tmp_path / "l")])
     assert result.exit_code == 2 and "prompt 'huge' needs up to" in result.output and "context is 8192" in result.output
     assert not (tmp_path / "l").exists()  # nothing decoded, nothing left to be told "exists" about
+
+
+def test_a_target_keeps_one_copy_of_each_weight_where_nothing_reads_the_plain_ones(tmp_path):
+    """`planning.one_weight_copy`: the plain weights go (and run.json says `weight_copies` 1) only where every run
+    on the loaded target reads it through packed targets."""
+    from specbench_cli.core.kernels import can_pack
+    from specbench_cli.inputs import RunConfig
+    from specbench_cli.planning import one_weight_copy, plan
+
+    def planned(method: str, **settings):
+        return plan(RunConfig(method=method, limit=1, out=tmp_path / method, **settings), {})
+
+    unreplayed = planned("baseline", replay=False)  # float32 (conftest): packed with the float32 kernels
+    if not unreplayed.prepacked:
+        pytest.skip("this torch build does not pack float32")
+    assert one_weight_copy([unreplayed, planned("suffix", replay=False)])
+    assert not one_weight_copy([planned("baseline")])  # its replay's float32 target reads the plain weights
+    assert not one_weight_copy([unreplayed, planned("hf-generate", replay=False)])  # generate() reads them too
+    half = planned("baseline", dtype="bfloat16")  # its replay's target packs as the run's does
+    assert one_weight_copy([half]) == can_pack(torch.device("cpu"), torch.bfloat16)
 
 
 @pytest.mark.slow

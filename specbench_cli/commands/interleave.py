@@ -126,7 +126,7 @@ def run_list(config: RunConfig, batch_size: str, concurrency: str, threads: int 
     configs = member_configs(config, batch_size, concurrency)
     env = dict(os.environ)
     checked = [check_run(c, env) for c in configs]
-    from specbench_cli.planning import loaded_target, plan
+    from specbench_cli.planning import loaded_target, one_weight_copy, plan
 
     use_threads(threads)
     plans = [plan(c, env, chosen) for c, chosen in zip(configs, checked)]
@@ -134,7 +134,10 @@ def run_list(config: RunConfig, batch_size: str, concurrency: str, threads: int 
     for line in dict.fromkeys(line for p in plans for line in p.notes):
         console.print(line, highlight=False, soft_wrap=True)
     ours = engine_entry(config.engine).our_target  # a production engine loads its own target
-    record_plans(plans, loaded_target(plans[0], None, False) if ours else None, config.repeat, console)
+    model = loaded_target(plans[0], None, False) if ours else None
+    if model is not None:
+        model.one_copy = one_weight_copy(plans)
+    record_plans(plans, model, config.repeat, console)
     root = plans[0].out.parent if len(plans) > 1 else plans[0].out
     _print_overview(root, console)
     return root

@@ -18,7 +18,9 @@ weight goes through oneDNN instead of MKL and rounds differently, so float32 tok
 at near-ties. A batch-invariant float32 target keeps the reference path (MKL's sgemm, PyTorch's attention and
 layers): it is the target the greedy replay judges every engine by, and bit-exact verify rows are established in
 half precision only (tests/test_batch_invariant.py). The packed copies live beside the model's own weights
-(drafters and `generate()` still use those), so the target's projections take twice their memory on a CPU.
+(drafters and `generate()` still use those), so the target's projections take twice their memory on a CPU,
+unless a run that reads nothing else frees the plain ones (`keep_one_copy`): an 8 B target in bf16 then fits a
+24 GiB machine.
 
 Linears over one input are stacked into one packed weight (`Stacked`: q, k and v; the MLP's gate and up): one
 oneDNN call reads the three (two) weights instead of one call each. Each output column is still one weight row
@@ -48,6 +50,8 @@ PACK_ROWS = 8  # the row count oneDNN is told to expect (a decode has 1, a verif
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # a parent module (attention, MLP) -> its Stacked linears, by the linears' names
 _STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# linears whose plain weight was freed (`keep_one_copy`): their packed copies are their only weights
+_RELEASED: weakref.WeakSet = weakref.WeakSet()
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
 
@@ -102,12 +106,64 @@ def _identity(weight: torch.Tensor) -> tuple[int, int]:
 def packed(module: torch.nn.Linear | Stacked) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`module`'s weight packed for oneDNN's linear (made once, again if a weight changed) and its bias."""
     linears = module.linears if isinstance(module, Stacked) else [module]
-    key = tuple((_identity(m.weight), None if m.bias is None else _identity(m.bias)) for m in linears)
     held = _PACKED.get(module)
+    freed = [m for m in linears if m in _RELEASED]
+    if held is not None and freed:
+        return held[1], held[2]  # the plain weight was freed: the packed copy is the weight
+    key = tuple((_identity(m.weight), None if m.bias is None else _identity(m.bias)) for m in linears)
     if held is None or held[0] != key:
+        if freed:
+            raise RuntimeError(f"a {shape(module)} weight has to be packed, but its plain weight was freed when the "
+                               "target kept one copy of each weight (kernels.keep_one_copy)")
         weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS)
         held = _PACKED[module] = key, weight, module.bias
     return held[1], held[2]
+
+
+def keep_one_copy(model: torch.nn.Module, kernels: RowKernels) -> int:
+    """Pack now every weight the target's forward reads packed (`kernels`' choice of stacking) and free the plain
+    weight behind each, layer by layer, so that the peak holds one layer twice, not the model; the bytes freed.
+    A freed weight keeps its shape, dtype and device, and reads as NaN: whatever still multiplies by it (a model's
+    own forward, an unpacked target) gives NaN, and repacking it raises. The output head stays where the input
+    embedding shares its weight. Only for a run where nothing but packed targets reads the model (the caller's
+    check: `planning.one_weight_copy`)."""
+    if not kernels.packed:
+        return 0
+    freed = 0
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if kernels.stack:
+            modules = [stacked(attn, QKV), attn.o_proj, stacked(mlp, GATE_UP), mlp.down_proj]
+        else:
+            modules = [*(getattr(attn, n) for n in (*QKV, "o_proj")), *(getattr(mlp, n) for n in (*GATE_UP, "down_proj"))]
+        freed += sum(_release(m) for m in modules)
+    head = model.get_output_embeddings()
+    if head.weight is not model.get_input_embeddings().weight:
+        freed += _release(head)
+    return freed
+
+
+def keep_one_copy_of(networks: list[torch.nn.Module]) -> int:
+    """`keep_one_copy` for drafters: every `Linear` of `networks` in half precision where this build packs it (a
+    float32 drafter layer reads `F.linear`'s plain weight), packed now and its plain weight freed; the bytes freed.
+    Their forwards read the packed copy outside autograd only (`linear`): a run's drafting, never training."""
+    return sum(_release(m) for net in networks for m in net.modules()
+               if isinstance(m, Linear) and m.weight.dtype in PACKED_DTYPES and _packable(m.weight.dtype))
+
+
+def _release(module: torch.nn.Linear | Stacked) -> int:
+    """Pack `module` and free the plain weights behind it (`keep_one_copy`); the bytes freed."""
+    packed(module)
+    freed = 0
+    for m in module.linears if isinstance(module, Stacked) else [module]:
+        if m in _RELEASED:
+            continue
+        w = m.weight
+        freed += w.numel() * w.element_size()
+        m.weight = torch.nn.Parameter(torch.full((), float("nan"), dtype=w.dtype, device=w.device).expand(w.shape),
+                                      requires_grad=False)
+        _RELEASED.add(m)
+    return freed
 
 
 def zero_rows(x: torch.Tensor, rows: int) -> torch.Tensor:

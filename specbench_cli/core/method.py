@@ -130,6 +130,26 @@ class Proposer:
         return None
 
 
+def networks(proposer: Proposer) -> list[torch.nn.Module]:
+    """The networks a proposer holds, its own proposers' included: attributes that are modules or proposers, or
+    dicts of them (a router's `proposers`). What a run that keeps one copy of each weight packs and frees
+    (`kernels.keep_one_copy_of`)."""
+    found: dict[int, torch.nn.Module] = {}
+    seen: set[int] = set()
+
+    def walk(p: Proposer) -> None:
+        seen.add(id(p))
+        for value in vars(p).values():
+            for v in value.values() if isinstance(value, dict) else (value,):
+                if isinstance(v, torch.nn.Module):
+                    found.setdefault(id(v), v)
+                elif isinstance(v, Proposer) and id(v) not in seen:
+                    walk(v)
+
+    walk(proposer)
+    return list(found.values())
+
+
 class Method(Proposer):
     """A registered method. Single-proposer methods are their own proposer; a `Router` picks one of several per
     round, and an `OwnLoop` runs a loop of its own."""

@@ -24,7 +24,8 @@ from specbench_cli.conversations import Conversation, Throughput, turn_records, 
 from specbench_cli.core.acceptance import SyntheticAcceptance
 from specbench_cli.core.dtypes import dtype_name
 from specbench_cli.core.engine import Turn, decode, decode_turn
-from specbench_cli.core.method import Method, OwnLoop
+from specbench_cli.core.kernels import keep_one_copy, keep_one_copy_of
+from specbench_cli.core.method import Method, OwnLoop, networks
 from specbench_cli.core.target import TargetModel
 from specbench_cli.core.timing import PhaseClock
 from specbench_cli.core.turn import DecodeSettings, TurnResult
@@ -34,7 +35,7 @@ from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel
 from specbench_cli.models import cache_root, random_weights_record
 from specbench_cli.random_weights import drafter_seed, is_random_drafter, random_drafter
-from specbench_cli.planning import check_lengths, drafter_weights, loaded_target
+from specbench_cli.planning import check_lengths, drafter_weights, loaded_target, one_weight_copy
 from specbench_cli.records import run_parts
 from specbench_cli.run_folder import OneAtATime, RunInfo, Start, new_session
 from specbench_cli.telemetry import GpuTelemetry
@@ -149,15 +150,21 @@ class RunJob(OneAtATime):
         plan = self.plan
         split = plan.config.device == "split"
         model = loaded_target(plan, self.given, split)
+        if self.given is None:  # loaded for this run alone
+            model.one_copy = one_weight_copy([plan])
         self.runner = Runner(plan, model)
         self.longest = self.runner.check_lengths()
         self.replayer = Replayer(model.model, model.device) if replays(plan.config) else None
+        if model.one_copy:  # after every target over it was built (their probes read the plain weights)
+            keep_one_copy(model.model, self.runner.batch.kernels)
+            keep_one_copy_of(networks(self.runner.method))
         return {"method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
                 "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
                 "prompts_selected": len(plan.prompts), "weight_bytes": hardware.weight_bytes(model.model),
                 "drafter_weights": self.weights, "dtype_choice": plan.dtype_reason,
                 "replay": self.replayer.reference if self.replayer else replay_off(plan.config),
                 "attention": self.runner.batch.attention, "layers": self.runner.batch.layers,
+                "weight_copies": 1 if model.one_copy else 2 if plan.prepacked else 1,
                 **({"tuned_from": plan.tuned_from} if plan.tuned_from else {}),
                 **random_weights_record(plan.spec.target),
                 **({"device_map": getattr(model.model, "hf_device_map", "auto")} if split else {})}  # acceptance studies only
@@ -188,6 +195,8 @@ class RunJob(OneAtATime):
         suffix cache) carries the previous pass's answers to the same prompts."""
         plan = self.plan
         self.runner.method = plan.method_cls(plan.options, self.runner.model, self.runner.drafters)
+        if self.runner.model.one_copy:
+            keep_one_copy_of(networks(self.runner.method))
 
     def starting(self) -> AbstractContextManager:
         return nullcontext()  # nothing boots in the background: the target is loaded in `prepare`

@@ -38,7 +38,7 @@ PHASES = ("draft_ms", "draft_head_ms", "verify_ms", "wall_ms")
 
 def configs(method: str, a: argparse.Namespace) -> list[RunConfig]:
     """The method's run in each engine, into <out>/<method>/<engine>."""
-    common = RunConfig(method=method, dataset=a.dataset, limit=a.limit, max_new_tokens=a.max_new_tokens,
+    common = RunConfig(method=method, target=a.target, dataset=a.dataset, limit=a.limit, max_new_tokens=a.max_new_tokens,
                        dtype=a.dtype, device="cpu", warmup=a.warmup, threads=a.threads, tuned=a.tuned,
                        replay=False, opts=[*a.opt_for.get(method, [])])
     return [dataclasses.replace(common, engine=engine, out=a.out / method / engine,
@@ -75,6 +75,8 @@ def phases(folder: Path) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", default="baseline,suffix,pld,eagle3,dflash,sps")
+    ap.add_argument("--target", default=None, help="as `run --target` (random:NAME: vLLM loads the same weights "
+                    "written as a folder, loading.random_folder)")
     ap.add_argument("--dataset", default="spec-bench")
     ap.add_argument("--limit", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -101,7 +103,7 @@ def main() -> None:
     if a.record:
         write_record(a.record, "ours/vLLM tokens/s per method, interleaved prompt by prompt (benchmarks/vllm_parity.py)",
                      "perf_counter (the runs' own decode_ms)", first.device,
-                     settings={k: getattr(a, k) for k in ("dataset", "limit", "max_new_tokens", "dtype", "threads",
+                     settings={k: getattr(a, k) for k in ("target", "dataset", "limit", "max_new_tokens", "dtype", "threads",
                                                           "warmup", "repeat", "tuned")},
                      methods=rows)
         console.print(f"record: {a.record}")

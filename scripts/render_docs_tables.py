@@ -210,6 +210,23 @@ def _vllm_parity(recs, link):
         for m in recs[0]["methods"]])
 
 
+@table("projection", "projection/qwen3-8b-mt-bench-cpu.json")
+def _projection(recs, link):
+    methods = recs[0]["methods"]
+    base = methods["baseline"]
+    rows = [["baseline", MISSING, MISSING, "1.00", num(base["tokens_per_s"], 2) + interval(base["tokens_per_s_95"]),
+             "1.00", MISSING, num(base["phases_ms"]["verify_ms"], 0)]]
+    for name, m in methods.items():
+        if name == "baseline":
+            continue
+        ph = m["phases_ms"]
+        rows.append([name, f"{m['draft_tokens']}", num(m["paper_tau"]) + f" (rate {m['synthetic_rate']:.3f})",
+                     num(m["tau"]), num(m["tokens_per_s"], 2) + interval(m["tokens_per_s_95"]),
+                     speedup(m["speedup"], m["speedup_95"]), num(ph.get("draft_ms"), 0), num(ph.get("verify_ms"), 0)])
+    return markdown(["method", "draft (chain)", "paper τ (set rate)", "τ here", "tokens/s [95 % CI]",
+                     "speedup [95 % CI, paired]", "draft ms", "verify ms"], rows)
+
+
 @table("paired-runs", "readme/paired-runs.json")
 def _paired(recs, link):
     r = recs[0]

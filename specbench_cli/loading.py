@@ -217,6 +217,26 @@ def random_target(weights: RandomWeights, device: torch.device, dtype: torch.dty
     return random_weights.build(weights, device, dtype, folder)
 
 
+def random_folder(weights: RandomWeights, dtype: torch.dtype) -> Path:
+    """`--target random:NAME` as a checkpoint folder a production engine loads (safetensors, config.json, and the
+    embedded tokenizer that reads such a target's prompts): the weights `random_target` draws on a CPU in `dtype`,
+    drawn once and kept in the user cache. On a CPU they are the weights our own target draws, so both engines of
+    a pairing run the same model; a CUDA target draws others (the same shapes, so the same costs)."""
+    from transformers import AutoTokenizer
+
+    folder = cache_root() / "random" / f"{weights.architecture}-seed{weights.seed}-{dtype_name(dtype)}"
+    if (folder / "config.json").is_file():
+        return folder
+    model = random_target(weights, torch.device("cpu"), dtype)
+    tmp = folder.parent / f".{folder.name}.partial"  # a killed write never leaves a folder that looks whole
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    del model
+    AutoTokenizer.from_pretrained(embedded_folder()).save_pretrained(tmp)
+    tmp.rename(folder)
+    return folder
+
+
 def load_text(spec: ModelSpec) -> LoadedModel:
     """The target's tokenizer, chat template and stop ids without its weights (an engine holds those): a
     `LoadedModel` whose `model` is None."""

@@ -61,12 +61,30 @@ def test_spellings_and_bad_input():
     (["--target", "random:nosuch"], "nosuch"),
     (["--model", "qwen3-4b", "--target", "random:qwen3-8b"], "names another model"),
     (["--target", "random:qwen3-8b", "--method", "sps"], "eagle3 and dflash drafters only"),
-    (["--target", "random:qwen3-8b", "--engine", "vllm"], "checkpoint folder"),
 ])
 def test_bad_random_targets_exit_2_in_one_line_before_anything_is_built(tmp_path, args, says):
     result = CliRunner().invoke(app, ["run", "--limit", "1", "--out", str(tmp_path / "r"), *args])
     assert result.exit_code == 2 and says in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+
+
+@needs_embedded
+def test_a_random_target_written_as_a_folder_is_the_one_we_draw(tmp_path, monkeypatch):
+    """What `--engine vllm` loads for `--target random:NAME` (`loading.random_folder`): the weights our own CPU
+    target draws, with the embedded tokenizer; written once."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specbench_cli.loading import random_folder, random_target
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    weights = parse_random("random:smollm2-135m:3")
+    folder = random_folder(weights, torch.float32)
+    assert folder.parent == tmp_path / "random" and not list(folder.parent.glob(".*partial"))
+    loaded, drawn = AutoModelForCausalLM.from_pretrained(folder), random_target(weights, torch.device("cpu"), torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), drawn.state_dict().values()))
+    assert AutoTokenizer.from_pretrained(folder).chat_template is not None
+    stamp = (folder / "config.json").stat().st_mtime_ns
+    assert random_folder(weights, torch.float32) == folder and (folder / "config.json").stat().st_mtime_ns == stamp
 
 
 @pytest.mark.slow

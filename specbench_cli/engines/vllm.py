@@ -39,7 +39,7 @@ from specbench_cli.engines.vllm_routed import Decisions
 from specbench_cli.engines.vllm_methods import TESTED_VERSIONS, engine_method
 from specbench_cli.greedy_replay import Replayed, Replayer, reference, replays
 from specbench_cli.inputs import Plan
-from specbench_cli.loading import LoadedModel, checkpoint_location, load_text
+from specbench_cli.loading import LoadedModel, checkpoint_location, load_text, random_folder
 from specbench_cli.planning import check_lengths, drafter_ref, drafter_weights, loaded_target
 from specbench_cli.records import run_parts
 from specbench_cli.run_folder import RunFailed, RunInfo, Start, new_session
@@ -74,7 +74,7 @@ def launch(plan: Plan, env: dict[str, str]) -> Launch:
     """The engine's arguments for a planned run: our target folder, dtype and seed, the method's speculative
     config, per-request metrics, then the user's --engine-arg (which win)."""
     c = plan.config
-    args: dict = {"model": checkpoint_location(plan.spec), "dtype": dtype_name(plan.dtype),
+    args: dict = {"model": target_folder(plan), "dtype": dtype_name(plan.dtype),
                   "seed": c.seed}
     engine = plan.engine
     if engine.speculative_config is not None:
@@ -87,6 +87,13 @@ def launch(plan: Plan, env: dict[str, str]) -> Launch:
     return Launch(engine.python, args, worker_env, engine.speculative_config)
 
 
+def target_folder(plan: Plan) -> str:
+    """The checkpoint the engine loads: the target's, or a random target written as one (`loading.random_folder`:
+    drawn the first time, before the engine starts)."""
+    weights = parse_random(plan.spec.target)
+    return str(random_folder(weights, plan.dtype)) if weights is not None else checkpoint_location(plan.spec)
+
+
 def _local(plan: Plan, name: str) -> str:
     ref = drafter_ref(plan.method_cls, plan.spec, plan.drafters, name)
     if not Path(ref).is_dir():
@@ -96,9 +103,6 @@ def _local(plan: Plan, name: str) -> str:
 
 def plan_engine(plan: Plan) -> Plan:
     """The method as vLLM runs it (`vllm_methods.engine_method`), before anything starts."""
-    if parse_random(plan.spec.target) is not None:
-        raise UsageError(f"--engine vllm loads its target from a checkpoint folder; {plan.spec.target} is built in "
-                         "specbench's own process (drop --engine)")
     given = {o.partition("=")[0].strip() for o in plan.config.opts}
     names = list(plan.method_cls.drafter_names)
     reads = getattr(plan.method_cls, "reads_calibration", None)  # WhiFlash's thresholds: a card unless --opt threshold
@@ -412,7 +416,7 @@ class VllmJob:
         self.spec = launch(plan, dict(os.environ))
         self.decisions = None
         if plan.engine.proposer:  # a routed method inside vLLM: its plugin reads these files (engines/vllm_routed.py)
-            vocab = int(json.loads((Path(checkpoint_location(plan.spec)) / "config.json").read_text())["vocab_size"])
+            vocab = int(json.loads((Path(target_folder(plan)) / "config.json").read_text())["vocab_size"])
             extra, self.decisions = Decisions.prepare(plan.out, plan.engine.proposer, self.text.tokenizer, vocab)
             self.spec.env.update(extra)
         if self.shared is None:
@@ -548,5 +552,5 @@ def open_engine(plan: Plan, spec: Launch, log: Path):
 
 
 def longest_needed(plan: Plan, text: LoadedModel) -> int:
-    context = json.loads((Path(checkpoint_location(plan.spec)) / "config.json").read_text()).get("max_position_embeddings")
+    context = json.loads((Path(target_folder(plan)) / "config.json").read_text()).get("max_position_embeddings")
     return check_lengths(plan, text, context)

@@ -42,6 +42,7 @@ def configs(method: str, a: argparse.Namespace) -> list[RunConfig]:
                        dtype=a.dtype, device="cpu", warmup=a.warmup, threads=a.threads, tuned=a.tuned,
                        replay=False, opts=[*a.opt_for.get(method, [])])
     return [dataclasses.replace(common, engine=engine, out=a.out / method / engine,
+                                engine_args=a.engine_arg if engine == "vllm" else [],
                                 resume=a.resume and (a.out / method / engine / "run.json").is_file())
             for engine in ENGINES]
 
@@ -86,6 +87,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--tuned", action="store_true", help="each engine at tune's budget for the method")
     ap.add_argument("--opt", action="append", default=[], help="METHOD.KEY=VALUE for both engines (repeatable)")
+    ap.add_argument("--engine-arg", action="append", default=[], help="KEY=VALUE for vLLM's engine (repeatable), "
+                    "e.g. max_model_len=8192 where the model's whole context does not fit vLLM's CPU KV cache")
     ap.add_argument("--out", type=Path, default=Path("results/vllm-parity"))
     ap.add_argument("--resume", action="store_true", help="continue the runs already under --out")
     ap.add_argument("--record", type=Path, default=None, help="write the record here (JSON)")
@@ -103,7 +106,7 @@ def main() -> None:
     if a.record:
         write_record(a.record, "ours/vLLM tokens/s per method, interleaved prompt by prompt (benchmarks/vllm_parity.py)",
                      "perf_counter (the runs' own decode_ms)", first.device,
-                     settings={k: getattr(a, k) for k in ("target", "dataset", "limit", "max_new_tokens", "dtype", "threads",
+                     settings={k: getattr(a, k) for k in ("target", "engine_arg", "dataset", "limit", "max_new_tokens", "dtype", "threads",
                                                           "warmup", "repeat", "tuned")},
                      methods=rows)
         console.print(f"record: {a.record}")

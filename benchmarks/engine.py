@@ -40,6 +40,7 @@ from rich.table import Table
 from specbench_methods.baseline import Baseline
 from specbench_methods.hf_generate import Stamps
 from specbench_cli.core.engine import decode_turn
+from specbench_cli.core.kernels import keep_one_copy
 from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.tree import DraftTree
 from specbench_cli.core.turn import DecodeSettings
@@ -77,7 +78,9 @@ def timed(fn: Callable[[], object], device: torch.device, reps: int, warmup: int
 
 @torch.inference_mode()
 def verify_curve(model, device, context: int, reps: int, compile_mode: str | None,
-                 invariant: bool = False, sizes: tuple[int, ...] = NS) -> dict[str, dict[int, float]]:
+                 invariant: bool = False, sizes: tuple[int, ...] = NS, ours_only: bool = False) -> dict[str, dict[int, float]]:
+    """c(n) of a plain transformers forward and of our targets; `ours_only`: ours alone, on one copy of each weight
+    (`kernels.keep_one_copy`: what lets an 8 B bf16 target fit beside nothing else on a 24 GiB machine)."""
     from transformers import DynamicCache
 
     vocab = model.config.vocab_size
@@ -85,16 +88,19 @@ def verify_curve(model, device, context: int, reps: int, compile_mode: str | Non
     ids = [rng.randrange(vocab) for _ in range(context + max(sizes))]
     curves: dict[str, dict[int, float]] = {}
 
-    cache = DynamicCache(config=model.config)
-    model(input_ids=torch.tensor([ids[:context]], device=device), past_key_values=cache, use_cache=True)
-    curves["hf forward"] = {
-        n: timed(lambda n=n: model(input_ids=torch.tensor([ids[context:context + n]], device=device),
-                                   position_ids=torch.arange(context, context + n, device=device)[None],
-                                   past_key_values=cache, use_cache=True),
-                 device, reps, after=lambda: cache.crop(context - cache.get_seq_length()))  # negative: drop that many
-        for n in sizes}
+    if not ours_only:
+        cache = DynamicCache(config=model.config)
+        model(input_ids=torch.tensor([ids[:context]], device=device), past_key_values=cache, use_cache=True)
+        curves["hf forward"] = {
+            n: timed(lambda n=n: model(input_ids=torch.tensor([ids[context:context + n]], device=device),
+                                       position_ids=torch.arange(context, context + n, device=device)[None],
+                                       past_key_values=cache, use_cache=True),
+                     device, reps, after=lambda: cache.crop(context - cache.get_seq_length()))  # negative: drop that many
+            for n in sizes}
 
     eager = Target(model, device)
+    if ours_only:
+        keep_one_copy(model, eager.shared.kernels)
     eager.prefill(ids[:context - 1])
     curves["ours eager chain"] = {n: timed(lambda n=n: eager.verify(ids[context - 1], DraftTree.chain(ids[context:context + n - 1])),
                                            device, reps) for n in sizes}
@@ -139,7 +145,7 @@ def batch_curve(model, device, context: int, reps: int, sizes: list[int]) -> dic
 
 @torch.inference_mode()
 def decode_rates(loaded, device, prompt: list[int], new: int, compile_mode: str | None,
-                 invariant: bool = False) -> dict[str, dict]:
+                 invariant: bool = False, ours_only: bool = False) -> dict[str, dict]:
     """Baseline tokens/s (decode only, first token excluded) for our loop and for generate()."""
     model = loaded.model
     settings = DecodeSettings(new, 0.0, frozenset())  # no stop: every engine decodes exactly `new` tokens
@@ -161,7 +167,7 @@ def decode_rates(loaded, device, prompt: list[int], new: int, compile_mode: str 
                       "host overhead / round": 1 - verify / wall if wall else float("nan")}
         outputs[name] = result.output_ids
     for name, static in (("hf generate", False), ("hf generate static+compile", True)):
-        if static and not compile_mode:
+        if (static and not compile_mode) or ours_only:
             continue
         rows[name] = {"tok/s": generate_rate(model, device, prompt, new, static), "host overhead / round": float("nan")}
     for name in ("ours compiled", "ours eager invariant"):
@@ -247,6 +253,9 @@ def main() -> None:
                     help="verify sizes n of the c(n) table (each one a compiled bucket with --compile, compiled on its own)")
     ap.add_argument("--batch", default="", help="batch sizes for the batched verify table, e.g. 2,4,8,16")
     ap.add_argument("--batch-only", action="store_true", help="with --batch: that table alone")
+    ap.add_argument("--ours-only", action="store_true", help="our eager target alone, keeping one copy of each "
+                    "weight (no transformers forward or generate(), no compiled or invariant target): an 8 B target "
+                    "in bf16 on a 24 GiB machine")
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here too")
     ap.add_argument("--vllm-reps", type=int, default=5,
                     help="our plain decode against vLLM's CPU engine, interleaved this many times, when a Python with "
@@ -263,7 +272,10 @@ def main() -> None:
     where = f"{loaded.spec.name} {dtype_name(dtype)} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}"
 
     sizes = tuple(sorted({1, *(int(n) for n in args.sizes.split(","))}))  # t(1) is every ratio's denominator
-    curves = {} if args.batch_only else verify_curve(loaded.model, device, args.context, args.reps, mode, args.invariant, sizes)
+    if args.ours_only and (args.compile or args.invariant or args.batch):
+        ap.error("--ours-only times our plain eager target alone: drop --compile, --invariant and --batch")
+    curves = {} if args.batch_only else verify_curve(loaded.model, device, args.context, args.reps, mode, args.invariant,
+                                                     sizes, args.ours_only)
     table = Table(title=f"verify cost c(n) = t(n) / t(1), context {args.context}; t(1) ms in the last column ({where}, {clock})")
     table.add_column("forward")
     for n in sizes:
@@ -271,9 +283,10 @@ def main() -> None:
     table.add_column("t(1) ms", justify="right")
     for name, curve in curves.items():
         table.add_row(name, *(f"{curve[n] / curve[1]:.2f}" for n in sizes), f"{curve[1]:.3f}")
-    if curves:
+    if "hf forward" in curves:
         hf = curves["hf forward"]
         table.add_row("eager chain / hf", *(f"{curves['ours eager chain'][n] / hf[n]:.2f}" for n in sizes), "")
+    if curves:
         console.print(table)
 
     batched = {}
@@ -296,7 +309,7 @@ def main() -> None:
         return
 
     prompt = loaded.encode_chat([{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}])
-    rates = decode_rates(loaded, device, prompt, args.new, mode, args.invariant)
+    rates = decode_rates(loaded, device, prompt, args.new, mode, args.invariant, args.ours_only)
     size = weight_bytes(loaded.model)
     peak = read_bandwidth(device)
     table = Table(title=f"baseline decode, {args.new} new tokens, prompt {len(prompt)} tokens ({where}, {clock}); "
@@ -304,7 +317,7 @@ def main() -> None:
                         f"{peak / size:.0f} tok/s)")
     for col in ("engine", "tok/s", "× hf generate", "bandwidth GB/s", "share of read roofline", "host overhead / round"):
         table.add_column(col, justify="right")
-    base = rates["hf generate"]["tok/s"]
+    base = rates["hf generate"]["tok/s"] if "hf generate" in rates else float("nan")
     for name, row in rates.items():
         overhead = row["host overhead / round"]
         table.add_row(name, f"{row['tok/s']:.1f}", f"{row['tok/s'] / base:.2f}", f"{size * row['tok/s'] / 1e9:.1f}",

@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from specbench_cli.core.errors import UsageError
-from specbench_cli.core.kernels import linear
+from specbench_cli.core.kernels import linear, released
 from specbench_cli.core.method import DecodeState, Method
 from specbench_methods.checkpoints import CheckpointError, locate
 from specbench_cli.core.target import VerifyExtras
@@ -56,6 +56,9 @@ def load_draft_model(ref: str, target: torch.nn.Module, what: str) -> torch.nn.M
             if mine.weight.shape != theirs.weight.shape:
                 raise CheckpointError(f"{config_file}: {EMBEDDING_FROM_TARGET} is set, but the draft's embedding "
                                       f"{tuple(mine.weight.shape)} differs from the target's {tuple(theirs.weight.shape)}")
+            if released(theirs):
+                raise RuntimeError("the target's plain weights were freed (kernels.keep_one_copy) before a draft "
+                                   "model copied its embedding and head")
             with torch.no_grad():
                 mine.weight.copy_(theirs.weight)
     rows = model.get_output_embeddings().weight.shape[0]
@@ -69,6 +72,7 @@ class SpS(Method):
     name = "sps"
     drafter_names = ("sps",)
     inherent_syncs = "k + 1 per round: each draft token to host before the next draft step, and the accepted length"
+    reads_target_weights = True  # a draft that shares the target's embedding and head copies them (load_draft_model)
 
     @dataclass
     class Options:

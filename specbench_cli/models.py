@@ -49,8 +49,11 @@ QWEN3_SMALL = "Qwen/Qwen3-0.6B"  # the FlashHead thesis' draft model for Qwen3 t
 QWEN3_TRIE = "fvliang/dart-qwen3-ngram"  # small.trie / full.trie (Qwen3 tokenizer)
 NO_LLAMA_DART = "DART publishes drafters and tries for Qwen3 only; none exists for Llama-3.1"
 NO_CONFU = "ConFu has no public weights; the project's trainer makes them (issue 5), or pass --drafter confu=PATH"
-NO_RANDOM_DRAFTERS = "random weights are built for eagle3 and dflash drafters only"
-RANDOM_DRAFTER_NAMES = ("eagle3", "dflash")  # random_weights.RANDOM_DRAFTERS' keys (this module imports no torch)
+NO_RANDOM_DRAFTERS = "random weights are built for eagle3, dflash and (beside Qwen3 targets) sps drafters only"
+RANDOM_DRAFTER_NAMES = ("eagle3", "dflash", "sps")  # random_weights.RANDOM_DRAFTERS' keys (this module imports no torch)
+# A random SpS drafter takes the architecture of the target family's registered SpS drafter, where one ships in
+# architectures/ (Qwen3 targets: Qwen/Qwen3-0.6B); none for Llama-3.1 (Llama-3.2-1B's config is not shipped).
+RANDOM_SPS_DRAFTS = {"qwen3": "qwen3-0.6b"}
 ALL_DRAFTERS = ("eagle3", "dflash", "sps", "dart", "dart_ngram", "confu")
 DEFAULT_MODEL = "smollm2-135m"  # the CLI's --model default
 NO_SMOLLM_DRAFTERS = "no public drafter exists for SmolLM2-135M; the project trains its own (issue 5)"
@@ -143,10 +146,17 @@ def random_spec(weights: RandomWeights, asked: str) -> ModelSpec:
         raise UsageError(f"--target {weights.ref} builds {weights.architecture}; --model {asked} names another model "
                          f"(leave --model out)")
     base = MODELS[weights.architecture]
-    drafters = dict.fromkeys(RANDOM_DRAFTER_NAMES, "random")  # random too, at the released drafters' shapes
+    drafters = {name: "random" for name in RANDOM_DRAFTER_NAMES  # random too, at the released drafters' shapes
+                if name != "sps" or random_sps_draft(weights.architecture) is not None}
     return dataclasses.replace(base, name=weights.model_name, target=weights.ref, drafters=drafters,
                                about=f"{base.about} with random weights (seed {weights.seed})",
                                missing_drafters=dict.fromkeys(set(ALL_DRAFTERS) - set(drafters), NO_RANDOM_DRAFTERS))
+
+
+def random_sps_draft(architecture: str) -> str | None:
+    """The architecture a random SpS drafter beside `architecture` (a model family's name: "qwen3-8b", or a
+    config's model_type: "qwen3") is built in, or None where none ships."""
+    return RANDOM_SPS_DRAFTS.get(architecture.split("-")[0])
 
 
 def get_model_spec(name: str, target_override: str | None = None) -> ModelSpec:

@@ -19,7 +19,7 @@ from specbench_cli.datasets import Prompt
 from specbench_cli.greedy_replay import replays
 from specbench_cli.inputs import Plan, RunConfig, check_run
 from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype, resolve_invariant
-from specbench_cli.models import checkpoint_ref
+from specbench_cli.models import ModelSpec, checkpoint_ref, parse_random, random_sps_draft
 from specbench_cli.random_weights import RANDOM_DRAFTERS, drafter_seed, is_random_drafter
 from specbench_cli.registry import engine_entry, method_class, plan_for_engine
 from specbench_cli.budgets import machine_key, tuned_opts
@@ -34,7 +34,7 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
     cls = method_class(config.method)
     notes: list[str] = []
     options = parse_options(cls, config.opts, notes)
-    drafters = _parse_drafters(config.drafters, cls)
+    drafters = _parse_drafters(config.drafters, cls, chosen.spec)
     for name in cls.drafter_names:
         drafter_ref(cls, chosen.spec, drafters, name)  # a missing drafter is reported before anything loads
     device = resolve_device(config.device)
@@ -66,14 +66,15 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
 
 def one_weight_copy(plans: list[Plan]) -> bool:
     """Whether runs sharing one loaded target can free its plain weights once it has packed them (one copy of
-    each weight, not two: what lets an 8 B bf16 target fit a 24 GiB machine): every run packs its target, none
-    runs the model's own forward (an `OwnLoop`, `generate()`), and none replays on a target that reads the plain
-    weights (a float32 replay's batch-invariant target does not pack; a half-precision one packs alike)."""
-    return all(p.prepacked and not issubclass(p.method_cls, OwnLoop)
+    each weight, not two: what lets an 8 B bf16 target fit a 24 GiB machine): every run packs its target, no
+    method reads the target's weights itself (`Method.reads_target_weights`: `generate()`, SpS's draft model that
+    copies the target's head), and none replays on a target that reads the plain weights (a float32 replay's
+    batch-invariant target does not pack; a half-precision one packs alike)."""
+    return all(p.prepacked and not p.method_cls.reads_target_weights
                and (p.dtype in PACKED_DTYPES or not replays(p.config)) for p in plans)
 
 
-def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
+def _parse_drafters(pairs: list[str], cls: type, spec: ModelSpec) -> dict[str, str]:
     drafters = {}
     accepted = (*cls.drafter_names, *cls.optional_drafters)
     for pair in pairs:
@@ -84,6 +85,10 @@ def _parse_drafters(pairs: list[str], cls: type) -> dict[str, str]:
             raise UsageError(f"method {cls.name} has no drafter '{name}'" + (f" (it takes: {', '.join(accepted)})" if accepted else ""))
         if is_random_drafter(path) and name not in RANDOM_DRAFTERS:
             raise UsageError(f"--drafter {pair}: random weights are built for {', '.join(RANDOM_DRAFTERS)} only")
+        family = getattr(parse_random(spec.target), "architecture", spec.name)
+        if is_random_drafter(path) and name == "sps" and random_sps_draft(family) is None:
+            raise UsageError(f"--drafter {pair}: a random SpS drafter is built beside Qwen3 targets only (the shape of "
+                             f"their registered Qwen3-0.6B drafter), not beside {spec.name}")
         drafters[name] = path if is_random_drafter(path) else checkpoint_ref(path, "drafter")
     return drafters
 

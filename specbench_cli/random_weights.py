@@ -17,7 +17,7 @@ import torch
 
 from specbench_methods.checkpoints import save
 from specbench_methods.layers import rope_settings
-from specbench_cli.models import ARCHITECTURES, RandomWeights, parse_random
+from specbench_cli.models import ARCHITECTURES, RandomWeights, parse_random, random_sps_draft
 
 
 def build(weights: RandomWeights, device: torch.device, dtype: torch.dtype, folder: Path | None = None) -> torch.nn.Module:
@@ -128,4 +128,19 @@ def _dflash(target: torch.nn.Module, seed: int) -> tuple[dict, dict[str, torch.T
     return draft.export(t.num_hidden_layers)
 
 
-RANDOM_DRAFTERS = {"eagle3": _eagle3, "dflash": _dflash}
+def _sps(target: torch.nn.Module, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A draft model of the shape the target family's registered SpS drafter has (`models.RANDOM_SPS_DRAFTS`:
+    Qwen/Qwen3-0.6B beside a Qwen3 target), in the Hugging Face format it is released in; its own embedding and
+    head, as the released model has them."""
+    import json
+
+    architecture = random_sps_draft(target.config.model_type)
+    if architecture is None:
+        raise ValueError(f"no random SpS drafter ships for {target.config.model_type} targets")
+    draft = build(RandomWeights(architecture, seed), torch.device("cpu"), target.get_input_embeddings().weight.dtype)
+    tied = draft.get_output_embeddings().weight is draft.get_input_embeddings().weight
+    tensors = {k: v for k, v in draft.state_dict().items() if not (tied and k == "lm_head.weight")}  # one matrix
+    return json.loads(draft.config.to_json_string()), tensors
+
+
+RANDOM_DRAFTERS = {"eagle3": _eagle3, "dflash": _dflash, "sps": _sps}

@@ -49,7 +49,7 @@ def test_spellings_and_bad_input():
     assert set(PUBLISHED) <= set(random_architectures())
     spec = get_model_spec("smollm2-135m", "random:qwen3-1.7b:3")
     assert (spec.name, spec.target) == ("random:qwen3-1.7b", "random:qwen3-1.7b:3")
-    assert spec.drafters == {"eagle3": "random", "dflash": "random"}  # random too, at the released shapes
+    assert spec.drafters == dict.fromkeys(("eagle3", "dflash", "sps"), "random")  # random too, at the released shapes
     for ref, says in (("random:qwen3-70b", "qwen3-70b"), ("random:qwen3-8b:x", "whole number")):
         with pytest.raises(UsageError, match=says):
             parse_random(ref)
@@ -60,7 +60,7 @@ def test_spellings_and_bad_input():
 @pytest.mark.parametrize("args, says", [
     (["--target", "random:nosuch"], "nosuch"),
     (["--model", "qwen3-4b", "--target", "random:qwen3-8b"], "names another model"),
-    (["--target", "random:qwen3-8b", "--method", "sps"], "eagle3 and dflash drafters only"),
+    (["--target", "random:qwen3-8b", "--method", "dart"], "sps drafters only"),
 ])
 def test_bad_random_targets_exit_2_in_one_line_before_anything_is_built(tmp_path, args, says):
     result = CliRunner().invoke(app, ["run", "--limit", "1", "--out", str(tmp_path / "r"), *args])
@@ -136,7 +136,37 @@ def test_random_drafters_are_written_once_per_seed_and_load_as_released_ones(tmp
     assert run_method(target, make_method(method, target, folder), prompt, max_new=24).output_ids == expected
 
 
-def test_only_eagle3_and_dflash_drafters_are_built_random(tmp_path):
-    result = CliRunner().invoke(app, ["run", "--method", "sps", "--drafter", "sps=random", "--limit", "1",
-                                      "--out", str(tmp_path / "r")])
-    assert result.exit_code == 2 and "eagle3, dflash only" in result.output, result.output
+@pytest.mark.parametrize("args, says", [
+    (["--method", "dart", "--drafter", "dart=random"], "eagle3, dflash, sps only"),
+    (["--method", "sps", "--drafter", "sps=random"], "beside Qwen3 targets only"),  # the embedded SmolLM2
+    (["--method", "sps", "--target", "random:llama3.1-8b"], "beside Qwen3 targets"),  # none registered for it
+])
+def test_random_drafters_are_built_where_a_released_shape_ships(tmp_path, args, says):
+    result = CliRunner().invoke(app, ["run", "--limit", "1", "--out", str(tmp_path / "r"), *args])
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_random_target_registers_sps_only_beside_qwen3():
+    assert get_model_spec("qwen3-8b", "random:qwen3-8b").drafters == dict.fromkeys(("eagle3", "dflash", "sps"), "random")
+    assert "sps" not in get_model_spec("llama3.1-8b", "random:llama3.1-8b").drafters
+
+
+@pytest.mark.slow
+def test_a_random_sps_drafter_is_the_registered_qwen3_drafters_shape_and_runs_lossless(tmp_path):
+    """Beside a Qwen3 target, SpS's random drafter is Qwen3-0.6B (the registered one), written once in the
+    Hugging Face format and loaded by SpS's own loader; SpS on it emits the baseline's tokens."""
+    from specbench_methods.baseline import Baseline
+    from tests.drafter_fixtures import make_method
+    from tests.helpers import random_prompt, run_method
+
+    target = tiny_model("qwen3", layers=2)
+    folder = random_weights.random_drafter("sps", target, tmp_path, seed=3)
+    assert random_weights.random_drafter("sps", target, tmp_path, seed=3) == folder
+    config = json.loads((folder / "config.json").read_text())
+    shipped = json.loads((ARCHITECTURES / "qwen3-0.6b" / "config.json").read_text())
+    assert {k: config[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")} == {
+        k: shipped[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")}
+    prompt = random_prompt(24, 96)
+    expected = run_method(target, Baseline(Baseline.Options(), None), prompt, max_new=16).output_ids
+    assert run_method(target, make_method("sps", target, folder), prompt, max_new=16).output_ids == expected

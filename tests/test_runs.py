@@ -340,6 +340,7 @@ def test_a_target_keeps_one_copy_of_each_weight_where_nothing_reads_the_plain_on
     assert one_weight_copy([unreplayed, planned("suffix", replay=False)])
     assert not one_weight_copy([planned("baseline")])  # its replay's float32 target reads the plain weights
     assert not one_weight_copy([unreplayed, planned("hf-generate", replay=False)])  # generate() reads them too
+    assert not one_weight_copy([unreplayed, planned("sps", replay=False)])  # its draft model may copy the head
     half = planned("baseline", dtype="bfloat16")  # its replay's target packs as the run's does
     assert one_weight_copy([half]) == can_pack(torch.device("cpu"), torch.bfloat16)
 

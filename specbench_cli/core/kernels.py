@@ -18,9 +18,9 @@ weight goes through oneDNN instead of MKL and rounds differently, so float32 tok
 at near-ties. A batch-invariant float32 target keeps the reference path (MKL's sgemm, PyTorch's attention and
 layers): it is the target the greedy replay judges every engine by, and bit-exact verify rows are established in
 half precision only (tests/test_batch_invariant.py). The packed copies live beside the model's own weights
-(drafters and `generate()` still use those), so the target's projections take twice their memory on a CPU,
-unless a run that reads nothing else frees the plain ones (`keep_one_copy`): an 8 B target in bf16 then fits a
-24 GiB machine.
+(a model's own `generate()` reads those), so the target's projections take twice their memory on a CPU, unless a
+run that reads nothing else frees the plain ones (`keep_one_copy`): an 8 B target in bf16 then fits a 24 GiB
+machine.
 
 Linears over one input are stacked into one packed weight (`Stacked`: q, k and v; the MLP's gate and up): one
 oneDNN call reads the three (two) weights instead of one call each. Each output column is still one weight row
@@ -118,6 +118,11 @@ def packed(module: torch.nn.Linear | Stacked) -> tuple[torch.Tensor, torch.Tenso
         weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS)
         held = _PACKED[module] = key, weight, module.bias
     return held[1], held[2]
+
+
+def released(module: torch.nn.Module) -> bool:
+    """Whether `module`'s plain weight was freed (`keep_one_copy`): it reads NaN."""
+    return module in _RELEASED
 
 
 def keep_one_copy(model: torch.nn.Module, kernels: RowKernels) -> int:

@@ -167,6 +167,9 @@ class Method(Proposer):
     # Host syncs the algorithm needs in a round beyond reading the accepted length (recorded in run.json).
     inherent_syncs: ClassVar[str] = "one per round: accepted length to host"
     drafts: ClassVar[bool] = True  # whether it ever proposes a draft token (`--acceptance` needs one to decide on)
+    # Whether it reads the target's weights outside our target's packed forward (a model's own `generate()`, a
+    # draft model that copies the target's head): a run of it keeps the plain weights (`planning.one_weight_copy`).
+    reads_target_weights: ClassVar[bool] = False
 
     @classmethod
     def reads_calibration(cls, options: Options) -> bool:
@@ -209,6 +212,7 @@ class OwnLoop(Method):
     nor batches, and its rounds are what it reports."""
 
     drafts = False
+    reads_target_weights = True  # `generate()` runs the model's own forward
 
     def generate(self, prompt_ids: list[int], settings: DecodeSettings, generator: torch.Generator | None) -> TurnResult:
         raise NotImplementedError

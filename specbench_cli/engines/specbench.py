@@ -155,7 +155,11 @@ class RunJob(OneAtATime):
         self.runner = Runner(plan, model)
         self.longest = self.runner.check_lengths()
         self.replayer = Replayer(model.model, model.device) if replays(plan.config) else None
-        if model.one_copy:  # after every target over it was built (their probes read the plain weights)
+        # After every target over the model was built: their start-up probes (core/target/probes.py) read the plain
+        # weights of the first layer and the head. A later run's targets over the freed model find those probes'
+        # results cached (the same dtype, packing, stacking and device: `_same_target`) or, for a probe not yet run,
+        # the first layer's linears packed one by one by the stacking probe.
+        if model.one_copy:
             keep_one_copy(model.model, self.runner.batch.kernels)
             keep_one_copy_of(networks(self.runner.method))
         return {"method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",

@@ -110,7 +110,7 @@ def plan_engine(plan: Plan) -> Plan:
         names.append(plan.method_cls.calibration)
     drafters = {name: _local(plan, name) for name in names}
     if "sps" in drafters:
-        drafters["sps"] = whole_draft_model(Path(drafters["sps"]), Path(checkpoint_location(plan.spec)))
+        drafters["sps"] = whole_draft_model(Path(drafters["sps"]), Path(target_folder(plan)))
     mapped = engine_method(plan.config.method, plan.options, given, drafters)
     if mapped.proposer and (plan.config.engine_url or plan.config.engine_serve):
         raise UsageError(f"--engine vllm runs {plan.config.method} inside the engine process specbench starts (its "

@@ -30,10 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.record import write_record  # noqa: E402
+from benchmarks.record import phases_ms, tau, write_record  # noqa: E402
 from specbench_cli.analysis import intervals  # noqa: E402
 from specbench_cli.analysis.results import load  # noqa: E402
-from specbench_cli.records import read_table  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -72,15 +71,14 @@ def summary(out: Path, paper: dict[str, float], rates: dict[str, float]) -> dict
         method = g.info["settings"]["method"]
         p = g.prompts
         rate = intervals.mean_interval(p)
-        row = {"tau": round(float(p.decode_tokens.sum() / max(p.rounds.sum(), 1)), 3),
+        row = {"tau": round(tau(p), 3),
                "tokens_per_s": round(rate.value, 3), "tokens_per_s_95": [round(rate.low, 3), round(rate.high, 3)],
                "label": g.label}
         if method != "baseline":
             speedup = intervals.speedup_interval(p, results.baseline_for(g).prompts, True)
             row |= {"paper_tau": paper[method], "draft_tokens": DRAFT_TOKENS[method], "synthetic_rate": rates[method],
                     "speedup": round(float(speedup.value), 3), "speedup_95": [round(speedup.low, 3), round(speedup.high, 3)]}
-        rounds = read_table(out / method, "rounds")
-        row["phases_ms"] = {c: round(float(rounds[c].mean()), 1) for c in PHASES if c in rounds}
+        row["phases_ms"] = phases_ms(out / method, PHASES, digits=1)
         rows[method] = row
     return rows
 

@@ -1,5 +1,5 @@
 """A benchmark's record: one JSON object with what was measured, the command, commit, date, machine and clock, then
-the numbers (docs/benchmarks.md, "Records")."""
+the numbers (docs/benchmarks.md, "Records"); and the numbers of one run that several records hold."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from specbench_cli.hardware import environment
+from specbench_cli.records import read_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,3 +26,14 @@ def write_record(path: Path, what: str, clock: str, device: torch.device, **numb
                                 "date": dt.date.today().isoformat(),
                                 "machine": {k: env.get(k) for k in ("cpu", "torch_threads", "device")},
                                 "clock": clock, **numbers}, indent=1))
+
+
+def tau(prompts) -> float:
+    """τ of a run's prompts table: decode tokens over rounds."""
+    return float(prompts.decode_tokens.sum() / max(prompts.rounds.sum(), 1))
+
+
+def phases_ms(folder: Path, columns: tuple[str, ...], digits: int = 2) -> dict[str, float]:
+    """Our run's mean milliseconds a round in each of `columns` of rounds.parquet: where a method's time goes."""
+    rounds = read_table(folder, "rounds")
+    return {c: round(float(rounds[c].mean()), digits) for c in columns if c in rounds}

@@ -25,7 +25,7 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.record import write_record  # noqa: E402
+from benchmarks.record import phases_ms, tau, write_record  # noqa: E402
 from specbench_cli.analysis import intervals  # noqa: E402
 from specbench_cli.commands.interleave import record_plans  # noqa: E402
 from specbench_cli.inputs import RunConfig, use_threads  # noqa: E402
@@ -59,18 +59,12 @@ def measure(method: str, model, a: argparse.Namespace, console: Console) -> dict
     for engine, prompts in zip(ENGINES, (ours, theirs)):
         rate = intervals.mean_interval(prompts)
         row[engine] = {"tokens_per_s": rate.value, "interval95": [rate.low, rate.high],
-                       "tau": float(prompts.decode_tokens.sum() / max(prompts.rounds.sum(), 1))}
-    row["specbench"]["phases_ms"] = phases(plans[0].out)
+                       "tau": tau(prompts)}
+    row["specbench"]["phases_ms"] = phases_ms(plans[0].out, PHASES)  # vLLM exposes none
     console.print(f"{method}: ours/vLLM {ratio.text(3)} (paired, {ratio.prompts} prompts); ours "
                   f"{row['specbench']['tokens_per_s']:.1f} tok/s τ {row['specbench']['tau']:.2f}, vLLM "
                   f"{row['vllm']['tokens_per_s']:.1f} tok/s τ {row['vllm']['tau']:.2f}", highlight=False)
     return row
-
-
-def phases(folder: Path) -> dict[str, float]:
-    """Our run's mean milliseconds a round per phase (vLLM exposes none): where a method's time goes."""
-    rounds = read_table(folder, "rounds")
-    return {c: round(float(rounds[c].mean()), 2) for c in PHASES if c in rounds}
 
 
 def main() -> None:

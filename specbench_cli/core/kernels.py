@@ -103,16 +103,20 @@ def _identity(weight: torch.Tensor) -> tuple[int, int]:
     return weight.data_ptr(), 0 if weight.is_inference() else weight._version  # inference tensors have no version
 
 
+def _key(linears: list[torch.nn.Linear]) -> tuple:
+    """The weights' and biases' identities a packed copy was made from."""
+    return tuple((_identity(m.weight), None if m.bias is None else _identity(m.bias)) for m in linears)
+
+
 def packed(module: torch.nn.Linear | Stacked) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`module`'s weight packed for oneDNN's linear (made once, again if a weight changed) and its bias."""
     linears = module.linears if isinstance(module, Stacked) else [module]
     held = _PACKED.get(module)
-    freed = [m for m in linears if m in _RELEASED]
-    if held is not None and freed:
-        return held[1], held[2]  # the plain weight was freed: the packed copy is the weight
-    key = tuple((_identity(m.weight), None if m.bias is None else _identity(m.bias)) for m in linears)
+    key = _key(linears)
     if held is None or held[0] != key:
-        if freed:
+        if any(m in _RELEASED for m in linears):  # freed behind a copy packed before (a probe's): that copy stays
+            if held is not None:
+                return held[1], held[2]
             raise RuntimeError(f"a {shape(module)} weight has to be packed, but its plain weight was freed when the "
                                "target kept one copy of each weight (kernels.keep_one_copy)")
         weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS)
@@ -157,10 +161,12 @@ def keep_one_copy_of(networks: list[torch.nn.Module]) -> int:
 
 
 def _release(module: torch.nn.Linear | Stacked) -> int:
-    """Pack `module` and free the plain weights behind it (`keep_one_copy`); the bytes freed."""
-    packed(module)
+    """Pack `module` and free the plain weights behind it (`keep_one_copy`); the bytes freed. The packed copy is
+    re-keyed to the placeholders, so that `packed` finds it as it finds any other (no extra test per call)."""
+    weight, bias = packed(module)
+    linears = module.linears if isinstance(module, Stacked) else [module]
     freed = 0
-    for m in module.linears if isinstance(module, Stacked) else [module]:
+    for m in linears:
         if m in _RELEASED:
             continue
         w = m.weight
@@ -168,6 +174,7 @@ def _release(module: torch.nn.Linear | Stacked) -> int:
         m.weight = torch.nn.Parameter(torch.full((), float("nan"), dtype=w.dtype, device=w.device).expand(w.shape),
                                       requires_grad=False)
         _RELEASED.add(m)
+    _PACKED[module] = _key(linears), weight, bias
     return freed
 
 

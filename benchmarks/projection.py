@@ -13,8 +13,9 @@ make it):
 
 Paper τ: WhiFlash, Table 9 (Qwen3-8B, H100, greedy; EAGLE-3 depth 8 / top-k 10 / 60 tokens, DFlash block 16), as
 transcribed in docs/models.md ("What a seed's method would do here"). Clock: the runs' own (perf_counter on a
-CPU). Writes a record (command, commit, machine, date, per method: paper τ, rate, τ measured, tokens/s and speedup
-with their 95 % intervals, mean phase ms a round) with --record.
+CPU, CUDA events on a GPU; --compile compiles the target alone, the drafters stay eager). Writes a record
+(command, commit, machine, date, per method: paper τ, rate, τ measured, tokens/s and speedup with their 95 %
+intervals, mean phase ms a round) with --record.
 
     python benchmarks/projection.py --target random:qwen3-8b --row MT-Bench --limit 8 --max-new-tokens 64 \\
         --out /tmp/projection --record benchmarks/results/projection/qwen3-8b-mt-bench-cpu.json
@@ -23,6 +24,7 @@ with their 95 % intervals, mean phase ms a round) with --record.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +58,10 @@ def command(a: argparse.Namespace, rates: dict[str, float]) -> list[str]:
     methods = ["baseline", *rates]
     cmd = [sys.executable, "-m", "specbench_cli", "run", "--target", a.target, "--dtype", a.dtype,
            "--method", ",".join(methods), "--dataset", a.dataset, "--limit", str(a.limit),
-           "--max-new-tokens", str(a.max_new_tokens), "--warmup", "1", "--no-replay", "--threads", str(a.threads), "--out", str(a.out)]
+           "--max-new-tokens", str(a.max_new_tokens), "--warmup", "1", "--no-replay", "--threads", str(a.threads),
+           "--device", a.device, "--out", str(a.out)]
+    if a.compile:  # the target's forwards at the chains' verify sizes (baseline 1, EAGLE-3 10, DFlash 16)
+        cmd += ["--compile", "--compile-buckets", a.compile_buckets]
     for method, rate in rates.items():
         cmd += [*(x for opt in BUDGET[method] for x in ("--opt", opt)), "--acceptance", f"{method}.synthetic:{rate}"]
     return cmd
@@ -83,6 +88,11 @@ def summary(out: Path, paper: dict[str, float], rates: dict[str, float]) -> dict
     return rows
 
 
+def clock(out: Path) -> str:
+    """The clock the runs timed their rounds with, as run.json names it."""
+    return str(json.loads((out / "baseline" / "run.json").read_text()).get("clock", "unknown"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="random:qwen3-8b")
@@ -93,6 +103,10 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="as `run --device` (on CUDA the rounds are timed by CUDA events)")
+    ap.add_argument("--compile", action="store_true", help="compile the target (`run --compile`; the drafters "
+                    "stay eager)")
+    ap.add_argument("--compile-buckets", default="1,16", help="with --compile: the verify sizes compiled")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--summary-only", action="store_true", help="summarise a finished --out without running")
     ap.add_argument("--record", type=Path)
@@ -109,7 +123,7 @@ def main() -> None:
         write_record(a.record, f"projection, not a measurement: {', '.join(rates)} on {a.target} at the τ WhiFlash "
                      f"Table 9 reports on Qwen3-8B for {a.row} (synthetic acceptance on chains), beside the baseline, "
                      f"interleaved; {a.limit} {a.dataset} prompts x {a.max_new_tokens} tokens",
-                     "perf_counter_ns (the runs' decode_ms)", torch.device("cpu"),
+                     clock(a.out), torch.device(a.device),
                      run_command=" ".join(["specbench", *cmd[3:]]), paper_row=a.row, methods=rows)
 
 

@@ -40,7 +40,7 @@ def configs(method: str, a: argparse.Namespace) -> list[RunConfig]:
     """The method's run in each engine, into <out>/<method>/<engine>."""
     common = RunConfig(method=method, target=a.target, dataset=a.dataset, limit=a.limit, max_new_tokens=a.max_new_tokens,
                        dtype=a.dtype, device="cpu", warmup=a.warmup, threads=a.threads, tuned=a.tuned,
-                       replay=False, opts=[*a.opt_for.get(method, [])])
+                       batch_invariant=a.batch_invariant, replay=False, opts=[*a.opt_for.get(method, [])])
     return [dataclasses.replace(common, engine=engine, out=a.out / method / engine,
                                 engine_args=a.engine_arg if engine == "vllm" else [],
                                 resume=a.resume and (a.out / method / engine / "run.json").is_file())
@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--batch-invariant", default="auto", choices=("auto", "on", "off"),
+                    help="our target's setting (vLLM's CPU engine is not batch-invariant)")
     ap.add_argument("--tuned", action="store_true", help="each engine at tune's budget for the method")
     ap.add_argument("--opt", action="append", default=[], help="METHOD.KEY=VALUE for both engines (repeatable)")
     ap.add_argument("--engine-arg", action="append", default=[], help="KEY=VALUE for vLLM's engine (repeatable), "
@@ -101,7 +103,7 @@ def main() -> None:
         write_record(a.record, "ours/vLLM tokens/s per method, interleaved prompt by prompt (benchmarks/vllm_parity.py)",
                      "perf_counter (the runs' own decode_ms)", first.device,
                      settings={k: getattr(a, k) for k in ("target", "engine_arg", "dataset", "limit", "max_new_tokens", "dtype", "threads",
-                                                          "warmup", "repeat", "tuned")},
+                                                          "warmup", "repeat", "tuned", "batch_invariant")},
                      methods=rows)
         console.print(f"record: {a.record}")
 

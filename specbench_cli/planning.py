@@ -19,7 +19,7 @@ from specbench_cli.datasets import Prompt
 from specbench_cli.greedy_replay import replays
 from specbench_cli.inputs import Plan, RunConfig, check_run
 from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype, resolve_invariant
-from specbench_cli.models import ModelSpec, checkpoint_ref, parse_random, random_sps_draft
+from specbench_cli.models import ModelSpec, checkpoint_ref, family, random_sps_draft
 from specbench_cli.random_weights import RANDOM_DRAFTERS, drafter_seed, is_random_drafter
 from specbench_cli.registry import engine_entry, method_class, plan_for_engine
 from specbench_cli.budgets import machine_key, tuned_opts
@@ -85,10 +85,9 @@ def _parse_drafters(pairs: list[str], cls: type, spec: ModelSpec) -> dict[str, s
             raise UsageError(f"method {cls.name} has no drafter '{name}'" + (f" (it takes: {', '.join(accepted)})" if accepted else ""))
         if is_random_drafter(path) and name not in RANDOM_DRAFTERS:
             raise UsageError(f"--drafter {pair}: random weights are built for {', '.join(RANDOM_DRAFTERS)} only")
-        family = getattr(parse_random(spec.target), "architecture", spec.name)
-        if is_random_drafter(path) and name == "sps" and random_sps_draft(family) is None:
-            raise UsageError(f"--drafter {pair}: a random SpS drafter is built beside Qwen3 targets only (the shape of "
-                             f"their registered Qwen3-0.6B drafter), not beside {spec.name}")
+        if is_random_drafter(path) and name == "sps" and random_sps_draft(family(spec)) is None:
+            raise UsageError(f"--drafter {pair}: a random SpS drafter is built beside Qwen3 and Llama-3.1 targets only "
+                             f"(the shapes of their registered drafters), not beside {spec.name}")
         drafters[name] = path if is_random_drafter(path) else checkpoint_ref(path, "drafter")
     return drafters
 

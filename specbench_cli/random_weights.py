@@ -75,9 +75,10 @@ def drafter_seed(ref: str, target_ref: str) -> int:
     return int(seed) if seed else target.seed if target is not None else 0
 
 
-def random_drafter(name: str, target: torch.nn.Module, root: Path, seed: int) -> Path:
+def random_drafter(name: str, target: torch.nn.Module, root: Path, seed: int, family: str) -> Path:
     """Drafter `name` (a key of RANDOM_DRAFTERS) for `target`, written once under `root` in a folder named for
-    the target's architecture, dtype and the seed, and reused."""
+    the target's architecture, dtype and the seed, and reused. `family`: the registered model the target's
+    architecture is (`models.family`), which names an SpS drafter's shape."""
     key = hashlib.sha256(f"{target.config.to_json_string()}{target.dtype}".encode()).hexdigest()[:12]
     folder = root / f"{name}-{key}-seed{seed}"
     if (folder / "config.json").is_file():
@@ -86,7 +87,7 @@ def random_drafter(name: str, target: torch.nn.Module, root: Path, seed: int) ->
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # built in the target's dtype: an 8 B target's DFlash is 4 GB in float32
     try:
-        config, tensors = RANDOM_DRAFTERS[name](target, seed)
+        config, tensors = RANDOM_DRAFTERS[name](target, seed, family)
     finally:
         torch.set_default_dtype(previous)
     tmp = root / f".{folder.name}.partial"  # a killed write never leaves a folder that looks whole
@@ -95,7 +96,7 @@ def random_drafter(name: str, target: torch.nn.Module, root: Path, seed: int) ->
     return folder
 
 
-def _eagle3(target: torch.nn.Module, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
+def _eagle3(target: torch.nn.Module, seed: int, family: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """One decoder layer of the target's own shape over its three feature layers, a 32,000-token draft head."""
     from specbench_methods.eagle3 import Eagle3Config, Eagle3Draft, default_capture
 
@@ -112,7 +113,7 @@ def _eagle3(target: torch.nn.Module, seed: int) -> tuple[dict, dict[str, torch.T
     return draft.export()
 
 
-def _dflash(target: torch.nn.Module, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
+def _dflash(target: torch.nn.Module, seed: int, family: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """Five layers of the target's own shape reading five evenly spaced feature layers, blocks of 16, the mask
     token the last id of the vocabulary (the released Qwen3 drafters use 151669, also past the tokenizer's)."""
     from specbench_methods.dflash import DFlashConfig, DFlashDraft, default_capture
@@ -128,15 +129,15 @@ def _dflash(target: torch.nn.Module, seed: int) -> tuple[dict, dict[str, torch.T
     return draft.export(t.num_hidden_layers)
 
 
-def _sps(target: torch.nn.Module, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
+def _sps(target: torch.nn.Module, seed: int, family: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """A draft model of the shape the target family's registered SpS drafter has (`models.RANDOM_SPS_DRAFTS`:
-    Qwen/Qwen3-0.6B beside a Qwen3 target), in the Hugging Face format it is released in; its own embedding and
-    head, as the released model has them."""
+    Qwen/Qwen3-0.6B beside a Qwen3 target, Llama-3.2-1B beside a Llama-3.1 one), in the Hugging Face format it
+    is released in; its own embedding and head, as the released model has them."""
     import json
 
-    architecture = random_sps_draft(target.config.model_type)
+    architecture = random_sps_draft(family)
     if architecture is None:
-        raise ValueError(f"no random SpS drafter ships for {target.config.model_type} targets")
+        raise ValueError(f"no random SpS drafter ships for {family} targets")
     draft = build(RandomWeights(architecture, seed), torch.device("cpu"), target.get_input_embeddings().weight.dtype)
     tied = draft.get_output_embeddings().weight is draft.get_input_embeddings().weight
     tensors = {k: v for k, v in draft.state_dict().items() if not (tied and k == "lm_head.weight")}  # one matrix

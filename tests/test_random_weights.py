@@ -10,15 +10,18 @@ from typer.testing import CliRunner
 
 from specbench_cli.cli import app
 from specbench_cli.core.errors import UsageError
-from specbench_cli.models import ARCHITECTURES, RANDOM_DRAFTER_NAMES, RandomWeights, get_model_spec, parse_random, random_architectures
+from specbench_cli.models import (ARCHITECTURES, MODELS, RANDOM_DRAFTER_NAMES, RandomWeights, get_model_spec, parse_random,
+                                  random_architectures, random_sps_draft)
 from safetensors.torch import load_file
 
 from specbench_cli import random_weights
 from specbench_cli.random_weights import build, draw
 from tests.conftest import needs_embedded, tiny_model
 
-# Parameters the authors' model cards state (Qwen3 cards: "Number of Parameters"; Llama 3.1: 8.03 B).
-PUBLISHED = {"qwen3-0.6b": 0.6e9, "qwen3-1.7b": 1.7e9, "qwen3-4b": 4.0e9, "qwen3-8b": 8.2e9, "llama3.1-8b": 8.03e9}
+# Parameters the authors' model cards state (Qwen3 cards: "Number of Parameters"; Llama 3.1: 8.03 B; Llama 3.2:
+# 1.23 B).
+PUBLISHED = {"qwen3-0.6b": 0.6e9, "qwen3-1.7b": 1.7e9, "qwen3-4b": 4.0e9, "qwen3-8b": 8.2e9, "llama3.1-8b": 8.03e9,
+             "llama3.2-1b": 1.23e9}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -136,11 +139,11 @@ def test_random_drafters_take_the_released_shapes_for_the_target():
 
     target = build(RandomWeights("qwen3-0.6b"), torch.device("meta"), torch.bfloat16)
     t = target.config
-    eagle3, tensors = random_weights._eagle3(target, 0)
+    eagle3, tensors = random_weights._eagle3(target, 0, "qwen3-8b")
     assert (eagle3["intermediate_size"], eagle3["num_attention_heads"], eagle3["draft_vocab_size"]) == (
         t.intermediate_size, t.num_attention_heads, 32000)
     assert tuple(tensors["fc.weight"].shape) == (t.hidden_size, 3 * t.hidden_size)
-    dflash, _ = random_weights._dflash(target, 0)
+    dflash, _ = random_weights._dflash(target, 0, "qwen3-8b")
     assert (dflash["num_hidden_layers"], dflash["block_size"]) == (5, 16)
     assert dflash["dflash_config"]["target_layer_ids"] == default_capture(t.num_hidden_layers)
     assert default_capture(36) == [1, 9, 17, 25, 33]
@@ -154,9 +157,9 @@ def test_random_drafters_are_written_once_per_seed_and_load_as_released_ones(tmp
     from tests.helpers import random_prompt, run_method
 
     target = tiny_model("qwen3", layers=6)
-    folder = random_weights.random_drafter(method, target, tmp_path, seed=3)
-    assert random_weights.random_drafter(method, target, tmp_path, seed=3) == folder  # reused, not rewritten
-    other = random_weights.random_drafter(method, target, tmp_path, seed=4)
+    folder = random_weights.random_drafter(method, target, tmp_path, 3, "qwen3-8b")
+    assert random_weights.random_drafter(method, target, tmp_path, 3, "qwen3-8b") == folder  # reused, not rewritten
+    other = random_weights.random_drafter(method, target, tmp_path, 4, "qwen3-8b")
     first, second = (load_file(f / "model.safetensors") for f in (folder, other))
     assert any(not torch.equal(first[k], second[k]) for k in first if first[k].is_floating_point())
     prompt = random_prompt(24, 96)
@@ -166,8 +169,8 @@ def test_random_drafters_are_written_once_per_seed_and_load_as_released_ones(tmp
 
 @pytest.mark.parametrize("args, says", [
     (["--method", "dart", "--drafter", "dart=random"], "eagle3, dflash, sps only"),
-    (["--method", "sps", "--drafter", "sps=random"], "beside Qwen3 targets only"),  # the embedded SmolLM2
-    (["--method", "sps", "--target", "random:llama3.1-8b"], "beside Qwen3 targets"),  # none registered for it
+    (["--method", "sps", "--drafter", "sps=random"], "beside Qwen3 and Llama-3.1 targets only"),  # the embedded SmolLM2
+    (["--method", "sps", "--target", "random:smollm2-135m"], "Llama-3.1 targets) sps drafters only"),  # none registered
 ])
 def test_random_drafters_are_built_where_a_released_shape_ships(tmp_path, args, says):
     result = CliRunner().invoke(app, ["run", "--limit", "1", "--out", str(tmp_path / "r"), *args])
@@ -175,9 +178,15 @@ def test_random_drafters_are_built_where_a_released_shape_ships(tmp_path, args, 
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_a_random_target_registers_sps_only_beside_qwen3():
-    assert get_model_spec("qwen3-8b", "random:qwen3-8b").drafters == dict.fromkeys(("eagle3", "dflash", "sps"), "random")
-    assert "sps" not in get_model_spec("llama3.1-8b", "random:llama3.1-8b").drafters
+def test_a_random_target_registers_sps_where_its_family_has_a_draft_model():
+    """Qwen3 targets draft with Qwen3-0.6B's shape, Llama-3.1 ones with Llama-3.2-1B's (their registered SpS
+    drafters); the embedded SmolLM2 has none."""
+    for name in ("qwen3-8b", "llama3.1-8b"):
+        assert get_model_spec(name, f"random:{name}").drafters == dict.fromkeys(("eagle3", "dflash", "sps"), "random")
+    assert "sps" not in get_model_spec("smollm2-135m", "random:smollm2-135m").drafters
+    assert (random_sps_draft("qwen3-4b"), random_sps_draft("llama3.1-8b"), random_sps_draft("smollm2-135m")) == (
+        "qwen3-0.6b", "llama3.2-1b", None)
+    assert MODELS["llama3.1-8b"].drafters["sps"] == MODELS["llama3.2-1b"].target  # the registered draft model's shape
 
 
 @pytest.mark.slow
@@ -189,8 +198,8 @@ def test_a_random_sps_drafter_is_the_registered_qwen3_drafters_shape_and_runs_lo
     from tests.helpers import random_prompt, run_method
 
     target = tiny_model("qwen3", layers=2)
-    folder = random_weights.random_drafter("sps", target, tmp_path, seed=3)
-    assert random_weights.random_drafter("sps", target, tmp_path, seed=3) == folder
+    folder = random_weights.random_drafter("sps", target, tmp_path, 3, "qwen3-8b")
+    assert random_weights.random_drafter("sps", target, tmp_path, 3, "qwen3-8b") == folder
     config = json.loads((folder / "config.json").read_text())
     shipped = json.loads((ARCHITECTURES / "qwen3-0.6b" / "config.json").read_text())
     assert {k: config[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")} == {

@@ -33,7 +33,7 @@ from specbench_cli.datasets import Prompt
 from specbench_cli.greedy_replay import Replayed, Replayer, replay_off, replays
 from specbench_cli.inputs import Plan
 from specbench_cli.loading import LoadedModel
-from specbench_cli.models import cache_root, random_weights_record
+from specbench_cli.models import cache_root, family, random_weights_record
 from specbench_cli.random_weights import drafter_seed, is_random_drafter, random_drafter
 from specbench_cli.planning import check_lengths, drafter_weights, loaded_target, one_weight_copy
 from specbench_cli.records import run_parts
@@ -109,7 +109,8 @@ def drafter_folders(plan: Plan, model: LoadedModel) -> dict[str, str]:
         ref = plan.drafters.get(name) or plan.spec.drafters.get(name)
         if ref is not None and is_random_drafter(ref):
             seed = drafter_seed(ref, plan.spec.target)
-            folders[name] = str(random_drafter(name, model.model, cache_root() / "random-drafters", seed))
+            folders[name] = str(random_drafter(name, model.model, cache_root() / "random-drafters", seed,
+                                               family(plan.spec)))
     return folders
 
 

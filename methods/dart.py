@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specbench_cli.core.host_reads import to_host
 from specbench_cli.core.method import DecodeState
 from specbench_methods.checkpoints import Checkpoint, locate_file
 from specbench_methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
@@ -205,9 +206,9 @@ class Dart(FeatureDrafter):
     def search_tree(self, lane: Lane, logits: torch.Tensor) -> DraftTree:
         """The tree the n-gram-guided search grows from the levels' logits [draft_length + 1, draft vocab]."""
         top = logits.topk(min(self.options.top_k, logits.shape[-1]), dim=-1)
-        tokens = self.draft.to_target(top.indices).cpu().numpy()
-        probs = torch.softmax(top.values, dim=-1).cpu().numpy()  # temperature 1 inside the search
-        return to_tree(search(tokens, probs, self.trie, lane.preceding, self.eos, self.options))
+        tokens, probs = to_host(self.draft.to_target(top.indices), torch.softmax(top.values, dim=-1))  # one read;
+        # temperature 1 inside the search
+        return to_tree(search(tokens.numpy(), probs.numpy(), self.trie, lane.preceding, self.eos, self.options))
 
 
 def load_trie(ref: str, filename: str) -> Trie:

@@ -180,6 +180,8 @@ class FlashHeadLayer:
 
 class FlashHead(SpS):
     name = "flashhead"
+    inherent_syncs = ("2k + 1 per round: each draft token's candidate ids (a boolean mask's count) and the token to "
+                      "host, and the accepted length")
     optional_drafters = ("flashhead",)  # a folder with FlashHead assets; else the sps model's, else built
 
     @dataclass

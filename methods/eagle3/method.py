@@ -13,6 +13,7 @@ from specbench_methods.eagle3.network import Eagle3Draft
 from specbench_methods.eagle3.tree_search import Candidates, beam_search, top_nodes
 from specbench_methods.features import FeatureDrafter
 from specbench_methods.layers import append_kv, causal_mask, stack_kv
+from specbench_cli.core.host_reads import to_host
 from specbench_cli.core.method import DecodeState
 from specbench_cli.core.tree import DraftTree
 
@@ -25,7 +26,8 @@ class Eagle3(FeatureDrafter):
     name = "eagle3"
     drafter_names = ("eagle3",)
     extra_tensors: tuple[str, ...] = ()  # checkpoint tensors a subclass reads itself (ConFu's "confu.*")
-    inherent_syncs = "two per round: the candidate scores for tree selection, and the accepted length"
+    inherent_syncs = ("two per round: the candidates (scores, tokens and parents in one read) for tree selection, and "
+                      "the accepted length")
 
     @dataclass
     class Options:
@@ -197,7 +199,7 @@ class Eagle3(FeatureDrafter):
         # same trees as all `depth` levels (SafeAILab's topK_genrate runs them whatever total_token keeps), without
         # the draft steps that cannot change them: a chain of 2 at depth 3 drafts 2 steps, not 4.
         cands = beam_search(first, expand, o.top_k, min(o.depth, o.total_token - 2))
-        scores, tokens, parents = cands.scores.cpu(), draft.to_target(cands.tokens).cpu(), cands.parents.cpu()  # one read
+        scores, tokens, parents = to_host(cands.scores, draft.to_target(cands.tokens), cands.parents)  # one read
         trees = []
         for b in range(batch):
             kept, tree_parents = top_nodes(Candidates(scores[b], tokens[b], parents[b]), o.total_token - 1)

@@ -1,0 +1,116 @@
+"""Counting the host's reads of device values, on any device: what a round would synchronise on a GPU.
+
+On CUDA every read of a tensor's values by the host waits for the device: `.item()`, `.tolist()`, `.cpu()`,
+`.numpy()`, a truth test, `int()` / `float()` / use as an index, and an op whose output's shape depends on the
+values (`nonzero`, boolean-mask indexing, `unique`). On a CPU nothing waits, so the same code can only be counted.
+`HostReads` follows which tensors would live on the device, starting from the given roots (the networks'
+parameters and buffers): the output of any op that reads one, and of a factory or `.to()` told a device. Tensors
+the host builds itself (`torch.tensor(list)` with no device) are host values, and reading them costs nothing.
+
+    with HostReads(roots) as reads:
+        ...                      # one round
+    reads.count, reads.sites     # reads of device values, and where each was made (file:line of the caller)
+"""
+
+from __future__ import annotations
+
+import collections
+import traceback
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+# Tensor methods and functions that hand the host a device tensor's values.
+READS = frozenset({"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "__len__"})
+# Ops whose output's shape depends on the input's values (the host must learn the shape).
+SHAPED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"})
+
+
+class HostReads(TorchFunctionMode):
+    """Counts reads of device values while active (a torch function mode: every tensor op passes through it)."""
+
+    def __init__(self, roots: Iterable[torch.Tensor]) -> None:
+        super().__init__()
+        self._device: dict[int, weakref.ref] = {}  # id -> the tensor (a set would compare tensors with ==)
+        for t in roots:
+            self._mark(t)
+        self.sites: collections.Counter[str] = collections.Counter()
+
+    def _mark(self, t: torch.Tensor) -> None:
+        self._device[id(t)] = weakref.ref(t)
+
+    def on_device(self, t: torch.Tensor) -> bool:
+        ref = self._device.get(id(t))
+        return ref is not None and ref() is t
+
+    @property
+    def count(self) -> int:
+        return sum(self.sites.values())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        inputs = [t for t in _tensors((args, kwargs)) if self.on_device(t)]
+        if inputs and (name in READS or name in SHAPED or _boolean_index(name, args)):
+            self.sites[f"{name} {_caller()}"] += 1
+        out = func(*args, **kwargs)
+        if name in ("cpu", "numpy"):  # a host copy (on a CPU `.cpu()` returns the tensor itself: now a host value)
+            for t in _tensors(out):
+                self._device.pop(id(t), None)
+        elif inputs or _told_a_device(name, args, kwargs):
+            for t in _tensors(out):
+                self._mark(t)
+        return out
+
+
+def _tensors(obj) -> Iterable[torch.Tensor]:
+    """The tensors in nested tuples, lists and dicts."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item)
+
+
+def _boolean_index(name: str, args: tuple) -> bool:
+    """`x[mask]` with a boolean tensor: its shape is the mask's count of True."""
+    if name != "__getitem__" or len(args) < 2:
+        return False
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+
+
+def _told_a_device(name: str, args: tuple, kwargs: dict) -> bool:
+    """A factory given `device=`, or `.to()` / `.cuda()` given a device: its output lives on the device."""
+    if kwargs.get("device") is not None or name == "cuda":
+        return True
+    return name == "to" and any(isinstance(a, (torch.device, str)) for a in args[1:])
+
+
+def _caller() -> str:
+    """folder/file:line of the innermost frame outside torch and this module (where the read was written)."""
+    for frame in reversed(traceback.extract_stack()):
+        if "/torch/" not in frame.filename and frame.filename != __file__:
+            path = Path(frame.filename)
+            return f"{path.parent.name}/{path.name}:{frame.lineno}"
+    return "?"
+
+
+EXACT_IN_FLOAT64 = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool)
+
+
+def to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Several device tensors on the host in one read (one synchronisation on a GPU instead of one each): flattened
+    into one float64 buffer, copied once, split and cast back. Exact for floats up to 32 bits and for integers
+    below 2**53 (token ids, node indices)."""
+    for t in tensors:
+        assert t.dtype in EXACT_IN_FLOAT64, f"to_host: {t.dtype} does not round-trip through float64"
+    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).cpu()
+    parts = flat.split([t.numel() for t in tensors])
+    return [p.to(t.dtype).reshape(t.shape) for p, t in zip(parts, tensors)]

@@ -1,0 +1,88 @@
+"""The host's reads of device values inside a round (`core.host_reads`): what a round would synchronise on a GPU.
+
+The counter itself on planted reads, then every method's round on the embedded model, pinned: a change that adds a
+read, or removes one, must update the table here and ARCHITECTURE.md's (the goal is one a round: the accepted length)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+from specbench_cli.core.host_reads import HostReads, to_host
+from tests.conftest import needs_embedded
+
+
+def test_reads_of_device_values_are_counted_and_host_values_are_not():
+    weight = torch.randn(4, 4)
+    with HostReads([weight]) as reads:
+        x = weight @ torch.ones(4)  # a device value (reads a root)
+        x.sum().item()
+        x.tolist()
+        bool(x[0] > 0)
+        int(x.argmax())
+        x[x > 0]  # its shape depends on the values
+        host = torch.tensor([1, 2, 3])  # the host's own
+        host.tolist()
+        int(host[0])
+        on_device = torch.arange(3, device=weight.device)  # told a device: would live there
+        on_device.tolist()
+        copied = x.cpu()  # one read; the copy is a host value
+        copied.tolist()
+        x.shape  # metadata: no read
+    assert reads.count == 7
+    assert {site.split()[0] for site in reads.sites} == {"item", "tolist", "__bool__", "__int__", "__getitem__", "cpu"}
+    assert all("tests/test_host_reads.py" in site for site in reads.sites), reads.sites  # where the read was written
+
+
+def test_to_host_is_one_read_and_exact():
+    weight = torch.randn(3)
+    with HostReads([weight]) as reads:
+        scores = torch.log_softmax(weight * 1e-3, -1)
+        ids = (weight * 1e6).long().abs() + 2**40  # integers far past float32's exact range
+        half = weight.to(torch.bfloat16)
+        out = to_host(scores, ids, half, weight > 0)
+    assert reads.count == 1
+    assert [o.dtype for o in out] == [torch.float32, torch.int64, torch.bfloat16, torch.bool]
+    assert all(torch.equal(o, t) for o, t in zip(out, (scores, ids, half, weight > 0)))
+
+
+# Host reads of device values in every round at the default options (the embedded model's drafters): the accepted
+# length (core/acceptance.py), plus each method's own (ARCHITECTURE.md says what each is).
+READS_A_ROUND = {"baseline": 1, "suffix": 1, "pld": 1, "eagle3": 2, "dflash": 2, "dart": 2, "confu": 2, "sps": 7,
+                 "flashhead": 13, "whiflash-entropy": 3, "whiflash-neural": 3, "hvd": 3, "hvd-freq": 2}
+
+
+@pytest.mark.slow
+@needs_embedded
+def test_every_methods_round_reads_the_device_as_often_as_the_table_says(embedded, monkeypatch):
+    from specbench_cli.core import engine
+    from specbench_cli.core.method import networks
+    from specbench_cli.core.target import Target
+    from specbench_cli.core.turn import DecodeSettings
+    from specbench_cli.models import MODELS
+    from specbench_cli.registry import method_class
+
+    prompt = embedded.encode_chat([{"role": "user", "content": "Write a short story about a robot who paints."}])
+    measured, where = {}, {}
+    for name in READS_A_ROUND:
+        cls = method_class(name)
+        method = cls(cls.Options(), embedded, MODELS["smollm2-135m"].drafters)
+        modules = [embedded.model, *networks(method)]
+        reads = HostReads([t for m in modules for t in (*m.parameters(), *m.buffers())])
+        per_round, sites = [], collections.Counter()
+        original = engine._round
+
+        def counted(*args, **kwargs):
+            before = collections.Counter(reads.sites)
+            out = original(*args, **kwargs)
+            per_round.append(reads.count - before.total())
+            sites.update(reads.sites - before)
+            return out
+        monkeypatch.setattr(engine, "_round", counted)
+        with reads:  # the whole turn, so values a proposer keeps from its prefill count as device values
+            engine.decode_turn(Target(embedded.model, embedded.device), method, prompt, DecodeSettings(24, 0.0, frozenset()))
+        monkeypatch.setattr(engine, "_round", original)
+        measured[name], where[name] = max(per_round), sorted(sites)
+    assert measured == READS_A_ROUND, where

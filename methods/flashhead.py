@@ -163,25 +163,26 @@ class FlashHeadLayer:
         return torch.cat((ids[ids >= 0], self.special))
 
     def top_token(self, hidden: torch.Tensor) -> int:
-        ids = self.candidates(hidden)
-        return int(ids[(self.weight[ids] @ hidden).argmax()])
+        return int(self.best(hidden[None])[0])  # the one read of a draft step
 
     def top_tokens(self, hidden: torch.Tensor) -> list[int]:
-        """`top_token` for a batch, hidden [B, H], in one pass: every row probes its own clusters, so the rows score
-        different candidates, but as many (n_probes clusters of `cap` slots and the special tokens): one gather of
-        [B, candidates] head rows and one batched product, empty slots (-1) never chosen; the same candidates in
-        the same order as one row alone, so equal scores pick the same token."""
+        return self.best(hidden).tolist()
+
+    def best(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The top token [B] of each row of hidden [B, H], on the device: every row probes its own clusters, so the
+        rows score different candidates, but as many (n_probes clusters of `cap` slots and the special tokens): one
+        gather of [B, candidates] head rows and one batched product, empty slots (-1) never chosen. A fixed shape
+        whatever the clusters hold (no host read to learn it), and the same candidates in the same order as
+        `candidates` lists, so equal scores pick the same token at every batch size."""
         probes = (hidden @ self.centroids).topk(self.n_probes).indices  # [B, n_probes]
         ids = torch.cat((self.members[probes].flatten(1), self.special.expand(hidden.shape[0], -1)), 1)
         scores = (self.weight[ids.clamp(min=0)] @ hidden[:, :, None])[..., 0]  # [B, candidates]
         best = scores.masked_fill(ids < 0, float("-inf")).argmax(-1, keepdim=True)
-        return ids.gather(1, best)[:, 0].tolist()
+        return ids.gather(1, best)[:, 0]
 
 
 class FlashHead(SpS):
     name = "flashhead"
-    inherent_syncs = ("2k + 1 per round: each draft token's candidate ids (a boolean mask's count) and the token to "
-                      "host, and the accepted length")
     optional_drafters = ("flashhead",)  # a folder with FlashHead assets; else the sps model's, else built
 
     @dataclass

@@ -162,12 +162,6 @@ class FlashHeadLayer:
         ids = self.members[probes].flatten()
         return torch.cat((ids[ids >= 0], self.special))
 
-    def top_token(self, hidden: torch.Tensor) -> int:
-        return int(self.best(hidden[None])[0])  # the one read of a draft step
-
-    def top_tokens(self, hidden: torch.Tensor) -> list[int]:
-        return self.best(hidden).tolist()
-
     def best(self, hidden: torch.Tensor) -> torch.Tensor:
         """The top token [B] of each row of hidden [B, H], on the device: every row probes its own clusters, so the
         rows score different candidates, but as many (n_probes clusters of `cap` slots and the special tokens): one
@@ -219,13 +213,13 @@ class FlashHead(SpS):
         save_assets(clustering, folder)
         return clustering
 
-    def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[int, torch.Tensor | None]:
-        return self.flash.top_token(hidden), None  # greedy point mass at every temperature
+    def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.flash.best(hidden[None]), None  # greedy point mass at every temperature
 
-    def heads(self, hidden: torch.Tensor, states: list[DecodeState]) -> tuple[list[int], list[torch.Tensor | None]]:
+    def heads(self, hidden: torch.Tensor, states: list[DecodeState]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         if len(states) == 1:
             return super().heads(hidden, states)  # `head` on the one row: batch 1's arithmetic
-        return self.flash.top_tokens(hidden), [None] * len(states)
+        return self.flash.best(hidden), [None] * len(states)
 
     @torch.inference_mode()
     def head_probes(self, target, prompt_ids: list[int]) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:

@@ -71,7 +71,7 @@ def load_draft_model(ref: str, target: torch.nn.Module, what: str) -> torch.nn.M
 class SpS(Method):
     name = "sps"
     drafter_names = ("sps",)
-    inherent_syncs = "k + 1 per round: each draft token to host before the next draft step, and the accepted length"
+    inherent_syncs = "two per round: the k draft tokens (fed back on the device, read once), and the accepted length"
     reads_target_weights = True  # a draft that shares the target's embedding and head copies them (load_draft_model)
 
     @dataclass
@@ -124,24 +124,25 @@ class SpS(Method):
         lane.cached += ids
         return out.last_hidden_state[0, -1]
 
-    def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[int, torch.Tensor | None]:
-        """The next draft token and, when sampling, its distribution over the target vocabulary."""
+    def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The next draft token (a one-element tensor on the device) and, when sampling, its distribution over the
+        target vocabulary."""
         logits = linear(self.draft.get_output_embeddings(), hidden[None], wide=True)[0].float()[: self.vocab]
         if state.temperature <= 0:
-            return int(logits.argmax()), None
+            return logits.argmax()[None], None
         probs = torch.softmax(logits / state.temperature, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=state.generator)), probs
+        return torch.multinomial(probs, 1, generator=state.generator), probs
 
-    def heads(self, hidden: torch.Tensor, states: list[DecodeState]) -> tuple[list[int], list[torch.Tensor | None]]:
-        """`head` for a batch, hidden [B, H]: one head call for all rows, one read of the tokens; a sampled row
-        draws from its own distribution with its own generator, one draw per step as alone. A batch of one is
-        `head` itself (batch 1's arithmetic)."""
+    def heads(self, hidden: torch.Tensor, states: list[DecodeState]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """`head` for a batch, hidden [B, H]: one head call for all rows, the tokens [B] left on the device; a
+        sampled row draws from its own distribution with its own generator, one draw per step as alone. A batch of
+        one is `head` itself (batch 1's arithmetic)."""
         if len(states) == 1:
             token, probs = self.head(hidden[0], states[0])
-            return [token], [probs]
+            return token, [probs]
         logits = linear(self.draft.get_output_embeddings(), hidden, wide=True).float()[:, : self.vocab]
         if all(s.temperature <= 0 for s in states):
-            return logits.argmax(-1).tolist(), [None] * len(states)
+            return logits.argmax(-1), [None] * len(states)
         draws, rows = [], []
         for row, s in zip(logits, states):
             if s.temperature <= 0:
@@ -150,7 +151,7 @@ class SpS(Method):
             else:
                 rows.append(torch.softmax(row / s.temperature, dim=-1))
                 draws.append(torch.multinomial(rows[-1], 1, generator=s.generator))
-        return torch.cat(draws).tolist(), rows
+        return torch.cat(draws), rows
 
     @torch.inference_mode()
     def propose(self, states: list[DecodeState]) -> list[DraftTree]:
@@ -163,16 +164,17 @@ class SpS(Method):
         batch = DraftBatch(self.draft, lanes, [s.tokens[len(lane.cached):] for s, lane in zip(states, lanes)],
                            states[0].target.device)
         hidden = batch.feed()
-        tokens: list[list[int]] = [[] for _ in states]
+        steps: list[torch.Tensor] = []  # each step's tokens [B], fed back on the device
         rows: list[list[torch.Tensor | None]] = [[] for _ in states]
         for i in range(self.options.k):
             with states[0].timed("draft_head"):
                 drafted, probs = self.heads(hidden, states)
-            for b, (token, p) in enumerate(zip(drafted, probs)):
-                tokens[b].append(token)
+            steps.append(drafted)
+            for b, p in enumerate(probs):
                 rows[b].append(p)
             if i + 1 < self.options.k:
                 hidden = batch.step(drafted)
+        tokens: list[list[int]] = torch.stack(steps, 1).tolist()  # the round's one read of its drafts
         batch.keep(lanes, [t[:-1] for t in tokens])
         return [DraftTree.chain(t, draft_probs=None if r[0] is None else torch.stack(r)) for t, r in zip(tokens, rows)]
 
@@ -300,14 +302,14 @@ class DraftBatch:
         last = torch.tensor([len(f) - 1 for f in self.feeds], device=device)
         return hidden[torch.arange(len(self.feeds), device=device), last]
 
-    def step(self, tokens: list[int]) -> torch.Tensor:
-        """One draft token per row, in one forward; the hidden states [B, H] after them."""
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One draft token per row (tokens [B] on the device), in one forward; the hidden states [B, H] after them."""
         device = self.device
         if self.mask is not None:
-            self.mask = torch.cat((self.mask, self.mask.new_ones(len(tokens), 1)), 1)
+            self.mask = torch.cat((self.mask, self.mask.new_ones(tokens.shape[0], 1)), 1)
         positions = torch.tensor([[n + len(f) + self.steps] for n, f in zip(self.kept, self.feeds)], device=device)
         self.steps += 1
-        return self._forward(torch.tensor(tokens, device=device)[:, None], positions)[:, -1]
+        return self._forward(tokens[:, None], positions)[:, -1]
 
     def keep(self, lanes: list, fed_drafts: list[list[int]]) -> None:
         """Each lane's tokens are now its cached ones, its unseen ones and the drafts fed back, in its row."""

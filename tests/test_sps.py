@@ -98,9 +98,9 @@ def test_probed_set_by_hand():
     head = FlashHeadLayer(weight, clustering, n_probes=1)
     h = torch.tensor([0.2, 1.0])
     assert sorted(head.candidates(h).tolist()) == [2, 3, 5]
-    assert head.top_token(h) == 3 and int((weight @ h).argmax()) == 0
+    assert int(head.best(h[None])[0]) == 3 and int((weight @ h).argmax()) == 0
     head2 = FlashHeadLayer(weight, clustering, n_probes=2)
-    assert sorted(head2.candidates(h).tolist()) == [0, 1, 2, 3, 5] and head2.top_token(h) == 0
+    assert sorted(head2.candidates(h).tolist()) == [0, 1, 2, 3, 5] and int(head2.best(h[None])[0]) == 0
 
 
 def test_balanced_clusters_and_released_asset_names(tmp_path):
@@ -235,7 +235,7 @@ def test_a_batch_of_one_runs_in_its_own_cache(setup):
 
 
 def test_batched_flashhead_scores_each_rows_candidates():
-    """`top_tokens` over a batch picks, row by row, what `top_token` picks for the row alone, with clusters of
+    """`best` over a batch picks, row by row, what it picks for the row alone, with clusters of
     different sizes (empty slots in the member table) and special tokens."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(50, 8, generator=generator)
@@ -244,4 +244,4 @@ def test_batched_flashhead_scores_each_rows_candidates():
     head = FlashHeadLayer(weight, Clustering(centroids, assignments, [3, 49], 2), n_probes=2)
     assert (head.members < 0).any()
     hidden = torch.randn(64, 8, generator=generator)
-    assert head.top_tokens(hidden) == [head.top_token(h) for h in hidden]
+    assert head.best(hidden).tolist() == [int(head.best(h[None])[0]) for h in hidden]

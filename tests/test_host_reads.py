@@ -56,33 +56,13 @@ READS_A_ROUND = {"baseline": 1, "suffix": 1, "pld": 1, "eagle3": 2, "dflash": 2,
 
 @pytest.mark.slow
 @needs_embedded
-def test_every_methods_round_reads_the_device_as_often_as_the_table_says(embedded, monkeypatch):
-    from specbench_cli.core import engine
-    from specbench_cli.core.method import networks
-    from specbench_cli.core.target import Target
-    from specbench_cli.core.turn import DecodeSettings
-    from specbench_cli.models import MODELS
-    from specbench_cli.registry import method_class
+def test_every_methods_round_reads_the_device_as_often_as_the_table_says(embedded):
+    from benchmarks.gpu.sync_check import method_rounds
 
     prompt = embedded.encode_chat([{"role": "user", "content": "Write a short story about a robot who paints."}])
     measured, where = {}, {}
     for name in READS_A_ROUND:
-        cls = method_class(name)
-        method = cls(cls.Options(), embedded, MODELS["smollm2-135m"].drafters)
-        modules = [embedded.model, *networks(method)]
-        reads = HostReads([t for m in modules for t in (*m.parameters(), *m.buffers())])
-        per_round, sites = [], collections.Counter()
-        original = engine._round
-
-        def counted(*args, **kwargs):
-            before = collections.Counter(reads.sites)
-            out = original(*args, **kwargs)
-            per_round.append(reads.count - before.total())
-            sites.update(reads.sites - before)
-            return out
-        monkeypatch.setattr(engine, "_round", counted)
-        with reads:  # the whole turn, so values a proposer keeps from its prefill count as device values
-            engine.decode_turn(Target(embedded.model, embedded.device), method, prompt, DecodeSettings(24, 0.0, frozenset()))
-        monkeypatch.setattr(engine, "_round", original)
-        measured[name], where[name] = max(per_round), sorted(sites)
+        rounds = method_rounds(name, embedded, prompt, 24)
+        measured[name] = max(r.reads for r in rounds)
+        where[name] = sorted(sum((r.sites for r in rounds), collections.Counter()))
     assert measured == READS_A_ROUND, where

@@ -20,6 +20,8 @@
 #   compiled       benchmarks/engine.py bf16 compiled on random:qwen3-8b, sizes 1 and 64 (last: a graph per size)
 #
 # Stages of `run` (each under its own timeout, each writing to $OUT as it ends, most wanted first):
+#   syncs          benchmarks/gpu/sync_check.py bf16: every method's host reads of device values a round as the CPU
+#                  counts them (core.host_reads) beside the syncs CUDA's sync-debug mode reports, one turn each
 #   runs eager     Spec-Bench, bf16, the default: baseline,suffix,eagle3 as one interleaved list on the plain
 #                  target, every greedy turn replayed on the plain eager reference; report (paired speed, lossless
 #                  and replay tables); CUDA-event phase sums against host wall time (benchmarks/gpu/phase_check.py)
@@ -150,6 +152,12 @@ runs() {  # name timeout [run args...]: one interleaved process (baseline,suffix
   tar czf "$OUT/runs_$name.tgz" -C "$WORK" "runs/$name" "report_$name" 2>/dev/null
 }
 
+stage_syncs() {  # does the CPU's count of a round's host reads name every wait the GPU reports?
+  log "syncs: host reads and CUDA syncs a round, every method, one turn of $TOKENS tokens"
+  timeout 120 $PY benchmarks/gpu/sync_check.py --device "$DEVICE" --dtype bfloat16 --new $TOKENS 2>&1 \
+      | grep -v -e "Converting" -e "^W11" -e "Warning" -e "return forward_call" | cut -c1-400
+}
+
 stage_runs() {   # the default (plain target timed, every greedy turn replayed on the plain eager reference)
   runs eager $RUN_LIMIT
 }
@@ -218,6 +226,7 @@ case "${1:-}" in
     { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv 2>/dev/null
       $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
     } 2>&1 | tee -a "$OUT/check.log"
+    stage_syncs 2>&1 | tee -a "$OUT/check.log"
     stage_runs 2>&1 | tee -a "$OUT/check.log"
     stage_runs_cudnn 2>&1 | tee -a "$OUT/check.log"
     stage_profile 2>&1 | tee -a "$OUT/check.log"

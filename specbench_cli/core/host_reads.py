@@ -10,14 +10,20 @@ the host builds itself (`torch.tensor(list)` with no device) are host values, an
     with HostReads(roots) as reads:
         ...                      # one round
     reads.count, reads.sites     # reads of device values, and where each was made (file:line of the caller)
+
+`per_round(reads)` splits the count by the rounds of `core.engine`'s loop (and, on CUDA, counts the
+synchronisations the device's own sync-debug mode reports, which see every wait, host uploads included).
 """
 
 from __future__ import annotations
 
 import collections
 import traceback
+import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -64,6 +70,46 @@ class HostReads(TorchFunctionMode):
             for t in _tensors(out):
                 self._mark(t)
         return out
+
+
+@dataclass
+class Round:
+    """One round's reads of device values (`sites` as in `HostReads`) and, on CUDA, the synchronisations the
+    device's sync-debug mode reported (None elsewhere)."""
+
+    reads: int
+    sites: collections.Counter[str] = field(default_factory=collections.Counter)
+    cuda_syncs: int | None = None
+
+
+@contextmanager
+def per_round(reads: HostReads, device: torch.device) -> Iterator[list[Round]]:
+    """While active (with `reads` active too), each round of `core.engine`'s loop appends its `Round`."""
+    from specbench_cli.core import engine
+
+    rounds: list[Round] = []
+    original = engine._round
+
+    def counted(*args, **kwargs):
+        before = collections.Counter(reads.sites)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = original(*args, **kwargs)
+        syncs = sum("synchronizing CUDA operation" in str(w.message) for w in caught)
+        rounds.append(Round(reads.count - before.total(), reads.sites - before,
+                            syncs if device.type == "cuda" else None))
+        return out
+
+    cuda = device.type == "cuda"
+    engine._round = counted
+    if cuda:
+        torch.cuda.set_sync_debug_mode("warn")
+    try:
+        yield rounds
+    finally:
+        engine._round = original
+        if cuda:
+            torch.cuda.set_sync_debug_mode("default")
 
 
 def _tensors(obj) -> Iterable[torch.Tensor]:

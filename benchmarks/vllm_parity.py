@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.record import phases_ms, tau, write_record  # noqa: E402
 from specbench_cli.analysis import intervals  # noqa: E402
 from specbench_cli.commands.interleave import record_plans  # noqa: E402
+from specbench_cli.engines.vllm import target_folder  # noqa: E402
 from specbench_cli.inputs import RunConfig, use_threads  # noqa: E402
 from specbench_cli.planning import loaded_target, plan  # noqa: E402
 from specbench_cli.records import read_table  # noqa: E402
@@ -96,7 +97,8 @@ def main() -> None:
     console = Console()
     methods = a.methods.split(",")
     use_threads(a.threads)
-    first = plan(configs(methods[0], a)[0], dict(os.environ))
+    first, engine = (plan(c, dict(os.environ)) for c in configs(methods[0], a))
+    target_folder(engine)  # a random target's folder for vLLM, drawn (once) before ours loads: never two copies
     model = loaded_target(first, None, False)  # our target, shared by every method's run
     rows = [measure(m, model, a, console) for m in methods]
     if a.record:

@@ -137,7 +137,7 @@ seed_engine() {  # name limit [engine.py args...]: one engine.py table on a rand
 
 stage_engine() {
   log "engine: bf16 eager, plain and invariant"
-  timeout 120 $PY benchmarks/engine.py --device "$DEVICE" --dtype bfloat16 --invariant --reps $REPS --new $NEW \
+  timeout 120 $PY benchmarks/engine.py --device "$DEVICE" --dtype bfloat16 --invariant --reps $REPS --new $NEW --vllm-reps 0 \
       --sizes $SIZES --json "$OUT/engine.json" 2>&1 | grep -v "Converting" | tee "$OUT/engine.txt"
 }
 
@@ -180,7 +180,7 @@ stage_profile() {  # where eagle3's draft and an eager verify spend a round (the
 
 stage_compiled() {
   log "engine: bf16 compiled, sizes $CSIZES"
-  timeout 200 $PY benchmarks/engine.py --device "$DEVICE" --dtype bfloat16 --compile --reps $REPS --new $NEW \
+  timeout 200 $PY benchmarks/engine.py --device "$DEVICE" --dtype bfloat16 --compile --reps $REPS --new $NEW --vllm-reps 0 \
       --sizes $CSIZES --json "$OUT/engine_compiled.json" 2>&1 | grep -v -e "Converting" -e "^W11" | tee "$OUT/engine_compiled.txt"
 }
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from specbench_cli.analysis import metrics
 from specbench_cli.hardware import environment
 from specbench_cli.records import read_table
 
@@ -29,8 +30,8 @@ def write_record(path: Path, what: str, clock: str, device: torch.device, **numb
 
 
 def tau(prompts) -> float:
-    """τ of a run's prompts table: decode tokens over rounds."""
-    return float(prompts.decode_tokens.sum() / max(prompts.rounds.sum(), 1))
+    """τ of a run's prompts table (`analysis.metrics.tau` over its sums)."""
+    return float(metrics.tau(prompts.decode_tokens.sum(), prompts.rounds.sum()))
 
 
 def phases_ms(folder: Path, columns: tuple[str, ...], digits: int = 2) -> dict[str, float]:

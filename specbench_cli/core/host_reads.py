@@ -89,6 +89,7 @@ def per_round(reads: HostReads, device: torch.device) -> Iterator[list[Round]]:
 
     rounds: list[Round] = []
     original = engine._round
+    cuda = device.type == "cuda"
 
     def counted(*args, **kwargs):
         before = collections.Counter(reads.sites)
@@ -96,11 +97,9 @@ def per_round(reads: HostReads, device: torch.device) -> Iterator[list[Round]]:
             warnings.simplefilter("always")
             out = original(*args, **kwargs)
         syncs = sum("synchronizing CUDA operation" in str(w.message) for w in caught)
-        rounds.append(Round(reads.count - before.total(), reads.sites - before,
-                            syncs if device.type == "cuda" else None))
+        rounds.append(Round(reads.count - before.total(), reads.sites - before, syncs if cuda else None))
         return out
 
-    cuda = device.type == "cuda"
     engine._round = counted
     if cuda:
         torch.cuda.set_sync_debug_mode("warn")

@@ -127,7 +127,7 @@ class SpS(Method):
     def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The next draft token (a one-element tensor on the device) and, when sampling, its distribution over the
         target vocabulary."""
-        logits = linear(self.draft.get_output_embeddings(), hidden[None], wide=True)[0].float()[: self.vocab]
+        logits = linear(self.draft.get_output_embeddings(), hidden[None])[0].float()[: self.vocab]
         if state.temperature <= 0:
             return logits.argmax()[None], None
         probs = torch.softmax(logits / state.temperature, dim=-1)
@@ -140,7 +140,7 @@ class SpS(Method):
         if len(states) == 1:
             token, probs = self.head(hidden[0], states[0])
             return token, [probs]
-        logits = linear(self.draft.get_output_embeddings(), hidden, wide=True).float()[:, : self.vocab]
+        logits = linear(self.draft.get_output_embeddings(), hidden).float()[:, : self.vocab]
         if all(s.temperature <= 0 for s in states):
             return logits.argmax(-1), [None] * len(states)
         draws, rows = [], []

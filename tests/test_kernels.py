@@ -45,24 +45,28 @@ def test_a_drafters_linear_is_the_modules_and_trains_as_one(out_features, in_fea
     assert ours.weight.grad is not None and ours.weight.grad.abs().sum() > 0
 
 
-def test_a_float32_linear_reads_the_packed_copy_only_where_a_target_made_one_or_it_is_wide(monkeypatch):
-    """float32 `linear`: F.linear's bits for a drafter's own layer; the packed copy where a target packed the module
-    (its head, read by DFlash) or the caller says it is wide (a draft model's head), within float32 rounding of
-    F.linear; SPECBENCH_FP32_KERNELS=0 keeps a wide one on F.linear."""
+def test_a_float32_linear_reads_a_packed_copy_with_the_float32_kernels_on(monkeypatch):
+    """float32 `linear` outside autograd: a packed copy with the float32 kernels on (a drafter's own layer, and the
+    target's head where a target packed it: the same copy), within float32 rounding of F.linear; with
+    SPECBENCH_FP32_KERNELS=0, F.linear's bits and no copy; under autograd, F.linear (training)."""
     if not kernels._float32_packable():
         pytest.skip("this torch build has no oneDNN linear")
     torch.manual_seed(0)
-    own, head, wide = (torch.nn.Linear(576, out, bias=False) for out in (576, 4096, 4096))
+    own, head = (torch.nn.Linear(576, out, bias=False) for out in (576, 4096))
     x = torch.randn(1, 15, 576)
+    target_copy = packed(head)  # as a float32 target packs its head
     with torch.inference_mode():
-        assert torch.equal(linear(own, x), F.linear(x, own.weight)) and own not in kernels._PACKED
-        packed(head)  # as a float32 target packs its head
-        for module, flag in ((head, False), (wide, True)):
-            out = linear(module, x, wide=flag)
+        for module in (own, head):
+            out = linear(module, x)
             assert module in kernels._PACKED and torch.allclose(out, F.linear(x, module.weight), atol=1e-4)
+        assert packed(head)[0] is target_copy[0]
+    with torch.no_grad():
         monkeypatch.setenv("SPECBENCH_FP32_KERNELS", "0")
         fresh = torch.nn.Linear(576, 4096, bias=False)
-        assert torch.equal(linear(fresh, x, wide=True), F.linear(x, fresh.weight)) and fresh not in kernels._PACKED
+        assert torch.equal(linear(fresh, x), F.linear(x, fresh.weight)) and fresh not in kernels._PACKED
+    monkeypatch.delenv("SPECBENCH_FP32_KERNELS")
+    trained = torch.nn.Linear(576, 576, bias=False)
+    assert torch.equal(linear(trained, x), F.linear(x, trained.weight)) and trained not in kernels._PACKED
 
 
 @pytest.mark.skipif(not can_pack(CPU, torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")

@@ -154,7 +154,8 @@ def keep_one_copy(model: torch.nn.Module, kernels: RowKernels) -> int:
 
 def keep_one_copy_of(networks: list[torch.nn.Module]) -> int:
     """`keep_one_copy` for drafters: every `Linear` of `networks` in half precision where this build packs it (a
-    float32 drafter layer reads `F.linear`'s plain weight), packed now and its plain weight freed; the bytes freed.
+    float32 drafter layer keeps its plain weight: `F.linear` reads it with the float32 kernels off), packed now and
+    its plain weight freed; the bytes freed.
     Their forwards read the packed copy outside autograd only (`linear`): a run's drafting, never training."""
     return sum(_release(m) for net in networks for m in net.modules()
                if isinstance(m, Linear) and m.weight.dtype in PACKED_DTYPES and _packable(m.weight.dtype))
@@ -197,31 +198,32 @@ def _packable(dtype: torch.dtype) -> bool:
     return can_pack(torch.device("cpu"), dtype)
 
 
-def linear(module: torch.nn.Linear, x: torch.Tensor, wide: bool = False) -> torch.Tensor:
+def linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`module(x)` outside autograd on a CPU, on its packed weight (a drafter's layers, a drafter's read of the
     target's head, a draft model's head):
     - in half precision, where packing gives `F.linear`'s bits without the per-call reorder. Drafters are small, so
       their reorder is a smaller share than the target's, but it is paid at every draft step: the nine linears of
       a one-layer drafter of the embedded model (576-1728 wide, a 4096-token head) run faster packed, in bf16 for
       one row, with equal outputs;
-    - in float32, where a plain target packed the module (its head, read by a drafter that has none of its own): the drafter
-      then reads the copy the target reads, and its logits are the target head's for the same rows; and where the
-      caller says the weight is `wide` (a draft model's head over the whole vocabulary), packed as the target's
-      head is. MKL's sgemm over a few rows of a wide head is the slower read on a CPU without bf16 instructions
-      (the embedded model's 49152-token head: docs/engines.md), and one draft step reads that head once."""
-    if x.device.type == "cpu" and not torch.is_grad_enabled() and _reads_packed(module, wide):
+    - in float32 with the float32 kernels on (`float32_kernels`), as a plain float32 target's own linears: MKL's
+      sgemm over the one to ten rows of a draft step reads the weight at about half oneDNN's packed speed on a CPU
+      (the embedded EAGLE-3 drafter's chain round: benchmarks/results/drafting/), and where a target packed the
+      module (its head, read by DFlash) the drafter reads the copy the target reads. The packed product rounds
+      otherwise than `F.linear`, as a packed float32 target's does; drafts may change at near-ties, outputs never
+      (the target decides every token). SPECBENCH_FP32_KERNELS=0 keeps `F.linear`."""
+    if x.device.type == "cpu" and not torch.is_grad_enabled() and _reads_packed(module):
         packed_weight, bias = packed(module)
         return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
     return F.linear(x, module.weight, module.bias)
 
 
-def _reads_packed(module: torch.nn.Linear, wide: bool) -> bool:
-    """`linear`'s choice of weight: half precision where this build packs it; float32 where a target packed it
-    or the caller says it is wide (with the float32 kernels on)."""
+def _reads_packed(module: torch.nn.Linear) -> bool:
+    """`linear`'s choice of weight: half precision where this build packs it; float32 with the float32 kernels on,
+    or where a target packed it."""
     dtype = module.weight.dtype
     if dtype in PACKED_DTYPES:
         return _packable(dtype)
-    return dtype == torch.float32 and (module in _PACKED or (wide and float32_kernels() and _float32_packable()))
+    return dtype == torch.float32 and (module in _PACKED or (float32_kernels() and _float32_packable()))
 
 
 class Linear(torch.nn.Linear):

@@ -208,9 +208,9 @@ def linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     - in float32 with the float32 kernels on (`float32_kernels`), as a plain float32 target's own linears: MKL's
       sgemm over the one to ten rows of a draft step reads the weight at about half oneDNN's packed speed on a CPU
       (a one-layer drafter's chain round: benchmarks/results/drafting/), and where a target packed the module (its
-      head, read by a drafter that has none of its own) the drafter reads the copy the target reads. The packed product rounds
-      otherwise than `F.linear`, as a packed float32 target's does; drafts may change at near-ties, outputs never
-      (the target decides every token). SPECBENCH_FP32_KERNELS=0 keeps `F.linear`."""
+      head, read by a drafter that has none of its own) the drafter reads the copy the target reads. The packed
+      product rounds otherwise than `F.linear`, as a packed float32 target's does; drafts may change at near-ties,
+      outputs never (the target decides every token). SPECBENCH_FP32_KERNELS=0 keeps `F.linear`."""
     if x.device.type == "cpu" and not torch.is_grad_enabled() and _reads_packed(module):
         packed_weight, bias = packed(module)
         return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")

@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from specbench_cli.core.errors import UsageError
-from specbench_cli.core.kernels import linear, released
+from specbench_cli.core.kernels import linear, read_packed, released
 from specbench_cli.core.method import DecodeState, Method
 from specbench_methods.checkpoints import CheckpointError, locate
 from specbench_cli.core.target import VerifyExtras
@@ -30,7 +30,8 @@ EMBEDDING_FROM_TARGET = "specbench_embedding_from_target"  # config key of the p
 
 
 def load_draft_model(ref: str, target: torch.nn.Module, what: str) -> torch.nn.Module:
-    """A causal LM from a folder or hub id, checked to speak the target's vocabulary.
+    """A causal LM from a folder or hub id, checked to speak the target's vocabulary, its linears reading packed
+    weights on a CPU (`kernels.read_packed`).
 
     A folder whose config sets `specbench_embedding_from_target` (the drafters `train-drafter` makes from
     the target's first layers) ships no embedding or head: both are the target's, copied in here."""
@@ -65,7 +66,7 @@ def load_draft_model(ref: str, target: torch.nn.Module, what: str) -> torch.nn.M
     if rows < target.config.vocab_size:
         raise CheckpointError(f"{folder}: the draft head has {rows} tokens, the target's vocabulary "
                               f"{target.config.vocab_size}; drafter and target must share a tokenizer")
-    return model.to(target.device).eval()
+    return read_packed(model.to(target.device).eval())
 
 
 class SpS(Method):

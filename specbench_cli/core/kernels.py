@@ -233,6 +233,16 @@ class Linear(torch.nn.Linear):
         return linear(self, x)
 
 
+def read_packed(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` (a Hugging Face draft model) with each plain `nn.Linear` made a `Linear`: the same parameters and
+    state dict, its forward `linear`'s, so a draft model's body reads packed weights as a drafter's own layers do
+    (the class is changed in place; autograd still sees `F.linear`)."""
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            module.__class__ = Linear
+    return model
+
+
 def float32_kernels() -> bool:
     """Whether a plain float32 target on a CPU runs the kernels half precision runs (packed GEMMs, the row kernel,
     the one-call layers) rather than the reference path: yes unless SPECBENCH_FP32_KERNELS=0 (module docstring)."""

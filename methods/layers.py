@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbench_cli.core.kernels import Linear
+from specbench_cli.core.kernels import Linear, linears
 
 
 class RMSNorm(nn.Module):
@@ -81,7 +81,10 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class Attention(nn.Module):
     """Grouped-query attention whose q/k/v read `in_dim` features and whose output has `out_dim`.
 
-    `forward` returns the output and this call's (k, v), so the caller decides what to keep in its cache."""
+    `forward` returns the output and this call's (k, v), so the caller decides what to keep in its cache. On a CPU
+    q/k/v (k/v alone in `keys_values`) are one packed call (`kernels.linears`)."""
+
+    stacks = (("q_proj", "k_proj", "v_proj"), ("k_proj", "v_proj"))
 
     def __init__(self, in_dim: int, out_dim: int, heads: int, kv_heads: int, head_dim: int,
                  qk_norm: bool = False, eps: float = 1e-6) -> None:
@@ -101,8 +104,11 @@ class Attention(nn.Module):
         return x.transpose(-3, -2)  # [(B,) heads, T, d]
 
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k = rotate(self._heads(self.k_proj(x), self.kv_heads, self.k_norm), cos, sin)
-        return k, self._heads(self.v_proj(x), self.kv_heads, None)
+        return self._rotated_kv(*linears(self, self.stacks[1], x), cos, sin)
+
+    def _rotated_kv(self, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        k = rotate(self._heads(k, self.kv_heads, self.k_norm), cos, sin)
+        return k, self._heads(v, self.kv_heads, None)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None,
@@ -111,8 +117,9 @@ class Attention(nn.Module):
         """Attend from x [(B,) T, in_dim] (rotated by cos/sin [(B,) T, d]) to past + `extra` + this call's keys.
 
         mask: bool [(B,) T, all keys] (True = may attend) or None for full attention."""
-        q = rotate(self._heads(self.q_proj(x), self.heads, self.q_norm), cos, sin)
-        k, v = self.keys_values(x, cos, sin)
+        q, k, v = linears(self, self.stacks[0], x)
+        q = rotate(self._heads(q, self.heads, self.q_norm), cos, sin)
+        k, v = self._rotated_kv(k, v, cos, sin)
         keys = [kv for kv in (past, extra) if kv is not None] + [(k, v)]
         all_k = torch.cat([kk for kk, _ in keys], dim=-2)
         all_v = torch.cat([vv for _, vv in keys], dim=-2)
@@ -126,6 +133,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    stacks = (("gate_proj", "up_proj"),)  # one packed call on a CPU (`kernels.linears`)
+
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.gate_proj = Linear(hidden, intermediate, bias=False)
@@ -133,7 +142,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = linears(self, self.stacks[0], x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 def causal_mask(queries: int, past: int, device: torch.device) -> torch.Tensor:

@@ -250,3 +250,29 @@ def test_a_drafter_that_keeps_one_copy_of_each_weight_computes_what_it_did():
     with torch.inference_mode():
         assert torch.equal(net(x), before)
     assert torch.isnan(net[0].weight).all() and wide.weight.isfinite().all()
+
+
+@pytest.mark.skipif(not can_pack(CPU, torch.bfloat16), reason="this torch build has no oneDNN bf16 linear")
+def test_stacked_drafter_projections_give_their_own_calls_outputs_before_and_after_one_copy():
+    """A drafter layer's q/k/v, k/v and gate/up as one packed call each (`kernels.linears`, the layers' `stacks`):
+    bit for bit the linears called one by one, and still so once `keep_one_copy_of` packed every stack and freed
+    the plain weights (two stacks share k and v)."""
+    from specbench_methods.layers import MLP, Attention, Rotary
+
+    torch.manual_seed(0)
+    attn = Attention(1152, 576, 9, 3, 64).to(torch.bfloat16)  # the embedded EAGLE-3 drafter's attention
+    mlp = MLP(576, 1536).to(torch.bfloat16)
+    x, h = torch.randn(5, 1152, dtype=torch.bfloat16), torch.randn(5, 576, dtype=torch.bfloat16)
+    cos, sin = Rotary(64, 10000.0)(torch.arange(5), torch.bfloat16)
+    with torch.inference_mode():
+        for parent, names, inp in ((attn, attn.stacks[0], x), (attn, attn.stacks[1], x), (mlp, mlp.stacks[0], h)):
+            one_by_one = [getattr(parent, n)(inp) for n in names]
+            assert all(torch.equal(a, b) for a, b in zip(kernels.linears(parent, names, inp), one_by_one))
+        before = attn(x, cos, sin), attn.keys_values(x, cos, sin), mlp(h)
+    weights = sum(p.numel() * 2 for p in (*attn.parameters(), *mlp.parameters()))
+    assert kernels.keep_one_copy_of([attn, mlp]) == weights
+    assert torch.isnan(attn.k_proj.weight).all()
+    with torch.inference_mode():
+        after = attn(x, cos, sin), attn.keys_values(x, cos, sin), mlp(h)
+    flat = lambda t: [t] if isinstance(t, torch.Tensor) else [y for s in t for y in flat(s)]  # noqa: E731
+    assert all(torch.equal(a, b) for a, b in zip(flat(before), flat(after)))

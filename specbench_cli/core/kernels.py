@@ -154,11 +154,20 @@ def keep_one_copy(model: torch.nn.Module, kernels: RowKernels) -> int:
 
 def keep_one_copy_of(networks: list[torch.nn.Module]) -> int:
     """`keep_one_copy` for drafters: every `Linear` of `networks` in half precision where this build packs it (a
-    float32 drafter layer keeps its plain weight: `F.linear` reads it with the float32 kernels off), packed now and
-    its plain weight freed; the bytes freed.
-    Their forwards read the packed copy outside autograd only (`linear`): a run's drafting, never training."""
-    return sum(_release(m) for net in networks for m in net.modules()
-               if isinstance(m, Linear) and m.weight.dtype in PACKED_DTYPES and _packable(m.weight.dtype))
+    float32 drafter layer keeps its plain weight: `F.linear` reads it with the float32 kernels off), and every
+    stack of such linears a module lists in `stacks` (`linears`), packed now and the plain weights freed; the bytes
+    freed. Everything is packed before anything is freed, so two stacks may share a linear (q/k/v and k/v). Their
+    forwards read the packed copies outside autograd only (`linear`): a run's drafting, never training."""
+    def half(m: torch.nn.Module) -> bool:
+        return isinstance(m, Linear) and m.weight.dtype in PACKED_DTYPES and _packable(m.weight.dtype)
+
+    modules = [m for net in networks for m in net.modules()]
+    chosen: list[torch.nn.Linear | Stacked] = [m for m in modules if half(m)]
+    chosen += [stacked(m, names) for m in modules for names in getattr(m, "stacks", ())
+               if all(half(getattr(m, name)) for name in names)]
+    for module in chosen:
+        packed(module)
+    return sum(_release(m) for m in chosen)
 
 
 def _release(module: torch.nn.Linear | Stacked) -> int:
@@ -231,6 +240,19 @@ class Linear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(self, x)
+
+
+def linears(parent: torch.nn.Module, names: tuple[str, ...], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`getattr(parent, name)(x)` for each of `names` (a drafter's linears over one input: q/k/v, gate/up), as one
+    packed call of their `stacked` weight where `linear` reads packed weights: one oneDNN call reads the three (two)
+    weights, as the target's stacked projections do. A parent that stacks lists its stacks in `stacks`, so that
+    `keep_one_copy_of` packs them before it frees the plain weights."""
+    modules = [getattr(parent, name) for name in names]
+    if x.device.type == "cpu" and not torch.is_grad_enabled() and all(_reads_packed(m) for m in modules):
+        both = stacked(parent, names)
+        weight, bias = packed(both)
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "").split(both.sizes, dim=-1)
+    return tuple(m(x) for m in modules)
 
 
 def read_packed(model: torch.nn.Module) -> torch.nn.Module:

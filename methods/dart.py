@@ -28,7 +28,7 @@ from specbench_cli.core.method import DecodeState
 from specbench_methods.checkpoints import Checkpoint, locate_file
 from specbench_methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from specbench_methods.features import FeatureDrafter
-from specbench_methods.layers import append_kv, stack_kv
+from specbench_methods.layers import DraftKV, round_slots
 from specbench_methods.ngram import Trie
 from specbench_cli.core.tree import DraftTree
 
@@ -151,7 +151,7 @@ class Dart(FeatureDrafter):
 
     @dataclass
     class Lane(FeatureDrafter.Lane):
-        kv: tuple[torch.Tensor, torch.Tensor] | None = None  # draft KV of the committed positions
+        kv: DraftKV = field(default_factory=DraftKV)  # draft KV of the committed positions
         preceding: list[int] = field(default_factory=list)  # the tokens the trie's context starts from
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
@@ -173,10 +173,10 @@ class Dart(FeatureDrafter):
     def propose(self, states: list[DecodeState]) -> list[DraftTree]:
         """Trees for a batch of sequences: one draft forward over every sequence's unseen positions and mask
         slots (inputs padded at the front, so each sequence's last position and slots end every row; the draft
-        caches stacked and padded, `stack_kv`), then each sequence's tree search on the host."""
+        caches stacked and padded, `round_slots`), then each sequence's tree search on the host."""
         draft, batch, slots = self.draft, len(states), self.draft.config.mask_slots
         lanes = [self.lane(s) for s in states]
-        starts = [0 if lane.kv is None else lane.kv[0].shape[1] for lane in lanes]
+        starts = [lane.kv.length for lane in lanes]
         feats = [self.take_pending(s, a) for s, a in zip(states, starts)]
         device, rows = feats[0].device, max(x.shape[0] for x in feats)
         width = rows + slots
@@ -193,12 +193,12 @@ class Dart(FeatureDrafter):
             own[b] = causal
             own[b, :, :rows - n] = False  # nobody sees the padding rows but themselves
             own[b].diagonal().fill_(True)
-        empty = torch.zeros(draft.config.kv_heads, 0, draft.config.head_dim, device=device, dtype=h.dtype)
-        past, real = stack_kv([lane.kv if lane.kv is not None else (empty, empty) for lane in lanes])
+        like = torch.empty(draft.config.kv_heads, 0, draft.config.head_dim, device=device, dtype=h.dtype)
+        slots, real = round_slots([lane.kv for lane in lanes], width, like)  # the step writes its keys in place
         mask = torch.cat((real[:, None].expand(-1, width, -1), own), 2)
-        out, (k, v) = draft.step(h, ids, positions, past, mask)
+        out, (k, v) = draft.step(h, ids, positions, slots, mask)
         for b, (lane, x) in enumerate(zip(lanes, feats)):  # mask slots are not kept
-            lane.kv = append_kv(lane.kv, (k[b, :, rows - x.shape[0]:rows], v[b, :, rows - x.shape[0]:rows]))
+            lane.kv.append(k[b, :, rows - x.shape[0]:rows], v[b, :, rows - x.shape[0]:rows])
         with states[0].timed("draft_head"):
             logits = draft.logits(draft.norm(out))  # the reference's second RMSNorm
         return [self.search_tree(lane, lg) for lane, lg in zip(lanes, logits)]

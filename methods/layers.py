@@ -10,6 +10,8 @@ The numerics follow the Llama/Qwen3 reference layers (RMSNorm in fp32, rotate-ha
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -111,18 +113,22 @@ class Attention(nn.Module):
         return k, self._heads(v, self.kv_heads, None)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None,
+                past: tuple[torch.Tensor, torch.Tensor] | Slots | None = None, mask: torch.Tensor | None = None,
                 extra: tuple[torch.Tensor, torch.Tensor] | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Attend from x [(B,) T, in_dim] (rotated by cos/sin [(B,) T, d]) to past + `extra` + this call's keys.
+        """Attend from x [(B,) T, in_dim] (rotated by cos/sin [(B,) T, d]) to past + `extra` + this call's keys;
+        `past` as `Slots`: this call's keys are written into its buffers and the call attends over them in place.
 
         mask: bool [(B,) T, all keys] (True = may attend) or None for full attention."""
         q, k, v = linears(self, self.stacks[0], x)
         q = rotate(self._heads(q, self.heads, self.q_norm), cos, sin)
         k, v = self._rotated_kv(k, v, cos, sin)
-        keys = [kv for kv in (past, extra) if kv is not None] + [(k, v)]
-        all_k = torch.cat([kk for kk, _ in keys], dim=-2)
-        all_v = torch.cat([vv for _, vv in keys], dim=-2)
+        if isinstance(past, Slots):
+            all_k, all_v = past.write(k, v)
+        else:
+            keys = [kv for kv in (past, extra) if kv is not None] + [(k, v)]
+            all_k = torch.cat([kk for kk, _ in keys], dim=-2)
+            all_v = torch.cat([vv for _, vv in keys], dim=-2)
         one = x.dim() == 2  # a single sequence: SDPA wants a batch dimension
         out = F.scaled_dot_product_attention(q[None] if one else q, all_k[None] if one else all_k,
                                              all_v[None] if one else all_v,
@@ -151,6 +157,73 @@ def causal_mask(queries: int, past: int, device: torch.device) -> torch.Tensor:
     q = torch.arange(queries, device=device)[:, None]
     k = torch.arange(past + queries, device=device)[None]
     return k <= q + past
+
+
+@dataclass
+class Slots:
+    """Keys/values buffers [(B,) heads, capacity, d] whose first `start` entries are what an attention call sees
+    besides its own keys: the call writes its keys at `start` and attends over the buffers up to them, in place
+    (no concatenation of the cache per call)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    start: int
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.start + k.shape[-2]
+        self.k[..., self.start:end, :] = k
+        self.v[..., self.start:end, :] = v
+        return self.k[..., :end, :], self.v[..., :end, :]
+
+
+class DraftKV:
+    """One sequence's draft keys/values [heads, T, d] in buffers with room after them: appending writes in place
+    (the capacity doubles when it runs out), so a round's new entries cost their own size, not the cache's.
+    `reserve` leaves room a round may write past the cache (a tree's levels: `round_slots`)."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.length = 0
+
+    def view(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None if self.k is None else (self.k[:, :self.length], self.v[:, :self.length])
+
+    def reserve(self, rows: int, like: torch.Tensor) -> None:
+        """Room for `rows` entries past the cache; `like` [heads, *, d] gives the shape, dtype and device."""
+        need = self.length + rows
+        if self.k is not None and need <= self.k.shape[1]:
+            return
+        capacity = max(need, 2 * (0 if self.k is None else self.k.shape[1]), 64)
+        k, v = (like.new_zeros(like.shape[0], capacity, like.shape[2]) for _ in range(2))
+        if self.k is not None:
+            k[:, :self.length], v[:, :self.length] = self.view()
+        self.k, self.v = k, v
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.reserve(k.shape[1], k)
+        self.k[:, self.length:self.length + k.shape[1]] = k
+        self.v[:, self.length:self.length + k.shape[1]] = v
+        self.length += k.shape[1]
+
+
+def round_slots(caches: list[DraftKV], room: int, like: torch.Tensor) -> tuple[Slots, torch.Tensor]:
+    """A round's keys/values for a batch of sequences: their caches [B, heads, longest, d] (zero-padded at the end)
+    with `room` free slots after them, as `Slots` starting past the caches, and which entries are real: bool
+    [B, longest]. A lone sequence's are its own buffers (no copy): what the round writes past its cache is
+    scratch, overwritten by the next round. `like` [heads, *, d]: shape, dtype and device."""
+    longest = max(c.length for c in caches)
+    if len(caches) == 1:
+        (cache,) = caches
+        cache.reserve(room, like)
+        return Slots(cache.k[None], cache.v[None], longest), torch.ones(1, longest, dtype=torch.bool, device=like.device)
+    k, v = (like.new_zeros(len(caches), like.shape[0], longest + room, like.shape[2]) for _ in range(2))
+    for b, cache in enumerate(caches):
+        if cache.length:
+            k[b, :, :cache.length], v[b, :, :cache.length] = cache.view()
+    real = torch.arange(longest, device=like.device)[None] < torch.tensor([c.length for c in caches],
+                                                                         device=like.device)[:, None]
+    return Slots(k, v, longest), real
 
 
 def append_kv(kv, new):

@@ -53,7 +53,7 @@ class FullLayerCatchUp(Eagle3):
     def backlog_kv(self, states: list[DecodeState], feats: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor):
         (state,) = states
         mask = causal_mask(feats.shape[0], self.absorbed(state), feats.device)
-        _, kv = self.draft.step(feats, ids, positions, self.lane(state).kv, mask)
+        _, kv = self.draft.step(feats, ids, positions, self.lane(state).kv.view(), mask)
         return kv
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -12,7 +12,7 @@ from specbench_methods.checkpoints import Checkpoint
 from specbench_methods.eagle3.network import Eagle3Draft
 from specbench_methods.eagle3.tree_search import Candidates, beam_search, top_nodes
 from specbench_methods.features import FeatureDrafter
-from specbench_methods.layers import append_kv, causal_mask, stack_kv
+from specbench_methods.layers import DraftKV, Slots, causal_mask, round_slots
 from specbench_cli.core.host_reads import to_host
 from specbench_cli.core.method import DecodeState
 from specbench_cli.core.tree import DraftTree
@@ -42,7 +42,7 @@ class Eagle3(FeatureDrafter):
 
     @dataclass
     class Lane(FeatureDrafter.Lane):
-        kv: tuple[torch.Tensor, torch.Tensor] | None = None  # draft KV of positions fed by target features
+        kv: DraftKV = field(default_factory=DraftKV)  # draft KV of positions fed by target features
         last_features: torch.Tensor | None = None  # the newest committed position's features
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
@@ -73,8 +73,7 @@ class Eagle3(FeatureDrafter):
         k, v = self.backlog_kv([s for s, _ in backlogs], *(torch.cat([rows[j] for _, rows in backlogs]) for j in range(3)))
         sizes = [rows[1].shape[0] for _, rows in backlogs]
         for (s, _), keys, values in zip(backlogs, k.split(sizes, 1), v.split(sizes, 1)):
-            lane = self.lane(s)
-            lane.kv = append_kv(lane.kv, (keys, values))
+            self.lane(s).kv.append(keys, values)
 
     def _backlog(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The committed positions not in the draft cache but the newest, as (features, tokens, positions), or
@@ -102,12 +101,14 @@ class Eagle3(FeatureDrafter):
         target.prefill(ids)
         feats = torch.randn(L + most, 3 * c.target_hidden, generator=generator).to(device, draft.fc.weight.dtype)
         tok = torch.randint(0, c.vocab, (L + most + 1,), generator=generator).to(device)
-        before = draft.keys_values(feats[:L - 1], tok[1:L], torch.arange(L - 1, device=device))
+        before = DraftKV()
+        before.append(*draft.keys_values(feats[:L - 1], tok[1:L], torch.arange(L - 1, device=device)))
         full = draft.keys_values(feats[:L], tok[1:L + 1], torch.arange(L, device=device))
         state = DecodeState(ids + [int(tok[L])], L, target, 0.0, None)
 
         def draft_round() -> DraftTree:
             lane = self.lane(state)  # a fixed state; propose() adds the newest row itself
+            before.length = L - 1
             lane.kv, lane.pending = before, [feats[L - 1:L]]
             return self.propose([state])[0]
 
@@ -142,15 +143,16 @@ class Eagle3(FeatureDrafter):
 
     def absorbed(self, state: DecodeState) -> int:
         """Committed positions of the sequence already in its draft cache."""
-        kv = self.lane(state).kv
-        return 0 if kv is None else kv[0].shape[1]
+        return self.lane(state).kv.length
 
     # ------------------------------------------------------------------------------------ drafting
     @torch.inference_mode()
     def propose(self, states: list[DecodeState]) -> list[DraftTree]:
         """Trees for a batch of sequences, every draft step one forward for all of them: the backlogs' keys and
-        values (`catch_up`), the newest positions (each over its own cache; the caches stacked and padded,
-        `stack_kv`), then each tree level (EAGLE's beam, `beam_search`), each sequence's tree its own top nodes."""
+        values (`catch_up`), the newest positions (each over its own cache), then each tree level (EAGLE's beam,
+        `beam_search`), each sequence's tree its own top nodes. Every step writes its keys into one round buffer
+        (`round_slots`: a lone sequence's own cache, with room for the round) laid out as [cache | shared keys |
+        newest | level 1 | level 2 ...] and attends over it in place."""
         o, draft, batch = self.options, self.draft, len(states)
         lanes = [self.lane(s) for s in states]
         shared_kv = [self.shared_kv(s) for s in states]
@@ -158,20 +160,20 @@ class Eagle3(FeatureDrafter):
         starts = [self.absorbed(s) for s in states]
         feats = torch.cat([self.take_pending(s, a) for s, a in zip(states, starts)])  # [B, 3Ht], the newest
         device = feats.device
-        empty = torch.zeros(draft.config.kv_heads, 0, draft.config.head_dim, device=device, dtype=feats.dtype)
-        past, real = stack_kv([lane.kv if lane.kv is not None else (empty, empty) for lane in lanes])
+        levels = min(o.depth, o.total_token - 2)  # the beam's expansions (see below)
         # `shared_kv`: seen by every query of the round, right after the cache (which sequences have one: `has`)
         shared, has = _stacked(shared_kv)
+        width = 0 if shared is None else shared[0].shape[-2]
+        like = torch.empty(draft.config.kv_heads, 0, draft.config.head_dim, device=device, dtype=feats.dtype)
+        slots, real = round_slots([lane.kv for lane in lanes], width + 1 + levels * o.top_k, like)
+        cached = slots.start
+        if shared is not None:
+            slots.k[..., cached:cached + width, :], slots.v[..., cached:cached + width, :] = shared
         one = torch.ones(batch, 1, dtype=torch.bool, device=device)
-        sees_shared = [] if has is None else [has.to(device)[:, None]]
+        seen = torch.cat((real, *([] if has is None else [has.to(device)[:, None]]), one), 1)  # cache, shared, newest
         ids = torch.tensor([[s.tokens[a + 1]] for s, a in zip(states, starts)], device=device)
-        out, (k, v) = draft.step(feats[:, None], ids, torch.tensor(starts, device=device)[:, None], past,
-                                 torch.cat((real, *sees_shared, one), 1)[:, None], shared)
-        for b, lane in enumerate(lanes):
-            lane.kv = append_kv(lane.kv, (k[b], v[b]))
-            lane.last_features = feats[b]
-        cache = (torch.cat((past[0], k), 2), torch.cat((past[1], v), 2))
-        seen = torch.cat((real, one, *sees_shared), 1)  # the padded cache, the newest position, any shared key
+        out, newest = draft.step(feats[:, None], ids, torch.tensor(starts, device=device)[:, None],
+                                 Slots(slots.k, slots.v, cached + width), seen[:, None])
         last = out[:, -1]
         with states[0].timed("draft_head"):
             first = draft.log_probs(last)
@@ -179,17 +181,16 @@ class Eagle3(FeatureDrafter):
         eye = torch.eye(o.top_k, dtype=torch.bool, device=device).expand(batch, -1, -1)
         hidden, ancestry = last[:, None].expand(-1, o.top_k, -1), eye
         seen = seen[:, None].expand(-1, o.top_k, -1)
-        tree_kv: list[tuple[torch.Tensor, torch.Tensor]] = [] if shared is None else [shared]
+        base = cached + width + 1
 
         def expand(tokens, rows, level):
             nonlocal hidden, ancestry
             if level > 0:
                 hidden = hidden.gather(1, rows[..., None].expand(-1, -1, hidden.shape[-1]))
                 ancestry = torch.cat((ancestry.gather(1, rows[..., None].expand(-1, -1, ancestry.shape[-1])), eye), 2)
-            extra = (torch.cat([t[0] for t in tree_kv], 2), torch.cat([t[1] for t in tree_kv], 2)) if tree_kv else None
-            out, kv = draft.step(hidden, draft.to_target(tokens), (length + level).expand(-1, o.top_k), cache,
-                                 torch.cat((seen, ancestry), 2), extra, features=False)
-            tree_kv.append(kv)
+            out, _ = draft.step(hidden, draft.to_target(tokens), (length + level).expand(-1, o.top_k),
+                                Slots(slots.k, slots.v, base + level * o.top_k), torch.cat((seen, ancestry), 2),
+                                features=False)
             hidden = out
             with states[0].timed("draft_head"):
                 return draft.log_probs(out)
@@ -198,7 +199,10 @@ class Eagle3(FeatureDrafter):
         # its parent: log-probs add up), so no level past total_token - 1 holds a kept node; the beam stops there. The
         # same trees as all `depth` levels (SafeAILab's topK_genrate runs them whatever total_token keeps), without
         # the draft steps that cannot change them: a chain of 2 at depth 3 drafts 2 steps, not 4.
-        cands = beam_search(first, expand, o.top_k, min(o.depth, o.total_token - 2))
+        cands = beam_search(first, expand, o.top_k, levels)
+        for b, lane in enumerate(lanes):  # the newest position joins each cache once the round's scratch is read
+            lane.kv.append(newest[0][b], newest[1][b])
+            lane.last_features = feats[b]
         scores, tokens, parents = to_host(cands.scores, draft.to_target(cands.tokens), cands.parents)  # one read
         trees = []
         for b in range(batch):

@@ -216,7 +216,8 @@ def round_slots(caches: list[DraftKV], room: int, like: torch.Tensor) -> tuple[S
     if len(caches) == 1:
         (cache,) = caches
         cache.reserve(room, like)
-        return Slots(cache.k[None], cache.v[None], longest), torch.ones(1, longest, dtype=torch.bool, device=like.device)
+        real = torch.ones(1, longest, dtype=torch.bool, device=like.device)
+        return Slots(cache.k[None], cache.v[None], longest), real
     k, v = (like.new_zeros(len(caches), like.shape[0], longest + room, like.shape[2]) for _ in range(2))
     for b, cache in enumerate(caches):
         if cache.length:

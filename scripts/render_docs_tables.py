@@ -210,6 +210,21 @@ def _vllm_parity(recs, link):
         for m in recs[0]["methods"]])
 
 
+DRAFTER_PARITY = {"F.linear": "vllm-parity/cpu-float32-eagle3-chain-native-bf16-cpu.json",
+                  "packed": "vllm-parity/cpu-float32-packed-drafters-native-bf16-cpu.json",
+                  "+ stacked, cached": "vllm-parity/cpu-float32-stacked-cached-drafters-native-bf16-cpu.json"}
+
+
+@table("vllm-parity-drafters", *DRAFTER_PARITY.values())
+def _vllm_parity_drafters(recs, link):
+    return markdown(["method", "drafter", "ours/vLLM [95 % CI, paired]", "ours, vLLM tokens/s", "draft ms a round",
+                     "record"], [
+        [m["method"], label, speedup(m["ours_over_vllm"], m["interval95"]),
+         f"{num(m['specbench']['tokens_per_s'], 1)}, {num(m['vllm']['tokens_per_s'], 1)}",
+          num(m["specbench"]["phases_ms"]["draft_ms"], 1), f"[record]({link(name)})"]
+        for (label, name), r in zip(DRAFTER_PARITY.items(), recs) for m in r["methods"]])
+
+
 @table("projection", "projection/qwen3-8b-mt-bench-cpu.json")
 def _projection(recs, link):
     methods = recs[0]["methods"]

@@ -215,8 +215,8 @@ def linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
       a one-layer drafter of the embedded model (576-1728 wide, a 4096-token head) run faster packed, in bf16 for
       one row, with equal outputs;
     - in float32 with the float32 kernels on (`float32_kernels`), as a plain float32 target's own linears: MKL's
-      sgemm over the one to ten rows of a draft step reads the weight at about half oneDNN's packed speed on a CPU
-      (a one-layer drafter's chain round: benchmarks/results/drafting/), and where a target packed the module (its
+      sgemm reads a draft step's ten rows, or a wide head's one, at about half oneDNN's packed speed on a CPU
+      (benchmarks/results/drafting/float32-packed-drafter-linears-cpu.json); where a target packed the module (its
       head, read by a drafter that has none of its own) the drafter reads the copy the target reads. The packed
       product rounds otherwise than `F.linear`, as a packed float32 target's does; drafts may change at near-ties,
       outputs never (the target decides every token). SPECBENCH_FP32_KERNELS=0 keeps `F.linear`."""

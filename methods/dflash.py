@@ -21,7 +21,7 @@ draft's tempered distribution and verifies it with standard speculative sampling
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -32,7 +32,7 @@ from specbench_cli.core.kernels import Linear, linear
 from specbench_cli.core.method import DecodeState
 from specbench_methods.checkpoints import Checkpoint, CheckpointError
 from specbench_methods.features import FeatureDrafter
-from specbench_methods.layers import Attention, MLP, RMSNorm, Rotary, append_kv, causal_mask, rope_settings, stack_kv
+from specbench_methods.layers import Attention, DraftKV, MLP, RMSNorm, Rotary, causal_mask, rope_settings, round_slots
 from specbench_cli.core.tree import DraftTree
 
 
@@ -252,7 +252,7 @@ class DFlash(FeatureDrafter):
 
     @dataclass
     class Lane(FeatureDrafter.Lane):
-        ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer: context K/V only
+        ctx_kv: list[DraftKV] = field(default_factory=list)  # per layer: context K/V only
 
     def __init__(self, options: Options, model, drafters: dict[str, str] | None = None) -> None:
         super().__init__(options, model, drafters)
@@ -265,7 +265,7 @@ class DFlash(FeatureDrafter):
     def absorbed(self, state: DecodeState) -> int:
         """Committed positions of the sequence whose context keys/values are cached."""
         ctx = self.lane(state).ctx_kv
-        return 0 if ctx is None else ctx[0][0].shape[1]
+        return ctx[0].length if ctx else 0
 
     @torch.inference_mode()
     def catch_up(self, states: list[DecodeState]) -> None:
@@ -281,13 +281,15 @@ class DFlash(FeatureDrafter):
         sizes = [rows.shape[0] for _, rows in todo]
         for j, (s, _) in enumerate(todo):
             lane = self.lane(s)
-            mine = [(k.split(sizes, 1)[j], v.split(sizes, 1)[j]) for k, v in new_kv]
-            lane.ctx_kv = mine if lane.ctx_kv is None else [append_kv(old, new) for old, new in zip(lane.ctx_kv, mine)]
+            lane.ctx_kv = lane.ctx_kv or [DraftKV() for _ in new_kv]
+            for cache, (k, v) in zip(lane.ctx_kv, new_kv):
+                cache.append(k.split(sizes, 1)[j], v.split(sizes, 1)[j])
 
     @torch.inference_mode()
     def propose(self, states: list[DecodeState]) -> list[DraftTree]:
         """Blocks for a batch of sequences in one forward: the new context rows of all of them (`catch_up`), then
-        every sequence's block over its own context, the caches stacked and padded (`stack_kv`)."""
+        every sequence's block over its own context, the caches stacked and padded (`round_slots`: each layer
+        writes the block's keys after the context and attends in place)."""
         draft, size, batch = self.draft, self.block_size, len(states)
         device = states[0].target.device
         self.catch_up(states)
@@ -296,7 +298,8 @@ class DFlash(FeatureDrafter):
         lengths = torch.tensor([s.target.length for s in states], device=device)
         positions = lengths[:, None] + torch.arange(size, device=device)
         contexts = [self.lane(s).ctx_kv for s in states]
-        caches = [stack_kv([ctx[i] for ctx in contexts]) for i in range(len(draft.layers))]
+        like = torch.empty(draft.config.kv_heads, 0, draft.config.head_dim, device=device, dtype=draft.fc.weight.dtype)
+        caches = [round_slots([ctx[i] for ctx in contexts], size, like) for i in range(len(draft.layers))]
         real = caches[0][1]  # which context entries are real (the same for every layer)
         own = torch.ones(size, size, dtype=torch.bool, device=device)
         if draft.config.causal:

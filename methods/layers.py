@@ -225,20 +225,3 @@ def round_slots(caches: list[DraftKV], room: int, like: torch.Tensor) -> tuple[S
     real = torch.arange(longest, device=like.device)[None] < torch.tensor([c.length for c in caches],
                                                                          device=like.device)[:, None]
     return Slots(k, v, longest), real
-
-
-def append_kv(kv, new):
-    """Grow a (k, v) pair [heads, T, d] along T."""
-    return new if kv is None else (torch.cat((kv[0], new[0]), 1), torch.cat((kv[1], new[1]), 1))
-
-
-def stack_kv(caches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Several sequences' caches [heads, T_b, d] as one batch [B, heads, max T, d] (zero-padded at the end), and
-    which entries are real: bool [B, max T]."""
-    longest = max(k.shape[1] for k, _ in caches)
-    pad = lambda t: F.pad(t, (0, 0, 0, longest - t.shape[1]))  # noqa: E731
-    keys = torch.stack([pad(k) for k, _ in caches])
-    values = torch.stack([pad(v) for _, v in caches])
-    real = torch.arange(longest, device=keys.device)[None] < torch.tensor([k.shape[1] for k, _ in caches],
-                                                                          device=keys.device)[:, None]
-    return (keys, values), real

@@ -23,6 +23,7 @@ one that leaves the baseline's text, and needs no baseline run.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,9 @@ class Replayed:
     ties: int  # of them: within the dtype's tie threshold of the reference's top logit
     first_off: int  # position of the first off token in the output; -1: none
     margin: float  # the largest reference logit margin (its choice minus the emitted token) of an off token; 0: none
+    # another engine's turn: how far its own verify of the turn (`engines.vllm.Worker.score`) is from the
+    # reference's logits, as the largest error of a margin between two of its top tokens (`engine_error`); NaN: ours
+    engine_error: float = float("nan")
 
     @property
     def mismatches(self) -> int:
@@ -60,7 +64,8 @@ NOT_REPLAYED = Replayed(-1, -1, -1, -1, float("nan"))  # temperature > 0, --no-r
 def replay_columns(replayed: Replayed) -> dict:
     """A turn's replay as prompts.parquet's replay_* columns (`records.PromptRecord`)."""
     return {"replay_checked": replayed.checked, "replay_off": replayed.off, "replay_ties": replayed.ties,
-            "replay_first_off": replayed.first_off, "replay_margin": replayed.margin}
+            "replay_first_off": replayed.first_off, "replay_margin": replayed.margin,
+            "replay_engine_error": replayed.engine_error}
 
 
 def replays(config: RunConfig) -> bool:
@@ -88,14 +93,17 @@ class Replayer:
         self.target = Target(model, device, invariant=device.type == "cpu")  # eager, packed where it can be
         self.limit = threshold(str(model.get_input_embeddings().weight.dtype))
 
-    def turns(self, turns: list[tuple[list[int], TurnResult]]) -> list[Replayed]:
-        """A conversation's turns (each turn's prompt ids and result), one replay each."""
-        return [self.check(ids, r.output_ids) for ids, r in turns]
+    def turns(self, turns: list[tuple[list[int], TurnResult]], scores: list | None = None) -> list[Replayed]:
+        """A conversation's turns (each turn's prompt ids and result), one replay each; `scores`: another engine's
+        log-probabilities of each turn (`engine_error`)."""
+        return [self.check(ids, r.output_ids, scores[i] if scores else None) for i, (ids, r) in enumerate(turns)]
 
     @torch.inference_mode()
-    def check(self, prompt_ids: list[int], output_ids: list[int]) -> Replayed:
+    def check(self, prompt_ids: list[int], output_ids: list[int],
+              engine: list[dict[int, float]] | None = None) -> Replayed:
         """Every token of `output_ids` against the reference's greedy choice after `prompt_ids` and the tokens
-        before it."""
+        before it; with `engine` (another engine's log-probabilities of its top tokens at each output position),
+        also how far that engine's logits are from the reference's (`engine_error`)."""
         if not output_ids:
             return Replayed(0, 0, 0, -1, 0.0)
         t, n = self.target, len(output_ids)
@@ -106,7 +114,9 @@ class Replayer:
             rows.append(t.verify(output_ids[k], DraftTree.chain(chain))[:n - k - 1])
             t.commit(list(range(len(chain) + 1)))
             k += len(chain) + 1
-        return self._compare(torch.cat(rows).float().cpu(), output_ids)
+        logits = torch.cat(rows).float().cpu()
+        replayed = self._compare(logits, output_ids)
+        return replayed if engine is None else dataclasses.replace(replayed, engine_error=engine_error(logits, engine))
 
     def _compare(self, logits: torch.Tensor, output_ids: list[int]) -> Replayed:
         """logits [n, V]: row i the reference's logits for output token i."""
@@ -120,3 +130,20 @@ class Replayer:
         # same unit as the top two, so its rank is not asked)
         ties = margins < self.limit
         return Replayed(len(output_ids), len(off), int(ties.sum()), int(off[0]), float(margins.max()))
+
+
+def engine_error(logits: torch.Tensor, engine: list[dict[int, float]]) -> float:
+    """How far another engine's logits are from the reference's `logits` [n, V] over the same tokens, from that
+    engine's log-probabilities of its top tokens at each position (`engine`, one dict per row): at a position, the
+    differences d(t) = its log-prob of t minus the reference's share one offset (each side's normaliser), so
+    max d - min d over its tokens is the largest error any margin between two of them suffers there. The largest
+    over the positions: a turn of that engine whose tokens leave the reference's by no more than this (in
+    logits) is explained by that engine's numerics, and one that leaves by more is not."""
+    reference = torch.log_softmax(logits, dim=-1)
+    worst = 0.0
+    for row, scored in zip(reference, engine):
+        if len(scored) > 1:
+            tokens = torch.tensor(list(scored))
+            d = torch.tensor(list(scored.values()), dtype=torch.float64) - row[tokens].double()
+            worst = max(worst, float(d.max() - d.min()))
+    return worst

@@ -69,6 +69,7 @@ class RoundRecord(Identity):
     replay_ties: int = -1  # of those, numeric ties (the reference's second choice, within the dtype's threshold)
     replay_first_off: int = -1  # output position of the first off token; -1: none
     replay_margin: float = float("nan")  # the largest reference logit margin of an off token (0: none off)
+    replay_engine_error: float = float("nan")  # another engine's verify against the reference (greedy_replay.py)
     # The method's own per-round signals (`Route.extras`: a router's inputs and score, the catch-up backlog),
     # each written as a column of its own after the fixed ones; a vector as comma-separated text.
     extras: dict = field(default_factory=dict)
@@ -101,6 +102,7 @@ class PromptRecord(Identity):
     replay_ties: int = -1  # of those, numeric ties (the reference's second choice, within the dtype's threshold)
     replay_first_off: int = -1  # output position of the first off token; -1: none
     replay_margin: float = float("nan")  # the largest reference logit margin of an off token (0: none off)
+    replay_engine_error: float = float("nan")  # another engine's verify against the reference (greedy_replay.py)
 
 
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "list[int]": pa.list_(pa.int64())}

@@ -101,6 +101,41 @@ def test_another_engines_replays_are_its_numerics_weighed_against_its_own_baseli
     assert "2 token(s) off, largest margin 0.75 logits: vllm's numerics against ours" in line and "MISMATCH" not in line
 
 
+def test_another_engines_speculating_turns_are_weighed_against_its_measured_verify_error(tmp_path):
+    """Where the engine scored its turns (its verify of each against our reference: `engine_error`), that error,
+    not its baseline's largest margin, says what is a tie: a turn within it has ties, a turn past it a mismatch."""
+    bf16, vllm = {"dtype": "bfloat16", "engine": "vllm"}, {"replay": "batch-invariant target (exact)"}
+    write_run(tmp_path / "base", "baseline", [Turn("A", "qa", [0] * 3, 300.0, depth=0, ids=[5, 6, 7, 8],
+                                                   replay=Replayed(4, 1, 0, 1, 3.0))], settings=bf16, more=vllm)
+    write_run(tmp_path / "sfx", "suffix", [Turn("A", "qa", [1, 1], 200.0, ids=[5, 6, 7, 8],
+                                                replay=Replayed(4, 1, 0, 1, 0.7, engine_error=0.4)),
+                                           Turn("B", "qa", [1, 1], 200.0, ids=[5, 9, 7, 8],
+                                                replay=Replayed(4, 1, 0, 1, 2.0, engine_error=1.0))],
+              settings=bf16, more=vllm)
+    results = load([tmp_path])
+    table = report.replay(results).frame.set_index("method")
+    assert (table.loc["vllm:suffix", "numeric ties"], table.loc["vllm:suffix", "mismatches"]) == (1, 1)
+    assert table.loc["vllm:suffix", "tie threshold"] == "vllm's verify against ours on these turns, 1 logits"
+    sfx = next(g for g in results.groups if g.method == "suffix")
+    assert "its verify is within 1 logits of ours on these turns" in summary.replay_line(sfx.prompts, sfx.info)
+
+
+def test_an_engines_error_is_the_largest_margin_error_among_its_scored_tokens():
+    """`engine_error`: log-probabilities that are the reference's up to each row's normaliser read 0; one token
+    moved by 0.3 logits reads 0.3 (a margin to it moves by that much), whatever the normaliser."""
+    from specbench_cli.greedy_replay import engine_error
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50) * 4
+    lp = torch.log_softmax(logits, -1)
+    same = [{t: float(row[t]) + 2.0 for t in row.topk(5).indices.tolist()} for row in lp]
+    assert engine_error(logits, same) == pytest.approx(0.0, abs=1e-6)
+    moved = [dict(d) for d in same]
+    token = next(iter(moved[1]))
+    moved[1][token] += 0.3
+    assert engine_error(logits, moved) == pytest.approx(0.3, abs=1e-5)
+
+
 @pytest.mark.slow
 @needs_embedded
 def test_plain_bf16_runs_are_replayed(tmp_path):

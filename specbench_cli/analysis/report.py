@@ -316,8 +316,9 @@ def replay(results: Results) -> Table:
                  pd.DataFrame(rows), "off: tokens the reference would not have chosen; margin: the reference's top "
                  "logit minus the emitted token's. Our engine's runs: a numeric tie is within the dtype's threshold "
                  "of the top logit (bf16 0.5 logits), a mismatch anything else. Another engine's runs measure its "
-                 "numerics against ours: its baseline, which does not speculate, has ties only, and its largest "
-                 "margin is the threshold of that engine's other runs (a turn within it: ties)")
+                 "numerics against ours: its baseline, which does not speculate, has ties only; its other runs' "
+                 "threshold is how far that engine's own verify of their turns is from our reference (a turn within "
+                 "it: ties), or, unscored, its baseline's largest margin")
 
 
 def judged(results: Results, group: RunGroup) -> pd.DataFrame:
@@ -334,12 +335,19 @@ def replay_split(results: Results, group: RunGroup, p: pd.DataFrame) -> tuple[pd
     engine's: the replay's own count, against the dtype's threshold. Another engine's: its baseline cannot have a
     lossless bug (it does not speculate), so every off token is that engine's numerics against ours; a run of
     that engine that speculates has a turn's off tokens called ties where the turn's largest margin is within
-    what the engine's own baseline showed on these prompts, the replay's own count elsewhere."""
+    that engine's measured error: the largest, over the run's turns, of how far its own verify of each turn
+    (scored after the run) is from our reference (`greedy_replay.engine_error`); where the run was not scored,
+    what the engine's own baseline showed on these prompts; the replay's own count elsewhere."""
     engine = group.info["settings"].get("engine", BEFORE["engine"])
     if engine == BEFORE["engine"]:
         return p.replay_ties, "the dtype's"
     if group.method == "baseline":
         return p.replay_off, f"none: {engine}'s baseline does not speculate"
+    scored = p.replay_engine_error.dropna() if "replay_engine_error" in p else p.iloc[:0, 0]
+    if len(scored):
+        error = float(scored.max())
+        return (p.replay_off.where(p.replay_margin <= error, p.replay_ties),
+                f"{engine}'s verify against ours on these turns, {error:.3g} logits")
     base = results.baseline_for(group)
     measured = replayed(base.prompts) if base is not None else p.iloc[:0]
     if measured.empty:

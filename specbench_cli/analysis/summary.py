@@ -60,10 +60,14 @@ def replay_line(prompts: pd.DataFrame, info: dict) -> str:
     off, ties = int(p.replay_off.sum()), int(p.replay_ties.sum())
     engine = info.get("settings", {}).get("engine", BEFORE["engine"])
     if engine != BEFORE["engine"] and off:  # another engine's numerics against ours: `report.replay_split`
+        error = p.replay_engine_error.max() if "replay_engine_error" in p else float("nan")
+        measured = f"; its verify is within {error:.3g} logits of ours on these turns" if error == error else ""
         verdict = (f"{off} token(s) off, largest margin {p.replay_margin.max():.3g} logits: {engine}'s numerics "
-                   "against ours" + (" (a baseline does not speculate: no lossless question)"
-                                     if info["settings"].get("method") == "baseline" else
-                                     f"; report's replay table weighs them against {engine}'s own baseline"))
+                   f"against ours{measured}" + (" (a baseline does not speculate: no lossless question)"
+                                                if info["settings"].get("method") == "baseline" else
+                                                "; report's replay table weighs them against that error"
+                                                if measured else
+                                                f"; report's replay table weighs them against {engine}'s own baseline"))
         return (f"greedy replay of {engine}'s tokens on our {info.get('replay', '?')}: "
                 f"{int(p.replay_checked.sum())} tokens, {verdict}")
     verdict = ("every token the reference's greedy choice" if not off else

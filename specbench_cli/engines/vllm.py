@@ -52,6 +52,9 @@ CLOCK = "perf_counter in the vLLM process (engine step outputs)"
 # for tens of seconds per batch). A variable the user set wins.
 ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
                 "VLLM_CPU_OMP_THREADS_BIND": "nobind", "NUMBA_NUM_THREADS": "1"}
+# Tokens per position whose log-probabilities a finished turn is scored with (`Worker.score`): vLLM's default
+# max_logprobs (vllm/config/model.py, 0.32).
+SCORE_TOP = 20
 START_TIMEOUT_S = 900.0  # a first start compiles the model (slow on a small CPU); past this the engine counts as stuck
 
 
@@ -213,6 +216,7 @@ class Worker:
         self.spec, self.log = spec, log
         self.process: subprocess.Popen | None = None
         self.ready: dict = {}
+        self.scored = 0
 
     def launch(self) -> None:
         """Start the engine process without waiting for it (once): the engines of a list boot side by side."""
@@ -267,6 +271,15 @@ class Worker:
         """The engine's suffix cache and prefix cache emptied (the worker's "forget")."""
         self._send({"op": "forget"})
         self._read("forgotten", 60.0)
+
+    def score(self, prompt_ids: list[int], output_ids: list[int]) -> list[dict[int, float]]:
+        """The engine's log-probabilities of its top SCORE_TOP tokens (and the emitted one) at every output position
+        of a finished turn, from one prefill over prompt and output: the engine's verify of the whole turn (the
+        worker's "score"). Untimed, after the run."""
+        self.scored += 1
+        self._send({"op": "score", "id": f"score-{self.scored}", "ids": [*prompt_ids, *output_ids],
+                    "from": len(prompt_ids), "top": SCORE_TOP})
+        return [{token: lp for token, lp in row} for row in self._read("scored", None)["logprobs"]]
 
     def _send(self, message: dict) -> None:
         try:
@@ -397,6 +410,7 @@ class VllmJob:
         self.noted = False
         self.shared: Worker | None = None  # an engine started by the caller for several runs (`on`)
         self.decoded: list[Conversation] = []  # this session's prompts, to replay once the engine has stopped
+        self.scores: dict[int, list] = {}  # their turns as the engine scored them (`_score`), by prompt index
 
     def on(self, worker: Worker) -> VllmJob:
         """Run on an engine the caller started and will stop, one engine for several runs (`tune --engine vllm`:
@@ -462,6 +476,14 @@ class VllmJob:
                                     f"to load or refused this vLLM version; see {plan.out / 'engine.log'})")
             self.loop = ClosedLoop(worker, plan, self.text, self.decisions)
             yield
+            self._score(worker)
+
+    def _score(self, worker) -> None:
+        """Every turn to be replayed scored by the engine (`Worker.score`) while it is still up, after the timed
+        run: the replay measures the engine's verify against our reference with it (greedy_replay.py). A server
+        (`--engine-serve`) is not asked."""
+        if hasattr(worker, "score"):
+            self.scores = {c.index: [worker.score(ids, r.output_ids) for ids, r in c.turns] for c in self.decoded}
 
     @contextmanager
     def starting(self) -> Iterator[None]:
@@ -526,7 +548,7 @@ class VllmJob:
             return []
         model = loaded_target(self.plan, None)
         replayer = Replayer(model.model, model.device)
-        return [(c.index, self._parts(c, replayer.turns(c.turns))) for c in convs]
+        return [(c.index, self._parts(c, replayer.turns(c.turns, self.scores.get(c.index)))) for c in convs]
 
     def stats(self) -> str:
         return self.stats_.line()

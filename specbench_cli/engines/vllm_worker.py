@@ -14,9 +14,12 @@ drafter's suffix cache, as if a request had just produced it: a resumed run's fi
 {"event": "absorbed", "cached": whether the drafter has such a cache}), {"op": "forget"} (the suffix and prefix
 caches emptied, as a newly started engine's are: a new pass of `run --repeat`; answered {"event": "forgotten"})
 or {"op": "close"}
-(`extra_args` go to SamplingParams unchanged: what a routed proposer reads per request, e.g. the category). stdout: {"event": "ready", "version", "speculative_config"} once the engine is
-up, then {"event": "done", ...} per finished request (`_done`), or {"event": "error", "message"} before exiting
-with status 1. Everything vLLM itself prints goes to stderr (the run folder's engine.log).
+(`extra_args` go to SamplingParams unchanged: what a routed proposer reads per request, e.g. the category), or
+{"op": "score", "id", "ids", "from", "top"}: the engine's log-probabilities over `ids` in one prefill (a
+verify of the whole sequence: `prompt_logprobs`, its `top` tokens and the token itself at every position from
+`from` on; answered {"event": "scored", "id", "logprobs": [[[token, logprob], ...], ...]}). stdout: {"event":
+"ready", "version", "speculative_config"} once the engine is up, then {"event": "done", ...} per finished
+request (`_done`), or {"event": "error", "message"} before exiting with status 1. Everything vLLM itself prints goes to stderr (the run folder's engine.log).
 """
 
 from __future__ import annotations
@@ -61,6 +64,14 @@ def _done(request_id: str, output, tracked: Tracked) -> dict:
     return {"event": "done", "id": request_id, "output_ids": list(completion.token_ids),
             "finish_reason": completion.finish_reason, "arrival": tracked.arrival, "steps": tracked.steps,
             "spec": metrics.to_dict() if metrics is not None else None}
+
+
+def _scored(request_id: str, output, start: int) -> dict:
+    """A "score" request's prompt log-probabilities from position `start` on, as [token, logprob] pairs."""
+    logprobs = output.prompt_logprobs  # a list, or vLLM's FlatLogprobs: indexed by position either way
+    rows = [[[int(token), float(lp.logprob)] for token, lp in (logprobs[i] or {}).items()]
+            for i in range(start, len(logprobs))]
+    return {"event": "scored", "id": request_id, "logprobs": rows}
 
 
 def _absorb(wrapper, output_ids: list[int], request: str) -> bool:
@@ -110,6 +121,7 @@ def serve(out) -> None:
     commands: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(commands,), daemon=True).start()
     live: dict[str, Tracked] = {}
+    scoring: dict[str, int] = {}  # a "score" request's id -> the first position it answers for
     absorbed = 0
     while True:
         busy = engine.has_unfinished_requests()
@@ -130,6 +142,11 @@ def serve(out) -> None:
                 engine.reset_prefix_cache()
                 out.write(json.dumps({"event": "forgotten"}) + "\n")
                 continue
+            if command["op"] == "score":
+                params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=command["top"], detokenize=False)
+                engine.add_request(command["id"], {"prompt_token_ids": command["ids"]}, params)
+                scoring[command["id"]] = command["from"]
+                continue
             params = SamplingParams(max_tokens=command["max_tokens"], temperature=command["temperature"],
                                     seed=command.get("seed"), stop_token_ids=command["stop_ids"], detokenize=False,
                                     ignore_eos=command.get("ignore_eos", False),
@@ -138,6 +155,10 @@ def serve(out) -> None:
             live[command["id"]] = Tracked(time.perf_counter())
             continue  # take every waiting command before the next step
         for output in engine.step():
+            if output.request_id in scoring:
+                if output.finished:
+                    out.write(json.dumps(_scored(output.request_id, output, scoring.pop(output.request_id))) + "\n")
+                continue
             now = time.perf_counter()
             tracked = live[output.request_id]
             count = len(output.outputs[0].token_ids)

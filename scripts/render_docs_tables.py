@@ -210,6 +210,8 @@ def _vllm_parity(recs, link):
         for m in recs[0]["methods"]])
 
 
+table("vllm-parity-native", "vllm-parity/cpu-float32-methods-native-bf16-cpu.json")(_vllm_parity)
+
 DRAFTER_PARITY = {"F.linear": "vllm-parity/cpu-float32-eagle3-chain-native-bf16-cpu.json",
                   "packed": "vllm-parity/cpu-float32-packed-drafters-native-bf16-cpu.json",
                   "+ stacked, cached": "vllm-parity/cpu-float32-stacked-cached-drafters-native-bf16-cpu.json"}

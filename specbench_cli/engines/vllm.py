@@ -410,7 +410,7 @@ class VllmJob:
         self.noted = False
         self.shared: Worker | None = None  # an engine started by the caller for several runs (`on`)
         self.decoded: list[Conversation] = []  # this session's prompts, to replay once the engine has stopped
-        self.scores: dict[int, list] = {}  # their turns as the engine scored them (`_score`), by prompt index
+        self.scores: list[list] = []  # their turns as the engine scored them (`_score`), in the same order
 
     def on(self, worker: Worker) -> VllmJob:
         """Run on an engine the caller started and will stop, one engine for several runs (`tune --engine vllm`:
@@ -483,7 +483,7 @@ class VllmJob:
         run: the replay measures the engine's verify against our reference with it (greedy_replay.py). A server
         (`--engine-serve`) is not asked."""
         if hasattr(worker, "score"):
-            self.scores = {c.index: [worker.score(ids, r.output_ids) for ids, r in c.turns] for c in self.decoded}
+            self.scores = [[worker.score(ids, r.output_ids) for ids, r in c.turns] for c in self.decoded]
 
     @contextmanager
     def starting(self) -> Iterator[None]:
@@ -543,12 +543,13 @@ class VllmJob:
     def replayed(self) -> list[tuple[int, dict]]:
         """The engine's greedy turns replayed on our reference target (greedy_replay.py), loaded in this process
         only now that the engine has stopped (on a GPU it held the memory)."""
-        convs, self.decoded = self.decoded, []
+        convs, scores, self.decoded, self.scores = self.decoded, self.scores, [], []
         if not convs:
             return []
         model = loaded_target(self.plan, None)
         replayer = Replayer(model.model, model.device)
-        return [(c.index, self._parts(c, replayer.turns(c.turns, self.scores.get(c.index)))) for c in convs]
+        scores += [None] * (len(convs) - len(scores))  # unscored: a server's, or a run that ended early
+        return [(c.index, self._parts(c, replayer.turns(c.turns, s))) for c, s in zip(convs, scores)]
 
     def stats(self) -> str:
         return self.stats_.line()

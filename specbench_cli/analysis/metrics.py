@@ -137,3 +137,11 @@ def replayed(prompts: pd.DataFrame) -> pd.DataFrame:
     if "replay_checked" not in prompts:
         return prompts.iloc[:0]
     return prompts[prompts.replay_checked >= 0]
+
+
+def engine_error(replayed_turns: pd.DataFrame) -> float:
+    """The largest of another engine's measured verify error over its replayed turns (greedy_replay.engine_error);
+    NaN where none was measured (our engine's runs, a server's, runs made before it)."""
+    if "replay_engine_error" not in replayed_turns:
+        return float("nan")
+    return float(replayed_turns.replay_engine_error.max())

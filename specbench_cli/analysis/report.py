@@ -15,8 +15,8 @@ from specbench_cli.analysis import cross_engine, intervals
 from specbench_cli.analysis import oracles as oracle
 from specbench_cli.analysis import scaling
 from specbench_cli.datasets import dataset_slug
-from specbench_cli.analysis.metrics import (along_response, first_divergence, first_pass, group_column, histogram,
-                                           position_acceptance, replayed, summarise, tau_turn_mean)
+from specbench_cli.analysis.metrics import (along_response, engine_error, first_divergence, first_pass, group_column,
+                                           histogram, position_acceptance, replayed, summarise, tau_turn_mean)
 from specbench_cli.analysis.phases import CONTEXT_BIN, MIN_BIN_ROUNDS, PARTS, draft_by_context, split
 from specbench_cli.analysis.results import BEFORE, Results, RunGroup
 from specbench_cli.analysis.tables import Table
@@ -343,9 +343,8 @@ def replay_split(results: Results, group: RunGroup, p: pd.DataFrame) -> tuple[pd
         return p.replay_ties, "the dtype's"
     if group.method == "baseline":
         return p.replay_off, f"none: {engine}'s baseline does not speculate"
-    scored = p.replay_engine_error.dropna() if "replay_engine_error" in p else p.iloc[:0, 0]
-    if len(scored):
-        error = float(scored.max())
+    error = engine_error(p)
+    if error == error:  # measured (not NaN)
         return (p.replay_off.where(p.replay_margin <= error, p.replay_ties),
                 f"{engine}'s verify against ours on these turns, {error:.3g} logits")
     base = results.baseline_for(group)

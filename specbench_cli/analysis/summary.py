@@ -11,7 +11,7 @@ import pandas as pd
 from rich.console import Console
 
 from specbench_cli.hardware import hardware_key
-from specbench_cli.analysis.metrics import group_column, replayed, summarise
+from specbench_cli.analysis.metrics import engine_error, group_column, replayed, summarise
 from specbench_cli.analysis.results import BEFORE, SAME_EXPERIMENT, pairing_id
 from specbench_cli.records import read_table
 from specbench_cli.analysis.tables import Table
@@ -60,14 +60,16 @@ def replay_line(prompts: pd.DataFrame, info: dict) -> str:
     off, ties = int(p.replay_off.sum()), int(p.replay_ties.sum())
     engine = info.get("settings", {}).get("engine", BEFORE["engine"])
     if engine != BEFORE["engine"] and off:  # another engine's numerics against ours: `report.replay_split`
-        error = p.replay_engine_error.max() if "replay_engine_error" in p else float("nan")
+        error = engine_error(p)
         measured = f"; its verify is within {error:.3g} logits of ours on these turns" if error == error else ""
+        if info["settings"].get("method") == "baseline":
+            weighed = " (a baseline does not speculate: no lossless question)"
+        elif measured:
+            weighed = "; report's replay table weighs them against that error"
+        else:
+            weighed = f"; report's replay table weighs them against {engine}'s own baseline"
         verdict = (f"{off} token(s) off, largest margin {p.replay_margin.max():.3g} logits: {engine}'s numerics "
-                   f"against ours{measured}" + (" (a baseline does not speculate: no lossless question)"
-                                                if info["settings"].get("method") == "baseline" else
-                                                "; report's replay table weighs them against that error"
-                                                if measured else
-                                                f"; report's replay table weighs them against {engine}'s own baseline"))
+                   f"against ours{measured}{weighed}")
         return (f"greedy replay of {engine}'s tokens on our {info.get('replay', '?')}: "
                 f"{int(p.replay_checked.sum())} tokens, {verdict}")
     verdict = ("every token the reference's greedy choice" if not off else

@@ -220,10 +220,20 @@ def linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
       head, read by a drafter that has none of its own) the drafter reads the copy the target reads. The packed
       product rounds otherwise than `F.linear`, as a packed float32 target's does; drafts may change at near-ties,
       outputs never (the target decides every token). SPECBENCH_FP32_KERNELS=0 keeps `F.linear`."""
-    if x.device.type == "cpu" and not torch.is_grad_enabled() and _reads_packed(module):
-        packed_weight, bias = packed(module)
-        return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
+    if _packed_here(x, [module]):
+        return _packed_product(module, x)
     return F.linear(x, module.weight, module.bias)
+
+
+def _packed_here(x: torch.Tensor, modules: list[torch.nn.Linear]) -> bool:
+    """Whether `linear` and `linears` read packed weights for input x: on a CPU, outside autograd, where every
+    module's weight is read packed (`_reads_packed`)."""
+    return x.device.type == "cpu" and not torch.is_grad_enabled() and all(_reads_packed(m) for m in modules)
+
+
+def _packed_product(module: torch.nn.Linear | Stacked, x: torch.Tensor) -> torch.Tensor:
+    weight, bias = packed(module)
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 def _reads_packed(module: torch.nn.Linear) -> bool:
@@ -248,10 +258,9 @@ def linears(parent: torch.nn.Module, names: tuple[str, ...], x: torch.Tensor) ->
     weights, as the target's stacked projections do. A parent that stacks lists its stacks in `stacks`, so that
     `keep_one_copy_of` packs them before it frees the plain weights."""
     modules = [getattr(parent, name) for name in names]
-    if x.device.type == "cpu" and not torch.is_grad_enabled() and all(_reads_packed(m) for m in modules):
+    if _packed_here(x, modules):
         both = stacked(parent, names)
-        weight, bias = packed(both)
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "").split(both.sizes, dim=-1)
+        return _packed_product(both, x).split(both.sizes, dim=-1)
     return tuple(m(x) for m in modules)
 
 

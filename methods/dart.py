@@ -17,6 +17,7 @@ reference passes them).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -28,7 +29,7 @@ from specbench_cli.core.method import DecodeState
 from specbench_methods.checkpoints import Checkpoint, locate_file
 from specbench_methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
 from specbench_methods.features import FeatureDrafter
-from specbench_methods.layers import DraftKV, round_slots
+from specbench_methods.layers import Apart, DraftKV, Slots, round_slots
 from specbench_methods.ngram import Trie
 from specbench_cli.core.tree import DraftTree
 
@@ -139,6 +140,9 @@ class DartDraft(Eagle3Draft):
         return {**config, "draft_length": self.config.mask_slots}, tensors
 
 
+ROW_BUCKETS = (1, 4, 16, 64)  # compiled: a round's new positions padded to one of these (a longer backlog runs eager)
+
+
 class Dart(FeatureDrafter):
     name = "dart"
     drafter_names = ("dart",)
@@ -161,10 +165,6 @@ class Dart(FeatureDrafter):
         self.trie = None if options.trie == "none" else load_trie(self.drafter_ref("dart_ngram"), options.trie)
         self.eos = frozenset(getattr(model, "stop_ids", ()) or ())
 
-    def start(self, state: DecodeState) -> None:
-        super().start(state)
-        self.lane(state).preceding = list(state.tokens)  # prompt + root
-
     def observe(self, state: DecodeState, new_tokens: list[int]) -> None:
         super().observe(state, new_tokens)
         self.lane(state).preceding = list(new_tokens)  # this round's accepted tokens + the new root
@@ -178,7 +178,7 @@ class Dart(FeatureDrafter):
         lanes = [self.lane(s) for s in states]
         starts = [lane.kv.length for lane in lanes]
         feats = [self.take_pending(s, a) for s, a in zip(states, starts)]
-        device, rows = feats[0].device, max(x.shape[0] for x in feats)
+        device, rows = feats[0].device, self.rows(max(x.shape[0] for x in feats))
         width = rows + slots
         h = torch.zeros(batch, rows, feats[0].shape[1], device=device, dtype=feats[0].dtype)
         ids = torch.zeros(batch, rows, dtype=torch.long, device=device)
@@ -196,12 +196,50 @@ class Dart(FeatureDrafter):
         like = torch.empty(draft.config.kv_heads, 0, draft.config.head_dim, device=device, dtype=h.dtype)
         slots, real = round_slots([lane.kv for lane in lanes], width, like)  # the step writes its keys in place
         mask = torch.cat((real[:, None].expand(-1, width, -1), own), 2)
-        out, (k, v) = draft.step(h, ids, positions, slots, mask)
+        out, (k, v) = self._step(h, ids, positions, slots, mask)
         for b, (lane, x) in enumerate(zip(lanes, feats)):  # mask slots are not kept
             lane.kv.append(k[b, :, rows - x.shape[0]:rows], v[b, :, rows - x.shape[0]:rows])
         with states[0].timed("draft_head"):
             logits = draft.logits(draft.norm(out))  # the reference's second RMSNorm
         return [self.search_tree(lane, lg) for lane, lg in zip(lanes, logits)]
+
+    def _step(self, h: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slots: Slots, mask: torch.Tensor):
+        """The round's draft forward: eager, it writes its keys into `slots` and attends in place; compiled (rows
+        of a bucket), one graph reads the whole buffers (`Apart`). The keys it returns are what the caches keep."""
+        if self.graphs is None or h.shape[1] not in ROW_BUCKETS:
+            return self.draft.step(h, ids, positions, slots, mask)
+        return self.graphs("step", self._apart_step, h, ids, positions, slots.k, slots.v, Apart.mask(mask, slots))
+
+    def _apart_step(self, h, ids, positions, k, v, mask):
+        return self.draft.step(h, ids, positions, Apart(k, v), mask)
+
+    def rows(self, pending: int) -> int:
+        """A round's input rows for `pending` new positions: compiled, the smallest bucket that fits (padding rows
+        at the front see only themselves); a longer backlog (the prompt) and an eager run: as many as there are."""
+        fits = [b for b in ROW_BUCKETS if b >= pending] if self.graphs is not None else []
+        return fits[0] if fits else pending
+
+    # ------------------------------------------------------------------------------------ compiled
+    def start(self, state: DecodeState) -> None:
+        super().start(state)
+        lane = self.lane(state)
+        lane.preceding = list(state.tokens)  # prompt + root
+        lane.kv.least = self.capacity  # compiled: one buffer shape for every round
+
+    def round_room(self) -> int:
+        return ROW_BUCKETS[-1] + self.draft.config.mask_slots
+
+    @torch.inference_mode()
+    def warm_steps(self, batch: int) -> None:
+        """The round's forward for each bucket of new positions."""
+        c, weight = self.draft.config, self.draft.fc.weight
+        zeros = functools.partial(torch.zeros, device=weight.device)
+        slots = Slots(*(zeros(batch, c.kv_heads, self.capacity, c.head_dim, dtype=weight.dtype) for _ in "kv"), 0)
+        for rows in ROW_BUCKETS:
+            width = rows + c.mask_slots
+            mask = zeros(batch, width, width, dtype=torch.bool) | torch.eye(width, dtype=torch.bool, device=weight.device)
+            self._step(zeros(batch, rows, 3 * c.target_hidden, dtype=weight.dtype), zeros(batch, rows, dtype=torch.long),
+                       zeros(batch, width, dtype=torch.long), slots, mask)
 
     def search_tree(self, lane: Lane, logits: torch.Tensor) -> DraftTree:
         """The tree the n-gram-guided search grows from the levels' logits [draft_length + 1, draft vocab]."""

@@ -20,6 +20,7 @@ draft's tempered distribution and verifies it with standard speculative sampling
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -32,7 +33,8 @@ from specbench_cli.core.kernels import Linear, linear
 from specbench_cli.core.method import DecodeState
 from specbench_methods.checkpoints import Checkpoint, CheckpointError
 from specbench_methods.features import FeatureDrafter
-from specbench_methods.layers import Attention, DraftKV, MLP, RMSNorm, Rotary, causal_mask, rope_settings, round_slots
+from specbench_methods.layers import (MLP, Apart, Attention, DraftKV, RMSNorm, Rotary, Slots, causal_mask, rope_settings,
+                                     round_slots)
 from specbench_cli.core.tree import DraftTree
 
 
@@ -281,7 +283,7 @@ class DFlash(FeatureDrafter):
         sizes = [rows.shape[0] for _, rows in todo]
         for j, (s, _) in enumerate(todo):
             lane = self.lane(s)
-            lane.ctx_kv = lane.ctx_kv or [DraftKV() for _ in new_kv]
+            lane.ctx_kv = lane.ctx_kv or [DraftKV().fixed(self.capacity) for _ in new_kv]
             for cache, (k, v) in zip(lane.ctx_kv, new_kv):
                 cache.append(k.split(sizes, 1)[j], v.split(sizes, 1)[j])
 
@@ -305,7 +307,7 @@ class DFlash(FeatureDrafter):
         if draft.config.causal:
             own = own.tril()
         mask = torch.cat((real[:, None].expand(-1, size, -1), own.expand(batch, -1, -1)), 2)
-        hidden = draft.block(blocks, 0, [kv for kv, _ in caches], positions, mask)
+        hidden = self._block(blocks, positions, [kv for kv, _ in caches], mask)
         with states[0].timed("draft_head"):
             logits = draft.logits(hidden[:, 1:])
         if states[0].temperature <= 0 or self.options.sampling == "argmax":
@@ -313,3 +315,28 @@ class DFlash(FeatureDrafter):
         probs = torch.softmax(logits / states[0].temperature, dim=-1)
         return [DraftTree.chain(torch.multinomial(p, 1, generator=s.generator)[:, 0].tolist(), draft_probs=p)
                 for p, s in zip(probs, states)]
+
+    def _block(self, blocks: torch.Tensor, positions: torch.Tensor, past: list[Slots], mask: torch.Tensor):
+        """The block's hidden states over each layer's round buffers: eager, every layer writes the block's keys
+        into them and attends in place; compiled, one graph reads the whole buffers (`Apart`). The block's own
+        keys are scratch either way (the context's come from `catch_up`)."""
+        if self.graphs is None:
+            return self.draft.block(blocks, 0, past, positions, mask)
+        return self.graphs("block", self._apart_block, blocks, positions, [s.k for s in past], [s.v for s in past],
+                           Apart.mask(mask, past[0]))
+
+    def _apart_block(self, blocks, positions, ks, vs, mask):
+        return self.draft.block(blocks, 0, [Apart(k, v) for k, v in zip(ks, vs)], positions, mask)
+
+    # ------------------------------------------------------------------------------------ compiled
+    def round_room(self) -> int:
+        return self.block_size
+
+    @torch.inference_mode()
+    def warm_steps(self, batch: int) -> None:
+        c, weight, size = self.draft.config, self.draft.fc.weight, self.block_size
+        zeros = functools.partial(torch.zeros, device=weight.device)
+        past = [Slots(*(zeros(batch, c.kv_heads, self.capacity, c.head_dim, dtype=weight.dtype) for _ in "kv"), 0)
+                for _ in self.draft.layers]
+        mask = zeros(batch, size, size, dtype=torch.bool) | torch.eye(size, dtype=torch.bool, device=weight.device)
+        self._block(zeros(batch, size, dtype=torch.long), zeros(batch, size, dtype=torch.long), past, mask)

@@ -12,16 +12,42 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specbench_cli.core.compiling import StepGraphs
 from specbench_cli.core.method import DecodeState, Method
 from specbench_cli.core.target import Target
 
 
 class FeatureDrafter(Method):
+    """With `--compile` (`compile`) a subclass runs its draft steps through `graphs`, on caches of one fixed
+    capacity (`capacity`, the planned sequence length plus what a round adds: `round_room`), and compiles every
+    shape a round gives before anything is timed (`warm_steps`)."""
+
     capture: list[int]  # target decoder layers whose outputs are concatenated, low -> high
+    graphs: StepGraphs | None = None  # the compiled draft steps; None: eager
+    capacity = 0  # compiled: each sequence's draft cache entries (its buffers' fixed shape); 0: eager, growing
 
     @dataclass
     class Lane:
         pending: list[torch.Tensor] = field(default_factory=list)  # committed rows the drafter has not seen
+
+    def compile(self, mode: str, longest: int, lanes: int) -> dict[str, float]:
+        self.graphs = StepGraphs(mode, self.name)
+        self.capacity = longest + self.round_room()
+        with self.graphs.warming():
+            for batch in range(1, lanes + 1):
+                self.warm_steps(batch)
+        return dict(self.graphs.seconds)
+
+    def late_compiles(self) -> list[str]:
+        return [] if self.graphs is None else list(self.graphs.late)
+
+    def round_room(self) -> int:
+        """Draft cache entries a round writes past the committed positions (a tree's levels, a block)."""
+        raise NotImplementedError
+
+    def warm_steps(self, batch: int) -> None:
+        """Run every compiled step once on zero inputs of each shape a round of `batch` sequences gives."""
+        raise NotImplementedError
 
     def attach(self, target: Target) -> None:
         target.capture(self.capture)

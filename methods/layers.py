@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specbench_cli.core.attention import grouped_attention
 from specbench_cli.core.kernels import Linear, linears
 
 
@@ -113,16 +114,19 @@ class Attention(nn.Module):
         return k, self._heads(v, self.kv_heads, None)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | Slots | None = None, mask: torch.Tensor | None = None,
+                past: tuple[torch.Tensor, torch.Tensor] | Slots | Apart | None = None, mask: torch.Tensor | None = None,
                 extra: tuple[torch.Tensor, torch.Tensor] | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Attend from x [(B,) T, in_dim] (rotated by cos/sin [(B,) T, d]) to past + `extra` + this call's keys;
-        `past` as `Slots`: this call's keys are written into its buffers and the call attends over them in place.
+        `past` as `Slots`: this call's keys are written into its buffers and the call attends over them in place;
+        as `Apart` (a compiled step): the call reads the whole buffers and attends to its own keys beside them.
 
         mask: bool [(B,) T, all keys] (True = may attend) or None for full attention."""
         q, k, v = linears(self, self.stacks[0], x)
         q = rotate(self._heads(q, self.heads, self.q_norm), cos, sin)
         k, v = self._rotated_kv(k, v, cos, sin)
+        if isinstance(past, Apart):
+            return self.o_proj(past.attend(q, k, v, mask).reshape(*x.shape[:-1], -1)), (k, v)
         if isinstance(past, Slots):
             all_k, all_v = past.write(k, v)
         else:
@@ -176,6 +180,32 @@ class Slots:
         return self.k[..., :end, :], self.v[..., :end, :]
 
 
+@dataclass
+class Apart:
+    """A compiled draft step's keys/values buffers [B, heads, C, d] (a round's `Slots`, whole): the step reads them
+    and leaves them untouched, attending to its own keys beside them, and the caller writes those where they
+    belong (`Slots.write`). Why: shapes that do not change from round to round (one graph for every round) and no
+    write into a buffer inside the graph (which inductor turns into a copy of it). Its mask is [B, T, C + T]: what
+    each query sees of the buffer, then of the call's own keys."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Attention of q [B, heads, T, d] over the buffers and k, v [B, kv heads, T, d]: [B, T, heads, d]."""
+        size = self.k.shape[-2]
+        parts = [(self.k, self.v, mask[:, None, :, :size]), (k, v, mask[:, None, :, size:])]
+        return grouped_attention(q, parts, q.shape[-1] ** -0.5).transpose(1, 2)
+
+    @staticmethod
+    def mask(mask: torch.Tensor, slots: Slots) -> torch.Tensor:
+        """An eager step's mask [B, T, start + T] over `slots` (their first `start` entries, then the call's own
+        keys) as a compiled step's [B, T, C + T]: the entries past `start` unseen."""
+        start, size = slots.start, slots.k.shape[-2]
+        unseen = mask.new_zeros(*mask.shape[:-1], size - start)
+        return torch.cat((mask[..., :start], unseen, mask[..., start:]), -1)
+
+
 class DraftKV:
     """One sequence's draft keys/values [heads, T, d] in buffers with room after them: appending writes in place
     (the capacity doubles when it runs out), so a round's new entries cost their own size, not the cache's.
@@ -185,6 +215,13 @@ class DraftKV:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.length = 0
+        self.least = 0  # the capacity it allocates at least (a compiled drafter's planned one: `fixed`)
+
+    def fixed(self, capacity: int) -> DraftKV:
+        """Allocate `capacity` entries (and keep them until a sequence outgrows them): a compiled drafter's round
+        buffers keep their shape, so its graphs do not recompile."""
+        self.least = capacity
+        return self
 
     def view(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None if self.k is None else (self.k[:, :self.length], self.v[:, :self.length])
@@ -194,7 +231,7 @@ class DraftKV:
         need = self.length + rows
         if self.k is not None and need <= self.k.shape[1]:
             return
-        capacity = max(need, 2 * (0 if self.k is None else self.k.shape[1]), 64)
+        capacity = max(need, 2 * (0 if self.k is None else self.k.shape[1]), 64, self.least)
         k, v = (like.new_zeros(like.shape[0], capacity, like.shape[2]) for _ in range(2))
         if self.k is not None:
             k[:, :self.length], v[:, :self.length] = self.view()
@@ -211,14 +248,18 @@ def round_slots(caches: list[DraftKV], room: int, like: torch.Tensor) -> tuple[S
     """A round's keys/values for a batch of sequences: their caches [B, heads, longest, d] (zero-padded at the end)
     with `room` free slots after them, as `Slots` starting past the caches, and which entries are real: bool
     [B, longest]. A lone sequence's are its own buffers (no copy): what the round writes past its cache is
-    scratch, overwritten by the next round. `like` [heads, *, d]: shape, dtype and device."""
+    scratch, overwritten by the next round. `like` [heads, *, d]: shape, dtype and device.
+
+    Caches of a fixed capacity (`DraftKV.fixed`, a compiled drafter's) give buffers of that capacity whatever
+    their lengths, so that every round's buffers have one shape."""
     longest = max(c.length for c in caches)
     if len(caches) == 1:
         (cache,) = caches
         cache.reserve(room, like)
         real = torch.ones(1, longest, dtype=torch.bool, device=like.device)
         return Slots(cache.k[None], cache.v[None], longest), real
-    k, v = (like.new_zeros(len(caches), like.shape[0], longest + room, like.shape[2]) for _ in range(2))
+    size = max(longest + room, *(c.least for c in caches))
+    k, v = (like.new_zeros(len(caches), like.shape[0], size, like.shape[2]) for _ in range(2))
     for b, cache in enumerate(caches):
         if cache.length:
             k[b, :, :cache.length], v[b, :, :cache.length] = cache.view()

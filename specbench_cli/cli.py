@@ -71,7 +71,7 @@ TargetRef = Annotated[Optional[str], typer.Option(
 Drafters = Annotated[Optional[list[str]], typer.Option(
     help="Drafter checkpoint NAME=PATH_OR_HUB_ID (repeatable) replacing the registered one; names in run --list.")]
 Compile = Annotated[bool, typer.Option(
-    help="Compile the target's decode and verify forwards (torch.compile, static shapes). Default: off (eager).")]
+    help="Compile the target's forwards and the drafters' steps (torch.compile, static shapes). Default: off (eager).")]
 CompileBuckets = Annotated[str, typer.Option(
     help="--compile: verify sizes compiled once each; a forward is padded to the smallest that fits (masked padding).")]
 BatchInvariant = Annotated[str, typer.Option(

@@ -97,3 +97,79 @@ def test_sps_extra_forward(tmp_path):
     method = SpS(SpS.Options(deferred=False), loaded(target), {"sps": str(tmp_path / "copy")})
     result = assert_lossless(target, method, random_prompt(30, seed=8), min_accepted=60, target=compiled(target))
     assert all(r.target_forwards == 2 for r in result.rounds)
+
+
+# ---------------------------------------------------------------------------------------------- compiled drafters
+DRAFTER_OPTIONS = {"eagle3": {"depth": 4, "top_k": 4, "total_token": 16}, "confu": {"depth": 4, "top_k": 4, "total_token": 16},
+                   "dflash": {}, "dart": {}}
+
+
+def drafter(distilled, name: str, backend: str | None = "aot_eager", lanes: int = 1):
+    """The distilled method `name` on its tiny target, its draft steps compiled (None: eager), and its trees as it
+    drafts them (tokens and parents of each, in order)."""
+    target, corpus, folder = distilled(name, "qwen3" if name == "confu" else "llama")
+    method = make_method(name, target, folder, **DRAFTER_OPTIONS[name])
+    if backend is not None:
+        seconds = method.compile(backend, 512, lanes)
+        assert seconds and all(s > 0 for s in seconds.values())
+    trees: list[tuple[list[int], list[int]]] = []
+    propose = method.propose
+
+    def recording(states):
+        out = propose(states)
+        trees.extend((t.tokens, t.parents) for t in out)
+        return out
+
+    method.propose = recording
+    return target, corpus, method, trees
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["eagle3", "confu", "dflash", "dart"])
+def test_compiled_drafters_draft_what_eager_drafts(distilled, name):
+    """A compiled drafter (static buffers read whole, its keys written by the host) drafts the eager drafter's
+    trees round for round, losslessly, and compiles nothing inside a round."""
+    target, corpus, eager, eager_trees = drafter(distilled, name, None)
+    *_, compiled, compiled_trees = drafter(distilled, name)
+    prompt = corpus[0][:24]
+    run_method(target, eager, prompt, max_new=150)
+    assert_lossless(target, compiled, prompt, min_accepted=60)
+    assert compiled_trees == eager_trees and len(eager_trees) > 10
+    assert not compiled.late_compiles()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["eagle3", "dflash", "dart"])
+def test_compiled_drafters_never_recompile(distilled, name):
+    """Over 100 rounds and more (four prompts, caches of every length up to the planned one) a compiled drafter's
+    graphs neither break (fullgraph) nor recompile: dynamo is told to fail on a recompile."""
+    target, corpus, method, trees = drafter(distilled, name)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for prompt in corpus:
+            run_method(target, method, prompt[:24], max_new=200)
+    assert len(trees) >= 100 and not method.late_compiles()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["eagle3", "dflash"])
+def test_compiled_drafters_in_a_batch(distilled, name):
+    """Three sequences at a time, leaving at different rounds: each gets its batch-1 output, through graphs of
+    every batch size compiled before the first round."""
+    from tests.test_batch import run_batch
+
+    target, corpus, method, _ = drafter(distilled, name, lanes=3)
+    prompts = [c[:12 + 5 * i] for i, c in enumerate(corpus)]
+    results, _ = run_batch(target, method, prompts, 3, 80)
+    assert [r.output_ids for r in results] == [baseline_output(target, p, 80) for p in prompts]
+    assert not method.late_compiles()
+
+
+@pytest.mark.slow
+def test_compiled_drafter_through_inductor(distilled):
+    """The real compiler on EAGLE-3's two steps: the drafts equal eager's round for round."""
+    target, corpus, eager, eager_trees = drafter(distilled, "eagle3", None)
+    *_, compiled, compiled_trees = drafter(distilled, "eagle3", "inductor")
+    prompt = corpus[1][:24]
+    run_method(target, eager, prompt, max_new=100)
+    assert_lossless(target, compiled, prompt, max_new=100, min_accepted=40)
+    assert compiled_trees == eager_trees and not compiled.late_compiles()

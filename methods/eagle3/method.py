@@ -12,7 +12,7 @@ from specbench_methods.checkpoints import Checkpoint
 from specbench_methods.eagle3.network import Eagle3Draft
 from specbench_methods.eagle3.tree_search import Candidates, beam_search, top_nodes
 from specbench_methods.features import FeatureDrafter
-from specbench_methods.layers import DraftKV, Slots, causal_mask, round_slots
+from specbench_methods.layers import Apart, DraftKV, Slots, causal_mask, round_slots
 from specbench_cli.core.host_reads import to_host
 from specbench_cli.core.method import DecodeState
 from specbench_cli.core.tree import DraftTree
@@ -172,7 +172,7 @@ class Eagle3(FeatureDrafter):
         one = torch.ones(batch, 1, dtype=torch.bool, device=device)
         seen = torch.cat((real, *([] if has is None else [has.to(device)[:, None]]), one), 1)  # cache, shared, newest
         ids = torch.tensor([[s.tokens[a + 1]] for s, a in zip(states, starts)], device=device)
-        out, newest = draft.step(feats[:, None], ids, torch.tensor(starts, device=device)[:, None],
+        out, newest = self._step(feats[:, None], ids, torch.tensor(starts, device=device)[:, None],
                                  Slots(slots.k, slots.v, cached + width), seen[:, None])
         last = out[:, -1]
         with states[0].timed("draft_head"):
@@ -188,7 +188,7 @@ class Eagle3(FeatureDrafter):
             if level > 0:
                 hidden = hidden.gather(1, rows[..., None].expand(-1, -1, hidden.shape[-1]))
                 ancestry = torch.cat((ancestry.gather(1, rows[..., None].expand(-1, -1, ancestry.shape[-1])), eye), 2)
-            out, _ = draft.step(hidden, draft.to_target(tokens), (length + level).expand(-1, o.top_k),
+            out, _ = self._step(hidden, draft.to_target(tokens), (length + level).expand(-1, o.top_k),
                                 Slots(slots.k, slots.v, base + level * o.top_k), torch.cat((seen, ancestry), 2),
                                 features=False)
             hidden = out
@@ -209,6 +209,42 @@ class Eagle3(FeatureDrafter):
             kept, tree_parents = top_nodes(Candidates(scores[b], tokens[b], parents[b]), o.total_token - 1)
             trees.append(DraftTree(tokens[b][kept].tolist(), tree_parents))
         return trees
+
+
+    def _step(self, h: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slots: Slots, mask: torch.Tensor,
+              features: bool = True) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """One draft step over a round's buffers: eager, it writes its keys into `slots` and attends in place;
+        compiled, one graph reads the whole buffers (`Apart`) and its keys are written after."""
+        if self.graphs is None:
+            return self.draft.step(h, ids, positions, slots, mask, features=features)
+        out, (k, v) = self.graphs("step", self._apart_step, h, ids, positions, slots.k, slots.v,
+                                  Apart.mask(mask, slots), features=features)
+        slots.write(k, v)
+        return out, (k, v)
+
+    def _apart_step(self, h, ids, positions, k, v, mask, features: bool):
+        return self.draft.step(h, ids, positions, Apart(k, v), mask, features=features)
+
+    # ------------------------------------------------------------------------------------ compiled
+    def start(self, state: DecodeState) -> None:
+        super().start(state)
+        self.lane(state).kv.least = self.capacity  # compiled: one buffer shape for every round
+
+    def round_room(self) -> int:
+        o = self.options
+        return 1 + 1 + min(o.depth, o.total_token - 2) * o.top_k  # ConFu's shared key, the newest, the levels
+
+    @torch.inference_mode()
+    def warm_steps(self, batch: int) -> None:
+        """The newest position's step (target features, one row) and a level's (the draft's outputs, top_k rows)."""
+        c, o, weight = self.draft.config, self.options, self.draft.fc.weight
+        zeros = functools.partial(torch.zeros, device=weight.device)
+        slots = Slots(*(zeros(batch, c.kv_heads, self.capacity, c.head_dim, dtype=weight.dtype) for _ in "kv"), 0)
+        shapes = [(1, 3 * c.target_hidden, True)] + ([(o.top_k, c.hidden, False)] if min(o.depth, o.total_token - 2) else [])
+        for rows, width, features in shapes:
+            mask = zeros(batch, rows, rows, dtype=torch.bool) | torch.eye(rows, dtype=torch.bool, device=weight.device)
+            self._step(zeros(batch, rows, width, dtype=weight.dtype), zeros(batch, rows, dtype=torch.long),
+                       zeros(batch, rows, dtype=torch.long), slots, mask, features)
 
 
 def _stacked(kvs: list[tuple[torch.Tensor, torch.Tensor] | None]) -> tuple[tuple[torch.Tensor, torch.Tensor] | None,

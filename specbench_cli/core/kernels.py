@@ -226,9 +226,11 @@ def linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _packed_here(x: torch.Tensor, modules: list[torch.nn.Linear]) -> bool:
-    """Whether `linear` and `linears` read packed weights for input x: on a CPU, outside autograd, where every
-    module's weight is read packed (`_reads_packed`)."""
-    return x.device.type == "cpu" and not torch.is_grad_enabled() and all(_reads_packed(m) for m in modules)
+    """Whether `linear` and `linears` read packed weights for input x: on a CPU, outside autograd and outside a
+    compiled graph (inductor lays out a graph's weights itself), where every module's weight is read packed
+    (`_reads_packed`)."""
+    return (x.device.type == "cpu" and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and all(_reads_packed(m) for m in modules))
 
 
 def _packed_product(module: torch.nn.Linear | Stacked, x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ method class; `--opt key=value` fills it, typed by the dataclass fields (`core/o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,25 +129,46 @@ class Proposer:
         """What trace replay records about the sequence's last draft besides its accepted length (None: nothing)."""
         return None
 
+    def compile(self, mode: str, longest: int, lanes: int) -> dict[str, float]:
+        """`--compile`: build this proposer's compiled draft steps for sequences of up to `longest` positions, up
+        to `lanes` at a time, before anything is timed; seconds per graph (`core.compiling.StepGraphs`). A
+        proposer without a network has nothing to compile."""
+        return {}
 
-def networks(proposer: Proposer) -> list[torch.nn.Module]:
-    """The networks a proposer holds, its own proposers' included: attributes that are modules or proposers, or
-    dicts of them (a router's `proposers`). What a run that keeps one copy of each weight packs and frees
-    (`kernels.keep_one_copy_of`)."""
-    found: dict[int, torch.nn.Module] = {}
-    seen: set[int] = set()
+    def late_compiles(self) -> list[str]:
+        """Graphs of this proposer compiled inside a timed round (a shape `compile` did not foresee)."""
+        return []
+
+
+def proposers(proposer: Proposer) -> list[Proposer]:
+    """A proposer and every proposer it holds (a router's), each once."""
+    found: dict[int, Proposer] = {}
 
     def walk(p: Proposer) -> None:
-        seen.add(id(p))
-        for value in vars(p).values():
-            for v in value.values() if isinstance(value, dict) else (value,):
-                if isinstance(v, torch.nn.Module):
-                    found.setdefault(id(v), v)
-                elif isinstance(v, Proposer) and id(v) not in seen:
-                    walk(v)
+        found[id(p)] = p
+        for v in _held(p):
+            if isinstance(v, Proposer) and id(v) not in found:
+                walk(v)
 
     walk(proposer)
     return list(found.values())
+
+
+def networks(proposer: Proposer) -> list[torch.nn.Module]:
+    """The networks a proposer holds, its own proposers' included. What a run that keeps one copy of each weight
+    packs and frees (`kernels.keep_one_copy_of`)."""
+    found: dict[int, torch.nn.Module] = {}
+    for p in proposers(proposer):
+        for v in _held(p):
+            if isinstance(v, torch.nn.Module):
+                found.setdefault(id(v), v)
+    return list(found.values())
+
+
+def _held(p: Proposer) -> Iterator:
+    """A proposer's attributes, and the values of those that are dicts (a router's `proposers`)."""
+    for value in vars(p).values():
+        yield from value.values() if isinstance(value, dict) else (value,)
 
 
 class Method(Proposer):

@@ -25,7 +25,7 @@ from specbench_cli.core.acceptance import SyntheticAcceptance
 from specbench_cli.core.dtypes import dtype_name
 from specbench_cli.core.engine import Turn, decode, decode_turn
 from specbench_cli.core.kernels import keep_one_copy, keep_one_copy_of
-from specbench_cli.core.method import Method, OwnLoop, networks
+from specbench_cli.core.method import Method, OwnLoop, networks, proposers
 from specbench_cli.core.target import TargetModel
 from specbench_cli.core.timing import PhaseClock
 from specbench_cli.core.turn import DecodeSettings, TurnResult
@@ -74,8 +74,23 @@ class Runner:
             for target in self.batch.slots:
                 method.attach(target)
         slots = len(self.batch.slots)
-        return compile_record(self.plan, self.batch.kv.capacity, self.batch.warm_up(),
-                              **({"batch": slots} if slots > 1 else {}))
+        seconds = self.batch.warm_up()
+        drafters = self.compile_drafters(longest)
+        return compile_record(self.plan, self.batch.kv.capacity, seconds, **({"batch": slots} if slots > 1 else {}),
+                              **({"drafters": drafters} if drafters else {}))
+
+    def compile_drafters(self, longest: int) -> dict[str, float]:
+        """Compile the method's draft steps (each proposer's, a router's included) for sequences of up to `longest`
+        positions; seconds per graph."""
+        seconds: dict[str, float] = {}
+        for p in proposers(self.method):
+            seconds.update(p.compile(self.plan.compile_mode, longest, len(self.batch.slots)))
+        return {name: round(s, 2) for name, s in seconds.items()}
+
+    @property
+    def late_compiles(self) -> list:
+        """What compiled inside a timed round: the target's forwards past every bucket, drafters' unforeseen shapes."""
+        return [*self.batch.late_compiles, *(name for p in proposers(self.method) for name in p.late_compiles())]
 
     def check_lengths(self) -> int:
         return check_lengths(self.plan, self.model, getattr(self.model.model.config, "max_position_embeddings", None))
@@ -181,13 +196,16 @@ class RunJob(OneAtATime):
         if self.plan.config.dtype == "auto" and self.announce_dtype:
             self.console.print(f"target in {dtype_name(self.plan.dtype)} ({self.plan.dtype_reason}; "
                                "--dtype to choose)", highlight=False, soft_wrap=True)
+        if self.plan.compile_mode is not None:
+            self.console.print(f"compiling ({self.plan.compile_mode}) the target's {len(self.plan.buckets)} verify sizes "
+                               "and the drafters' steps before anything is timed (minutes on a CPU)", highlight=False)
         compiled = self.runner.compile(self.longest)
         if self.plan.compile_mode is not None:
             info.more["compile"] = compiled
             save()
         yield
-        if self.runner.batch.late_compiles:  # sizes past every bucket: compiled inside a round
-            info.more["compile"]["late"] = self.runner.batch.late_compiles
+        if self.runner.late_compiles:  # sizes past every bucket, drafters' unforeseen shapes: compiled in a round
+            info.more["compile"]["late"] = self.runner.late_compiles
 
     def warm_up(self, prompt: Prompt) -> None:
         self._decode([(0, prompt)], lambda conv: None)
@@ -202,6 +220,8 @@ class RunJob(OneAtATime):
         self.runner.method = plan.method_cls(plan.options, self.runner.model, self.runner.drafters)
         if self.runner.model.one_copy:
             keep_one_copy_of(networks(self.runner.method))
+        if plan.compile_mode is not None:  # its own drafters' graphs, compiled before its pass is timed
+            self.runner.compile_drafters(self.longest)
 
     def starting(self) -> AbstractContextManager:
         return nullcontext()  # nothing boots in the background: the target is loaded in `prepare`

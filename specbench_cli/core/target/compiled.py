@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from specbench_cli.core.attention import grouped_attention
+from specbench_cli.core.compiling import static_graph
 from specbench_cli.core.target.backends import Attention
 from specbench_cli.core.target.rows import Layout, Out, Rows, padded, visibility
 from specbench_cli.core.tree import DraftTree
@@ -99,16 +100,8 @@ class CompiledPath:
             buf[:, :, slot, :, base:base + rows] = written[layers, :, slot].to(buf.device)
 
     def compiled(self, fn: Callable) -> Callable:
-        """`fn` under torch.compile with this target's mode and backend, static shapes, one graph per bucket."""
-        # One graph per bucket and capture set; every target model of a process shares `step`'s code object,
-        # whose recompile limit dynamo counts (a test session builds dozens): never hit it.
-        limit = 1024
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
-        mode = "reduce-overhead" if self.mode == "reduce-overhead" else None
-        backend = "inductor" if self.mode in ("reduce-overhead", "inductor", "default") else self.mode
-        return torch.compile(fn, mode=mode, backend=backend, fullgraph=True, dynamic=False)
+        """`fn` under torch.compile with this target's mode, static shapes, one graph per bucket."""
+        return static_graph(fn, self.mode)
 
     def note_bucket(self, size: int) -> None:
         """A compiled forward of `size` rows is about to run: one that compiles inside a round is recorded."""

@@ -17,7 +17,6 @@ reference passes them).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -215,7 +214,7 @@ class Dart(FeatureDrafter):
 
     def rows(self, pending: int) -> int:
         """A round's input rows for `pending` new positions: compiled, the smallest bucket that fits (padding rows
-        at the front see only themselves); a longer backlog (the prompt) and an eager run: as many as there are."""
+        at the front, which no real row sees); a longer backlog (the prompt) and an eager run: as many as there are."""
         fits = [b for b in ROW_BUCKETS if b >= pending] if self.graphs is not None else []
         return fits[0] if fits else pending
 
@@ -224,7 +223,7 @@ class Dart(FeatureDrafter):
         super().start(state)
         lane = self.lane(state)
         lane.preceding = list(state.tokens)  # prompt + root
-        lane.kv.least = self.capacity  # compiled: one buffer shape for every round
+        lane.kv.fixed(self.capacity)  # compiled: one buffer shape for every round (eager: 0, growing)
 
     def round_room(self) -> int:
         return ROW_BUCKETS[-1] + self.draft.config.mask_slots
@@ -232,14 +231,12 @@ class Dart(FeatureDrafter):
     @torch.inference_mode()
     def warm_steps(self, batch: int) -> None:
         """The round's forward for each bucket of new positions."""
-        c, weight = self.draft.config, self.draft.fc.weight
-        zeros = functools.partial(torch.zeros, device=weight.device)
-        slots = Slots(*(zeros(batch, c.kv_heads, self.capacity, c.head_dim, dtype=weight.dtype) for _ in "kv"), 0)
+        c, weight, slots = self.draft.config, self.draft.fc.weight, self.blank_slots(batch)
         for rows in ROW_BUCKETS:
             width = rows + c.mask_slots
-            mask = zeros(batch, width, width, dtype=torch.bool) | torch.eye(width, dtype=torch.bool, device=weight.device)
-            self._step(zeros(batch, rows, 3 * c.target_hidden, dtype=weight.dtype), zeros(batch, rows, dtype=torch.long),
-                       zeros(batch, width, dtype=torch.long), slots, mask)
+            ids, positions = (torch.zeros(batch, n, dtype=torch.long, device=self.device) for n in (rows, width))
+            self._step(weight.new_zeros(batch, rows, 3 * c.target_hidden), ids, positions, slots,
+                       self.own_keys_only(batch, width))
 
     def search_tree(self, lane: Lane, logits: torch.Tensor) -> DraftTree:
         """The tree the n-gram-guided search grows from the levels' logits [draft_length + 1, draft vocab]."""

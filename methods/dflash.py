@@ -20,7 +20,6 @@ draft's tempered distribution and verifies it with standard speculative sampling
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
 
@@ -334,9 +333,6 @@ class DFlash(FeatureDrafter):
 
     @torch.inference_mode()
     def warm_steps(self, batch: int) -> None:
-        c, weight, size = self.draft.config, self.draft.fc.weight, self.block_size
-        zeros = functools.partial(torch.zeros, device=weight.device)
-        past = [Slots(*(zeros(batch, c.kv_heads, self.capacity, c.head_dim, dtype=weight.dtype) for _ in "kv"), 0)
-                for _ in self.draft.layers]
-        mask = zeros(batch, size, size, dtype=torch.bool) | torch.eye(size, dtype=torch.bool, device=weight.device)
-        self._block(zeros(batch, size, dtype=torch.long), zeros(batch, size, dtype=torch.long), past, mask)
+        size = self.block_size
+        ids = torch.zeros(batch, size, dtype=torch.long, device=self.device)
+        self._block(ids, ids, [self.blank_slots(batch) for _ in self.draft.layers], self.own_keys_only(batch, size))

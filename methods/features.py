@@ -15,6 +15,7 @@ import torch
 from specbench_cli.core.compiling import StepGraphs
 from specbench_cli.core.method import DecodeState, Method
 from specbench_cli.core.target import Target
+from specbench_methods.layers import Slots
 
 
 class FeatureDrafter(Method):
@@ -35,7 +36,10 @@ class FeatureDrafter(Method):
         self.capacity = longest + self.round_room()
         with self.graphs.warming():
             for batch in range(1, lanes + 1):
-                self.warm_steps(batch)
+                for _ in range(self.graphs.warm_calls):
+                    self.warm_steps(batch)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         return dict(self.graphs.seconds)
 
     def late_compiles(self) -> list[str]:
@@ -46,8 +50,22 @@ class FeatureDrafter(Method):
         raise NotImplementedError
 
     def warm_steps(self, batch: int) -> None:
-        """Run every compiled step once on zero inputs of each shape a round of `batch` sequences gives."""
+        """Run every compiled step once on zero inputs of each shape a round of `batch` sequences gives (with
+        `blank_slots` and `own_keys_only`)."""
         raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        return self.draft.fc.weight.device
+
+    def blank_slots(self, batch: int) -> Slots:
+        """Zero round buffers [batch, kv heads, capacity, d] of the draft's dtype, nothing cached."""
+        c, weight = self.draft.config, self.draft.fc.weight
+        return Slots(*(weight.new_zeros(batch, c.kv_heads, self.capacity, c.head_dim) for _ in "kv"), 0)
+
+    def own_keys_only(self, batch: int, rows: int) -> torch.Tensor:
+        """A step's mask [batch, rows, rows] over nothing cached: each row sees itself."""
+        return torch.eye(rows, dtype=torch.bool, device=self.device).expand(batch, -1, -1)
 
     def attach(self, target: Target) -> None:
         target.capture(self.capture)

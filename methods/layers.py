@@ -126,6 +126,7 @@ class Attention(nn.Module):
         q = rotate(self._heads(q, self.heads, self.q_norm), cos, sin)
         k, v = self._rotated_kv(k, v, cos, sin)
         if isinstance(past, Apart):
+            assert extra is None, "a compiled step's buffers hold every key it sees"
             return self.o_proj(past.attend(q, k, v, mask).reshape(*x.shape[:-1], -1)), (k, v)
         if isinstance(past, Slots):
             all_k, all_v = past.write(k, v)
@@ -218,8 +219,9 @@ class DraftKV:
         self.least = 0  # the capacity it allocates at least (a compiled drafter's planned one: `fixed`)
 
     def fixed(self, capacity: int) -> DraftKV:
-        """Allocate `capacity` entries (and keep them until a sequence outgrows them): a compiled drafter's round
-        buffers keep their shape, so its graphs do not recompile."""
+        """Allocate at least `capacity` entries when the buffers are first made (0: as many as needed, doubling):
+        a compiled drafter's round buffers keep one shape while no sequence outgrows them, so its graphs do not
+        recompile."""
         self.least = capacity
         return self
 

@@ -66,6 +66,7 @@ def test_model_drafters(distilled, name):
 
 @pytest.mark.slow
 def test_routed_method(distilled):
+    """WhiFlash switching between EAGLE-3 and DFlash, the target and both drafters compiled."""
     from specbench_methods.dflash import DFlash
     from specbench_methods.eagle3 import Eagle3
     from specbench_methods.whiflash import WhiFlashEntropy
@@ -80,9 +81,12 @@ def test_routed_method(distilled):
         return WhiFlashEntropy(options, loaded(target), {"eagle3": str(eagle3), "dflash": str(dflash)})
 
     entropies = sorted(r.extras["entropy"] for r in run_method(target, method(-1.0), corpus[0][:24]).rounds)
-    result = assert_lossless(target, method(entropies[len(entropies) // 2]), corpus[0][:24], min_accepted=20,
-                             target=compiled(target))
+    routed = method(entropies[len(entropies) // 2])
+    drafters = {name: p.compile("aot_eager", 512, 1) for name, p in routed.proposers.items()}
+    assert all(drafters.values()), "each of the router's drafters compiled its steps"
+    result = assert_lossless(target, routed, corpus[0][:24], min_accepted=20, target=compiled(target))
     assert len({r.proposer for r in result.rounds}) == 2  # the router switched: both proposers verified compiled
+    assert not any(p.late_compiles() for p in routed.proposers.values())
 
 
 def test_sps_extra_forward(tmp_path):
@@ -139,7 +143,7 @@ def test_compiled_drafters_draft_what_eager_drafts(distilled, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["eagle3", "dflash", "dart"])
+@pytest.mark.parametrize("name", ["eagle3", "confu", "dflash", "dart"])
 def test_compiled_drafters_never_recompile(distilled, name):
     """Over 100 rounds and more (four prompts, caches of every length up to the planned one) a compiled drafter's
     graphs neither break (fullgraph) nor recompile: dynamo is told to fail on a recompile."""
@@ -151,7 +155,7 @@ def test_compiled_drafters_never_recompile(distilled, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["eagle3", "dflash"])
+@pytest.mark.parametrize("name", ["eagle3", "dflash", "dart"])
 def test_compiled_drafters_in_a_batch(distilled, name):
     """Three sequences at a time, leaving at different rounds: each gets its batch-1 output, through graphs of
     every batch size compiled before the first round."""

@@ -210,7 +210,6 @@ class Eagle3(FeatureDrafter):
             trees.append(DraftTree(tokens[b][kept].tolist(), tree_parents))
         return trees
 
-
     def _step(self, h: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slots: Slots, mask: torch.Tensor,
               features: bool = True) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """One draft step over a round's buffers: eager, it writes its keys into `slots` and attends in place;
@@ -228,7 +227,7 @@ class Eagle3(FeatureDrafter):
     # ------------------------------------------------------------------------------------ compiled
     def start(self, state: DecodeState) -> None:
         super().start(state)
-        self.lane(state).kv.least = self.capacity  # compiled: one buffer shape for every round
+        self.lane(state).kv.fixed(self.capacity)  # compiled: one buffer shape for every round (eager: 0, growing)
 
     def round_room(self) -> int:
         o = self.options
@@ -238,13 +237,11 @@ class Eagle3(FeatureDrafter):
     def warm_steps(self, batch: int) -> None:
         """The newest position's step (target features, one row) and a level's (the draft's outputs, top_k rows)."""
         c, o, weight = self.draft.config, self.options, self.draft.fc.weight
-        zeros = functools.partial(torch.zeros, device=weight.device)
-        slots = Slots(*(zeros(batch, c.kv_heads, self.capacity, c.head_dim, dtype=weight.dtype) for _ in "kv"), 0)
+        slots, positions = self.blank_slots(batch), torch.zeros(batch, 1, dtype=torch.long, device=self.device)
         shapes = [(1, 3 * c.target_hidden, True)] + ([(o.top_k, c.hidden, False)] if min(o.depth, o.total_token - 2) else [])
         for rows, width, features in shapes:
-            mask = zeros(batch, rows, rows, dtype=torch.bool) | torch.eye(rows, dtype=torch.bool, device=weight.device)
-            self._step(zeros(batch, rows, width, dtype=weight.dtype), zeros(batch, rows, dtype=torch.long),
-                       zeros(batch, rows, dtype=torch.long), slots, mask, features)
+            ids = positions.expand(-1, rows)
+            self._step(weight.new_zeros(batch, rows, width), ids, ids, slots, self.own_keys_only(batch, rows), features)
 
 
 def _stacked(kvs: list[tuple[torch.Tensor, torch.Tensor] | None]) -> tuple[tuple[torch.Tensor, torch.Tensor] | None,

@@ -30,8 +30,12 @@ def static_graph(fn: Callable, mode: str) -> Callable:
 
 class StepGraphs:
     """A drafter's compiled steps: one compiled function per step kind, each compiling a graph per set of input
-    shapes (and static arguments). It keeps the seconds each graph's first call took (its compile) and which
-    graphs were first called outside `warming` (compiled inside a timed round: run.json's late compiles)."""
+    shapes and dtypes (and static arguments). It keeps the seconds each graph's first call took (its compile,
+    by the graph's name) and which graphs were first called outside `warming` (compiled inside a timed round:
+    run.json's late compiles), a buffer that outgrew its planned capacity included.
+
+    Under CUDA graphs ("reduce-overhead") a graph's outputs live in memory its next replay overwrites, so they
+    are returned as copies, as the target's are."""
 
     def __init__(self, mode: str, owner: str) -> None:
         self.mode = mode
@@ -40,29 +44,42 @@ class StepGraphs:
         self.late: list[str] = []
         self._warming = False
         self._fns: dict[str, Callable] = {}
+        self._names: dict[tuple, str] = {}  # every input's shape and dtype (and the static arguments) -> name
+
+    @property
+    def warm_calls(self) -> int:
+        """Calls that make a shape's graph ready: CUDA graph trees run eagerly once, record on the second call,
+        replay after; inductor and the other backends compile on the first."""
+        return 3 if self.mode == "reduce-overhead" else 1
 
     def __call__(self, kind: str, fn: Callable, *args, **static):
         """fn(*args, **static) through kind's compiled function (built from the first `fn` given for `kind`). The
-        tensors (args: tensors or lists of them) are passed contiguous: a graph is specialised on its inputs'
-        strides, and an expanded input (a beam's first level) would compile a graph of its own."""
-        args = tuple([t.contiguous() for t in a] if isinstance(a, (list, tuple)) else a.contiguous() for a in args)
+        tensors (args: tensors or lists of them) are passed with row-major strides (`_dense`): a graph is specialised
+        on its inputs' strides, and an expanded input (a beam's first level) would compile a graph of its own."""
+        args = tuple([_dense(t) for t in a] if isinstance(a, (list, tuple)) else _dense(a) for a in args)
         compiled = self._fns.get(kind)
         if compiled is None:
             compiled = self._fns[kind] = static_graph(fn, self.mode)
-        name = self.graph_name(kind, args, static)
-        if name in self.seconds:
-            return compiled(*args, **static)
+        key = (kind, *map(_signature, args), *sorted(static.items()))
+        if key in self._names:
+            return self._outputs(compiled(*args, **static))
+        name = self._name(kind, args, static)
         t0 = time.perf_counter()
         out = compiled(*args, **static)
-        self.seconds[name] = time.perf_counter() - t0
+        self._names[key], self.seconds[name] = name, time.perf_counter() - t0
         if not self._warming:
             self.late.append(name)
-        return out
+        return self._outputs(out)
 
-    def graph_name(self, kind: str, args: tuple, static: dict) -> str:
-        """`owner kind`, the first input's shape and the static arguments, e.g. "NAME step 1x1x1728 features=True"
-        (the other inputs' shapes follow from these and the planned capacity)."""
-        return " ".join([self.owner, kind, _shape(args[0]), *(f"{k}={v}" for k, v in sorted(static.items()))])
+    def _name(self, kind: str, args: tuple, static: dict) -> str:
+        """`owner kind`, the first input's shape and the static arguments, e.g. "NAME step 1x1x1728 flag=True"; a
+        second graph under the same name (a buffer of another capacity, another dtype) gets " #2" and so on."""
+        name = " ".join([self.owner, kind, _shape(args[0]), *(f"{k}={v}" for k, v in sorted(static.items()))])
+        taken = sum(1 for n in self.seconds if n == name or n.startswith(name + " #"))
+        return name if not taken else f"{name} #{taken + 1}"
+
+    def _outputs(self, out):
+        return torch.utils._pytree.tree_map(torch.clone, out) if self.mode == "reduce-overhead" else out
 
     @contextmanager
     def warming(self) -> Iterator[None]:
@@ -72,6 +89,23 @@ class StepGraphs:
             yield
         finally:
             self._warming = False
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """t with row-major strides: a copy unless it has them. `contiguous()` is not enough: it keeps a slice's
+    stride on a dimension of size 1, which a graph is specialised on all the same."""
+    strides, step = [], 1
+    for size in reversed(t.shape):
+        strides.append(step)
+        step *= size
+    return t if t.stride() == tuple(reversed(strides)) else t.clone(memory_format=torch.contiguous_format)
+
+
+def _signature(a) -> tuple:
+    """What a graph is specialised on, of one input: its shape and dtype (each tensor's, for a list)."""
+    if isinstance(a, (list, tuple)):
+        return tuple(_signature(t) for t in a)
+    return tuple(a.shape), a.dtype
 
 
 def _shape(a) -> str:

@@ -59,6 +59,7 @@ class Runner:
         self.target = self.batch.slots[0]
         self.drafters = drafter_folders(plan, model)
         self.method: Method = plan.method_cls(plan.options, model, self.drafters)
+        self.retired_late: list[str] = []  # late compiles of methods a --repeat pass replaced
         acceptance = plan.acceptance and SyntheticAcceptance(plan.acceptance.rates, plan.config.seed)
         self.settings = DecodeSettings(plan.config.max_new_tokens, plan.config.temperature, model.stop_ids, acceptance)
         self.run_name = plan.out.name
@@ -89,8 +90,20 @@ class Runner:
 
     @property
     def late_compiles(self) -> list:
-        """What compiled inside a timed round: the target's forwards past every bucket, drafters' unforeseen shapes."""
-        return [*self.batch.late_compiles, *(name for p in proposers(self.method) for name in p.late_compiles())]
+        """What compiled inside a timed round: the target's forwards past every bucket, drafters' unforeseen shapes
+        (earlier passes' methods' included)."""
+        return [*self.batch.late_compiles, *self.retired_late, *self._drafters_late()]
+
+    def _drafters_late(self) -> list[str]:
+        return [name for p in proposers(self.method) for name in p.late_compiles()]
+
+    def replace_method(self, method: Method, longest: int) -> None:
+        """Decode with a new instance of the method from now on (a `--repeat` pass), its drafters compiled before
+        it decodes; the late compiles of the one it replaces are kept."""
+        self.retired_late += self._drafters_late()
+        self.method = method
+        if self.plan.compile_mode is not None:
+            self.compile_drafters(longest)
 
     def check_lengths(self) -> int:
         return check_lengths(self.plan, self.model, getattr(self.model.model.config, "max_position_embeddings", None))
@@ -217,11 +230,9 @@ class RunJob(OneAtATime):
         """A new pass over the selection (`run --repeat`) starts from a new method, so no cross-prompt state (a
         suffix cache) carries the previous pass's answers to the same prompts."""
         plan = self.plan
-        self.runner.method = plan.method_cls(plan.options, self.runner.model, self.runner.drafters)
+        self.runner.replace_method(plan.method_cls(plan.options, self.runner.model, self.runner.drafters), self.longest)
         if self.runner.model.one_copy:
             keep_one_copy_of(networks(self.runner.method))
-        if plan.compile_mode is not None:  # its own drafters' graphs, compiled before its pass is timed
-            self.runner.compile_drafters(self.longest)
 
     def starting(self) -> AbstractContextManager:
         return nullcontext()  # nothing boots in the background: the target is loaded in `prepare`

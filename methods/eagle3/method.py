@@ -89,19 +89,19 @@ class Eagle3(FeatureDrafter):
 
     # ------------------------------------------------------------------------------------ what profiling times
     @torch.inference_mode()
-    def switching_probes(self, target, length: int, backlogs: list[int],
-                         generator: torch.Generator) -> tuple[Callable[[], None], dict[int, Callable[[], None]]]:
+    def switching_probes(self, target, length: int, backlogs: list[int], generator: torch.Generator,
+                         draft_only: bool = False) -> tuple[Callable[[], None], dict[int, Callable[[], None]]]:
         """What `profile --switching` times at base length `length` (WhiFlash Table 4/12), over random ids and
         features: one round (the draft over a `length`-row cache, then the target's verify of its tree; the
-        target's cache holds `length` tokens) and, per backlog B, a switch's catch-up (KV-only rows for B-1
-        tokens, the full layer on the newest, over length + B - 1 cached rows)."""
+        target's cache holds `length` tokens; `draft_only`: the draft alone) and, per backlog B, a switch's
+        catch-up (KV-only rows for B-1 tokens, the full layer on the newest, over length + B - 1 cached rows)."""
         draft, c, device = self.draft, self.draft.config, target.device
         most, L = max(backlogs), length
         ids = torch.randint(0, c.vocab, (L,), generator=generator).tolist()
         target.prefill(ids)
         feats = torch.randn(L + most, 3 * c.target_hidden, generator=generator).to(device, draft.fc.weight.dtype)
         tok = torch.randint(0, c.vocab, (L + most + 1,), generator=generator).to(device)
-        before = DraftKV()
+        before = DraftKV().fixed(self.capacity)
         before.append(*draft.keys_values(feats[:L - 1], tok[1:L], torch.arange(L - 1, device=device)))
         full = draft.keys_values(feats[:L], tok[1:L + 1], torch.arange(L, device=device))
         state = DecodeState(ids + [int(tok[L])], L, target, 0.0, None)
@@ -126,7 +126,7 @@ class Eagle3(FeatureDrafter):
                 kv = (torch.cat((full[0], k), 1), torch.cat((full[1], v), 1))
             draft.step(feats[L + B - 1:L + B], tok[L + B:L + B + 1], pos[-1:], kv, causal_mask(1, L + B - 1, device))
 
-        return one_round, {B: functools.partial(catch_up, B) for B in backlogs}
+        return draft_round if draft_only else one_round, {B: functools.partial(catch_up, B) for B in backlogs}
 
     def switching_room(self) -> int:
         """Positions a round adds past the base length (its tree), which `profile --switching` keeps free."""

@@ -14,6 +14,7 @@ compiled drafting is faster.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -54,15 +55,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mode", default=None, help="compile mode (default: inductor on a CPU, reduce-overhead on CUDA)")
     ap.add_argument("--opt", action="append", default=[], help="eagle3 option KEY=VALUE (e.g. depth=8)")
     ap.add_argument("--record", type=Path, default=None, help="write the record here (JSON)")
+    ap.add_argument("--json", type=Path, default=None, help="write the numbers alone here (check.sh)")
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
     torch.set_num_threads(a.threads)
     out = Path(tempfile.mkdtemp()) / "run"
-    config = RunConfig(model=a.model, method="eagle3", dtype=a.dtype, out=out, threads=a.threads,
+    config = RunConfig(model=a.model, method="eagle3", dtype=a.dtype, device=a.device, out=out, threads=a.threads,
                        opts=a.opt)
     checked = plan(config, dict(os.environ))
     runner = Runner(checked, loaded_target(checked, None))
@@ -98,6 +101,8 @@ def main() -> None:
         print(row, flush=True)
     if compiled.late_compiles():
         print("late compiles:", compiled.late_compiles())
+    if a.json:
+        a.json.write_text(json.dumps({"mode": mode, "compile_seconds": seconds, "rounds": rows}, indent=1))
     if a.record:
         write_record(a.record, "EAGLE-3's draft phase alone, eager against compiled drafters, by context "
                      "(benchmarks/compiled_drafting.py)", "perf_counter", target.device,

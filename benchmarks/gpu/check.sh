@@ -49,13 +49,14 @@ mkdir -p "$OUT" "$WORK"
 export COLUMNS=200 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 if [ "$SMALL" = 1 ]; then   # rehearsal sizes: every command runs, nothing is worth timing
-  REPS=2 NEW=16 LIMIT=2 TOKENS=16 BATCHES=1,2 BLIMIT=2 SIZES=1,4 CSIZES=1 BUCKET=4 RUN_LIMIT=400
+  REPS=2 NEW=16 LIMIT=2 TOKENS=16 BATCHES=1,2 BLIMIT=2 SIZES=1,4 CSIZES=1 BUCKET=4 RUN_LIMIT=400 CONTEXTS=128
   SEEDS="qwen3-0.6b" SEED_LIMIT=300 PLIMIT=1 PROJECTION_LIMIT=1200 SEED_CSIZES=1 SEED_COMPILED_LIMIT=900
 else
   # sized from the H100 call (benchmarks/results/gpu/h100-check.json): eager forwards there are host-bound, so the
   # eager runs of 8 x 128 tokens left no time for the batches; half that now. From the H200 calls: a run process
   # pays its imports, load and CUDA context before it decodes, so the methods run as one list
   REPS=10 NEW=128 LIMIT=6 TOKENS=64 BATCHES=1,8,32 BLIMIT=32 SIZES=1,4,16,64 CSIZES=1,16 BUCKET=64 RUN_LIMIT=200
+  CONTEXTS=128,384,640,896  # the H200's eager drafting grew from 23 ms under 128 cached tokens to 106-130 at 640-896
   # the seeds stage: on the H200 a compiled graph of the 30-layer embedded model took about a minute to build
   # (benchmarks/results/readme/h200-check.json: the compiled decode did not finish in 200 s), an 8 B model has 32-36
   SEEDS="qwen3-8b llama3.1-8b" SEED_LIMIT=90 PLIMIT=4 PROJECTION_LIMIT=240 SEED_CSIZES=1,64 SEED_COMPILED_LIMIT=200
@@ -178,6 +179,12 @@ stage_profile() {  # where eagle3's draft and an eager verify spend a round (the
   tar czf "$OUT/profile.tgz" -C "$WORK" profile 2>/dev/null   # each method's run and op_profile.txt
 }
 
+stage_drafting() {  # is compiled EAGLE-3 drafting faster than eager, and flat in the context? (issue 68 parts 1, 3)
+  log "drafting: eagle3's draft phase alone, eager against compiled, at contexts $CONTEXTS"
+  timeout 180 $PY benchmarks/compiled_drafting.py --device "$DEVICE" --dtype bfloat16 --lengths $CONTEXTS --reps $REPS \
+      --json "$OUT/drafting.json" 2>&1 | grep -v -e "Converting" -e "^W11" | tail -8
+}
+
 stage_compiled() {
   log "engine: bf16 compiled, sizes $CSIZES"
   timeout 200 $PY benchmarks/engine.py --device "$DEVICE" --dtype bfloat16 --compile --reps $REPS --new $NEW --vllm-reps 0 \
@@ -228,6 +235,7 @@ case "${1:-}" in
     } 2>&1 | tee -a "$OUT/check.log"
     stage_syncs 2>&1 | tee -a "$OUT/check.log"
     stage_runs 2>&1 | tee -a "$OUT/check.log"
+    stage_drafting 2>&1 | tee -a "$OUT/check.log"
     stage_runs_cudnn 2>&1 | tee -a "$OUT/check.log"
     stage_profile 2>&1 | tee -a "$OUT/check.log"
     stage_engine 2>&1 | tee -a "$OUT/check.log"

@@ -209,9 +209,6 @@ class Dart(FeatureDrafter):
             return self.draft.step(h, ids, positions, slots, mask)
         return self.graphs("step", self._apart_step, h, ids, positions, slots.k, slots.v, Apart.mask(mask, slots))
 
-    def _apart_step(self, h, ids, positions, k, v, mask):
-        return self.draft.step(h, ids, positions, Apart(k, v), mask)
-
     def rows(self, pending: int) -> int:
         """A round's input rows for `pending` new positions: compiled, the smallest bucket that fits (padding rows
         at the front, which no real row sees); a longer backlog (the prompt) and an eager run: as many as there are."""

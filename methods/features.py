@@ -15,7 +15,7 @@ import torch
 from specbench_cli.core.compiling import StepGraphs
 from specbench_cli.core.method import DecodeState, Method
 from specbench_cli.core.target import Target
-from specbench_methods.layers import Slots
+from specbench_methods.layers import Apart, Slots
 
 
 class FeatureDrafter(Method):
@@ -53,6 +53,10 @@ class FeatureDrafter(Method):
         """Run every compiled step once on zero inputs of each shape a round of `batch` sequences gives (with
         `blank_slots` and `own_keys_only`)."""
         raise NotImplementedError
+
+    def _apart_step(self, h, ids, positions, k, v, mask, **static):
+        """A draft network's `step` (EAGLE-3's and DART's) as a compiled graph runs it: over whole buffers."""
+        return self.draft.step(h, ids, positions, Apart(k, v), mask, **static)
 
     @property
     def device(self) -> torch.device:

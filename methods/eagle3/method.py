@@ -221,9 +221,6 @@ class Eagle3(FeatureDrafter):
         slots.write(k, v)
         return out, (k, v)
 
-    def _apart_step(self, h, ids, positions, k, v, mask, features: bool):
-        return self.draft.step(h, ids, positions, Apart(k, v), mask, features=features)
-
     # ------------------------------------------------------------------------------------ compiled
     def start(self, state: DecodeState) -> None:
         super().start(state)

@@ -159,13 +159,16 @@ def test_bf16_methods_equal_the_bf16_baseline(arch, chain):
 @pytest.mark.slow
 @needs_embedded
 def test_embedded_bf16_runs_equal_the_bf16_baseline_turn_by_turn(tmp_path):
-    """bf16 CPU runs with `--batch-invariant on`: EAGLE-3's 60-node tree, DFlash's block and ConFu's tree with
-    side rows over reserved cache entries, on a multi-turn selection, give the baseline's ids in every turn,
-    and the greedy replay (whose reference is this target) finds no token off."""
+    """bf16 CPU runs with `--batch-invariant on`: DFlash's block and ConFu's tree (an EAGLE-3 tree with side rows
+    over reserved cache entries), on a multi-turn selection, give the baseline's ids in every turn, and the greedy
+    replay (whose reference is this target) finds no token off. CI time: EAGLE-3 alone adds nothing ConFu lacks,
+    and the tree has 16 nodes, not the paper's 60 (on a CPU without bf16 instructions a 60-node exact verify took
+    2.3 s)."""
     outputs = {}
-    methods = ("baseline", "eagle3", "dflash", "confu")
-    result = CliRunner().invoke(app, ["run", "--method", ",".join(methods), "--dtype", "bfloat16", "--limit", "2",
-                                      "--max-new-tokens", "40", "--warmup", "0", "--batch-invariant", "on",
+    methods = ("baseline", "dflash", "confu")
+    tree = ["--opt", "confu.total_token=16", "--opt", "confu.depth=4", "--opt", "confu.top_k=4"]
+    result = CliRunner().invoke(app, ["run", "--method", ",".join(methods), *tree, "--dtype", "bfloat16", "--limit",
+                                      "2", "--max-new-tokens", "32", "--warmup", "0", "--batch-invariant", "on",
                                       "--out", str(tmp_path)])  # one list: the target loads once (CI time)
     assert result.exit_code == 0, result.output
     for method in methods:
@@ -176,7 +179,7 @@ def test_embedded_bf16_runs_equal_the_bf16_baseline_turn_by_turn(tmp_path):
         assert info["settings"]["batch_invariant"] is True and info["attention"] == "row kernel"
         assert info["layers"] == ("one call" if can_pack(CPU, torch.bfloat16) else "pytorch")
     assert len(outputs["baseline"]) >= 3  # a multi-turn prompt is in the selection
-    for method in ("eagle3", "dflash", "confu"):
+    for method in ("dflash", "confu"):
         assert outputs[method] == outputs["baseline"], f"{method} leaves the bf16 baseline"
 
 

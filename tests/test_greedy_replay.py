@@ -144,9 +144,10 @@ def test_plain_bf16_runs_are_replayed(tmp_path):
     after its last round, rows rewritten); `--no-replay` records none."""
     # --no-replay needs no long answers to show that nothing was replayed: one prompt, a few tokens (CI time)
     runs = {"single": [], "batch": ["--batch-size", "2"], "none": ["--no-replay", "--limit", "1", "--max-new-tokens", "8"]}
+    tree = ["--opt", "total_token=16", "--opt", "depth=4", "--opt", "top_k=4"]  # bf16 without bf16 instructions: CI time
     for name, extra in runs.items():
-        result = CliRunner().invoke(app, ["run", "--method", "eagle3", "--dtype", "bfloat16", "--limit", "2",
-                                          "--max-new-tokens", "40", "--warmup", "0", "--threads", "2",
+        result = CliRunner().invoke(app, ["run", "--method", "eagle3", *tree, "--dtype", "bfloat16", "--limit", "2",
+                                          "--max-new-tokens", "24", "--warmup", "0", "--threads", "2",
                                           "--batch-invariant", "off", "--out", str(tmp_path / name), *extra])
         assert result.exit_code == 0, result.output
         info = json.loads((tmp_path / name / "run.json").read_text())

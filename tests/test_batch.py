@@ -19,7 +19,7 @@ from specbench_cli.core.method import DecodeState, Method
 from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.tree import DraftTree
 from specbench_cli.core.turn import DecodeSettings, TurnResult
-from tests.conftest import needs_embedded
+from tests.conftest import THREADS, needs_embedded
 from tests.helpers import OracleTree, random_prompt, run_method
 from tests.test_lossless import make
 
@@ -352,7 +352,7 @@ def _cli(*args: str):
 
     from specbench_cli.cli import app
 
-    return CliRunner().invoke(app, ["run", "--model", "smollm2-135m", "--threads", "2", "--dtype", "float32", *args])
+    return CliRunner().invoke(app, ["run", "--model", "smollm2-135m", "--threads", THREADS, "--dtype", "float32", *args])
 
 
 @pytest.mark.slow
@@ -382,7 +382,7 @@ def test_batched_runs_equal_batch_one_turn_by_turn_and_resume(tmp_path):
         assert info["settings"]["batch_size"] == size and info["throughput"]["output_tokens"] == mine.new_tokens.sum()
 
     killed = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "specbench_cli.cli", "run", "--model", "smollm2-135m", "--threads", "2", "--dtype",
+    cmd = [sys.executable, "-m", "specbench_cli.cli", "run", "--model", "smollm2-135m", "--threads", THREADS, "--dtype",
            "float32", "--method", "suffix", *args, "--batch-size", "3", "--out", str(killed)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     deadline = time.time() + 600

@@ -12,6 +12,7 @@ from specbench_cli import loading
 from specbench_cli.cli import app
 from specbench_cli.core.row_attention import kernel
 from specbench_cli.loading import resolve_dtype
+from tests.conftest import THREADS
 
 CPU = torch.device("cpu")
 REAL_FLAGS = loading.cpu_flags  # taken at import, before the conftest's autouse pin replaces it in each test
@@ -68,7 +69,7 @@ def test_a_run_records_the_choice_and_why(cpuinfo, tmp_path):
     cpuinfo(EPYC)
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", "--method", "baseline", "--limit", "1", "--max-new-tokens", "4",
-                                      "--warmup", "0", "--threads", "2", "--out", str(out)])
+                                      "--warmup", "0", "--threads", THREADS, "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "target in bfloat16 (auto: bfloat16, the CPU has avx512_bf16" in result.output
     info = json.loads((out / "run.json").read_text())

@@ -13,7 +13,7 @@ from specbench_cli.analysis.results import load
 from specbench_cli.cli import app
 from specbench_cli.records import read_table
 from specbench_cli.greedy_replay import CHAIN, Replayed, Replayer
-from tests.conftest import needs_embedded, tiny_model
+from tests.conftest import THREADS, needs_embedded, tiny_model
 from tests.fake_runs import Turn, write_run
 from tests.helpers import OracleTree, baseline_output, random_prompt, run_method
 
@@ -147,7 +147,7 @@ def test_plain_bf16_runs_are_replayed(tmp_path):
     tree = ["--opt", "total_token=16", "--opt", "depth=4", "--opt", "top_k=4"]  # bf16 without bf16 instructions: CI time
     for name, extra in runs.items():
         result = CliRunner().invoke(app, ["run", "--method", "eagle3", *tree, "--dtype", "bfloat16", "--limit", "2",
-                                          "--max-new-tokens", "24", "--warmup", "0", "--threads", "2",
+                                          "--max-new-tokens", "24", "--warmup", "0", "--threads", THREADS,
                                           "--batch-invariant", "off", "--out", str(tmp_path / name), *extra])
         assert result.exit_code == 0, result.output
         info = json.loads((tmp_path / name / "run.json").read_text())

@@ -15,7 +15,7 @@ from specbench_cli.cli import app
 from specbench_cli.datasets import Prompt
 from specbench_cli.records import RUN_TABLES, PromptRecord, read_table, run_parts
 from specbench_cli.run_folder import RunFolder, Start, record_interleaved
-from tests.conftest import needs_embedded
+from tests.conftest import THREADS, needs_embedded
 
 
 class Stand:
@@ -121,7 +121,7 @@ def test_a_resume_without_the_passes_a_run_had_is_refused(tmp_path):
     assert folder.resumed({"method": "suffix", "repeat": 3}, {}).settings["repeat"] == 3
 
 
-TINY = ["--model", "smollm2-135m", "--threads", "2", "--dtype", "float32", "--max-new-tokens", "16", "--limit", "2",
+TINY = ["--model", "smollm2-135m", "--threads", THREADS, "--dtype", "float32", "--max-new-tokens", "16", "--limit", "2",
         "--warmup", "0"]
 
 

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from specbench_cli.cli import app
 from specbench_cli.records import PromptRecord, RoundRecord, read_table, schema
-from tests.conftest import needs_embedded
+from tests.conftest import THREADS, needs_embedded
 
 pytestmark = needs_embedded
-COMMON = ["--model", "smollm2-135m", "--threads", "2", "--dtype", "float32"]  # subprocesses too
+COMMON = ["--model", "smollm2-135m", "--threads", THREADS, "--dtype", "float32"]  # subprocesses too
 TOKENS = "32"  # per turn in the multi-turn runs and the committed drafters' runs (they are compared): CI time
 SMALL_TREE = ["--opt", "total_token=8", "--opt", "depth=3", "--opt", "top_k=3"]  # EAGLE-3-style trees: CPU time in CI
 ROUTED_TREE = [p if p == "--opt" else f"eagle3.{p}" for p in SMALL_TREE]  # the same tree as a routed method's EAGLE-3
@@ -222,10 +222,12 @@ def test_resume_refuses_changed_settings(tmp_path):
     result = CliRunner().invoke(app, ["run", *COMMON, "--method", "baseline", "--dataset", "aime25", "--limit", "1",
                                       "--max-new-tokens", "8", "--warmup", "0", "--out", str(out), "--resume"])
     assert result.exit_code == 2 and "max_new_tokens" in result.output
-    result = CliRunner().invoke(app, ["run", "--model", "smollm2-135m", "--threads", "1", "--method", "baseline",
+    other = "2" if THREADS == "1" else "1"  # refused before anything decodes
+    result = CliRunner().invoke(app, ["run", "--model", "smollm2-135m", "--threads", other, "--method", "baseline",
                                       "--dataset", "aime25", "--limit", "1", "--max-new-tokens", "4", "--warmup", "0",
                                       "--out", str(out), "--resume"])
-    assert result.exit_code == 2 and "measured differently (torch_threads 2 -> 1)" in result.output, result.output
+    assert result.exit_code == 2, result.output
+    assert f"measured differently (torch_threads {THREADS} -> {other})" in result.output, result.output
 
 
 def test_resume_refuses_drafter_weights_changed_under_the_same_path(drafters, tmp_path):

@@ -14,7 +14,7 @@ from specbench_cli.commands.tune import pricing as tuning
 from specbench_cli import budgets
 from specbench_cli.cli import app
 from specbench_cli.commands.tune.pricing import Costs, choose, predict
-from tests.conftest import needs_embedded
+from tests.conftest import THREADS, needs_embedded
 
 GPU_LIKE = Costs(10.0, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.01, 16: 1.02, 32: 1.05, 64: 1.1})  # verify is nearly free
 CPU_LIKE = Costs(10.0, {1: 1.0, 2: 1.2, 4: 1.5, 8: 2.0, 16: 3.5, 32: 7.0, 64: 12.0})
@@ -80,7 +80,7 @@ def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch, dr
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(budgets.GRIDS, "suffix", [("max_spec_tokens=4",)])
     monkeypatch.setattr(tuning, "COST_ROWS", (1, 2, 4, 8))
-    common = ["--limit", "1", "--max-new-tokens", "24", "--warmup", "0", "--threads", "2"]
+    common = ["--limit", "1", "--max-new-tokens", "24", "--warmup", "0", "--threads", THREADS]
     result = CliRunner().invoke(app, ["tune", "--method", "suffix", *common, "--out", str(tmp_path / "tune")])
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "tune" / "tune.json").read_text())
@@ -89,8 +89,8 @@ def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch, dr
     assert (frame.tau >= 1).all() and (frame.round_ms > 0).all() and np.isfinite(frame.speedup).all()
     chosen = frame.loc[frame.tokens_per_s.idxmax()]
     assert record["opts"] == ([] if chosen.candidate == "paper default" else ["max_spec_tokens=4"])
-    assert record["measured_speedup"] > 0 and record["machine"] == "float32-cpu-2t"
-    assert (tmp_path / "cache" / "tune" / "smollm2-135m" / "suffix-float32-cpu-2t.json").exists()
+    assert record["measured_speedup"] > 0 and record["machine"] == f"float32-cpu-{THREADS}t"
+    assert (tmp_path / "cache" / "tune" / "smollm2-135m" / f"suffix-float32-cpu-{THREADS}t.json").exists()
     # a bar per candidate, a point per live one, with its interval
     assert set(drawn["candidates"]["legend"]) == {"predicted", "measured (95% interval)"}
     assert 2 in drawn["candidates"]["points"] and (tmp_path / "tune" / "candidates.png").exists()
@@ -107,7 +107,7 @@ def test_tune_chooses_records_and_run_tuned_applies_it(tmp_path, monkeypatch, dr
     result = CliRunner().invoke(app, ["run", "--method", "suffix", "--tuned", *common, "--out", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output
     info = json.loads((tmp_path / "r" / "run.json").read_text())
-    assert info["tuned_from"].endswith("suffix-float32-cpu-2t.json")
+    assert info["tuned_from"].endswith(f"suffix-float32-cpu-{THREADS}t.json")
     assert info["settings"]["options"]["max_spec_tokens"] == (4 if record["opts"] else 64)
 
 
@@ -205,7 +205,7 @@ def test_tune_per_batch_size_chooses_per_level_and_run_tuned_applies_it(tmp_path
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(budgets.GRIDS, "pld", [("num_pred_tokens=2",)])
     monkeypatch.setattr(tuning, "COST_ROWS", (1, 2, 4, 8, 12))
-    common = ["--limit", "2", "--max-new-tokens", "16", "--warmup", "0", "--threads", "2"]
+    common = ["--limit", "2", "--max-new-tokens", "16", "--warmup", "0", "--threads", THREADS]
     result = CliRunner().invoke(app, ["tune", "--method", "pld", "--batch-size", "1,2", *common,
                                       "--out", str(tmp_path / "tune")])
     assert result.exit_code == 0, result.output
@@ -221,7 +221,7 @@ def test_tune_per_batch_size_chooses_per_level_and_run_tuned_applies_it(tmp_path
     assert record["schedule"] == [[1, 1, record["levels"][0]["k"]], [2, 2, record["levels"][1]["k"]]]
     frame = pd.read_csv(tmp_path / "tune" / "candidates.csv")
     assert sorted(set(frame["load"])) == [1, 2] and len(frame) == 4
-    assert (tmp_path / "cache" / "tune" / f"costs-smollm2-135m-float32-cpu-2t-b2-r{tuning.COSTS_REVISION}.json").exists()
+    assert (tmp_path / "cache" / "tune" / f"costs-smollm2-135m-float32-cpu-{THREADS}t-b2-r{tuning.COSTS_REVISION}.json").exists()
 
     result = CliRunner().invoke(app, ["run", "--method", "pld", "--tuned", "--batch-size", "2", *common,
                                       "--out", str(tmp_path / "r")])

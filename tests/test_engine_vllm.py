@@ -348,7 +348,9 @@ def test_a_paired_list_in_vllm_repeats_from_fresh_caches_and_a_resume_absorbs_it
     from a's cached output); a new pass starts from empty caches (the worker's "forget"), so pass 1 drafts as pass
     0 did; and vLLM resumes by absorbing, as our engine does: a member resumed after losing pass 1's b takes in
     pass 1's finished outputs only, and drafts b as the uninterrupted run did. The third member runs the target as
-    its own draft model: every draft accepted."""
+    its own draft model: every draft accepted. 32 tokens a prompt: at 24, a's last step verifies tokens past the
+    budget, which vLLM's cache keeps and a resumed member cannot absorb (docs/engines.md), and b's last draft is
+    shorter after the resume."""
     import shutil
 
     from specbench_cli.loading import embedded_folder

@@ -26,6 +26,8 @@ SELECTION = ["--model", "smollm2-135m", "--dataset", "spec-bench", "--category",
              "--threads", "1"]  # one OpenMP thread: a spinning pool on a busy core crawls
 # eager: a first vLLM start on CPU compiles for a long time per speculative config; the tests check outputs, not speed
 ENGINE = ["--engine", "vllm", "--engine-arg", "enforce_eager=true"]
+# a run whose outputs a test compares with our baseline's needs no replay (the fixture's vLLM list is replayed)
+UNREPLAYED = ["--no-replay"]
 METHODS = {"baseline": [], "pld": [], "suffix": [],
            "eagle3": ["--opt", "top_k=1", "--opt", "depth=2", "--opt", "total_token=4"],  # a chain of 3
            "dflash": [], "sps": []}
@@ -57,7 +59,8 @@ def runs(tmp_path_factory, engine_python, embedded) -> dict:
     also at two requests in flight (the tune's). "root" holds our runs and the list."""
     root = tmp_path_factory.mktemp("engine_runs")
     ours = ("baseline", "hf-generate", *CROSS)
-    beside = Background("run", *SELECTION, "--method", ",".join(ours), *in_list(*ours), "--out", str(root / "ours"))
+    beside = Background("run", *SELECTION, *UNREPLAYED, "--method", ",".join(ours), *in_list(*ours),
+                        "--out", str(root / "ours"))
     out = {"root": root, "ours": root / "ours" / "baseline", "hf-generate": root / "ours" / "hf-generate",
            **{f"ours-{m}": root / "ours" / m for m in CROSS}}
     run("--method", ",".join(VLLM_LIST), *ENGINE, "--engine-python", engine_python, *in_list(*VLLM_LIST),
@@ -241,7 +244,8 @@ def test_a_speculators_written_drafter_drafts_as_our_checkpoint_in_both_engines(
     vllm = [*ENGINE, "--engine-python", engine_python]
 
     def args(name: str, drafter: Path) -> list[str]:
-        return ["--method", method, *METHODS[method], "--drafter", f"{method}={drafter}", "--out", str(tmp_path / name)]
+        return ["--method", method, *METHODS[method], "--drafter", f"{method}={drafter}", *UNREPLAYED,
+                "--out", str(tmp_path / name)]
 
     def steps(name: str):
         group = load([tmp_path / name]).groups[0]
@@ -279,7 +283,7 @@ def test_vllm_serve_over_http_drafts_as_the_engine_loop_does(runs, engine_python
 
     out = tmp_path / "served"
     run("--method", "eagle3", *METHODS["eagle3"], *ENGINE, "--engine-python", engine_python, "--engine-serve",
-        "--out", str(out))
+        *UNREPLAYED, "--out", str(out))
     assert outputs(out) == outputs(runs["ours"])
     steps = cross_engine.compare(load([runs["eagle3"]]).groups[0], load([out]).groups[0])
     assert len(steps) == 3 and steps["accepts equal"].all(), steps.to_string()
@@ -321,7 +325,7 @@ def test_an_engine_that_dies_mid_run_keeps_finished_prompts_and_resume_finishes(
 
     out, prompts = tmp_path / "killed", 3
     args = ["run", *SELECTION, "--limit", str(prompts), "--max-new-tokens", "32", "--method", "baseline", *ENGINE,
-            "--engine-python", engine_python, "--out", str(out)]
+            "--engine-python", engine_python, *UNREPLAYED, "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "specbench_cli.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     deadline = time.time() + 600
@@ -359,7 +363,7 @@ def test_a_paired_list_in_vllm_repeats_from_fresh_caches_and_a_resume_absorbs_it
     text = "Write a short poem about the sea."
     data.write_text("".join(json.dumps({"question_id": q, "turns": [text]}) + "\n" for q in ("a", "b")))
     args = ["run", "--model", "smollm2-135m", "--dataset", str(data), "--max-new-tokens", "32", "--warmup", "0",
-            "--dtype", "float32", "--threads", "1", "--repeat", "2", *ENGINE, "--engine-python", engine_python]
+            "--dtype", "float32", "--threads", "1", "--repeat", "2", *ENGINE, "--engine-python", engine_python, *UNREPLAYED]
     whole = tmp_path / "whole"
     result = CliRunner().invoke(app, [*args, "--method", "baseline,suffix,sps", "--drafter", f"sps={embedded_folder()}",
                                       "--opt", "sps.k=3", "--out", str(whole)])

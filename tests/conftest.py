@@ -42,8 +42,9 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(items) -> None:
     """The longest groups first (the engines, then by their count of slow tests), so that no long group starts
     last on a worker; `--no-loadscope-reorder` (pyproject.toml) keeps this order."""
-    slow = Counter(group(item.nodeid) for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: (group(item.nodeid) != "engines", -slow[group(item.nodeid)]))  # stable
+    groups = {item.nodeid: group(item.nodeid) for item in items}
+    slow = Counter(groups[item.nodeid] for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: (groups[item.nodeid] != "engines", -slow[groups[item.nodeid]]))  # stable
 
 
 def tiny_model(arch: str, seed: int = 0, vocab: int = 96, layers: int = 2) -> torch.nn.Module:

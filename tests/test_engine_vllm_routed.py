@@ -22,16 +22,16 @@ from typer.testing import CliRunner
 from specbench_cli.cli import app
 
 from tests.helpers import Background
-from tests.test_engine_vllm import ENGINE, outputs
+from tests.test_engine_vllm import ENGINE, UNREPLAYED, outputs
 
 pytestmark = [pytest.mark.engine, pytest.mark.embedded]
 
 # summarisation and RAG prompts copy from their context, where the cache draft wins; an MT-Bench prompt gives
 # two turns and open-ended text, where EAGLE-3 does
-# --no-replay: every output is compared with our baseline's instead (the replay is tested in test_engine_vllm.py)
+# every output is compared with our baseline's, so no run is replayed (test_engine_vllm.py tests the replay)
 SELECTION = ["--model", "smollm2-135m", "--dataset", "spec-bench", "--category", "writing", "--category",
              "summarization", "--category", "rag", "--limit", "4", "--max-new-tokens", "32", "--warmup", "0", "--dtype", "float32",
-             "--threads", "1", "--no-replay"]
+             "--threads", "1", *UNREPLAYED]
 # what vLLM runs of hvd (engines/vllm_methods.py, _hybrid): EAGLE-3 and the suffix draft as chains, catch-up each step
 AS_VLLM = ["--opt", "eagle3.top_k=1", "--opt", "suffix.tree=false", "--opt", "lazy_catchup=false"]
 # what vLLM runs of whiflash (_whiflash): an EAGLE-3 chain, both drafters catching up every step, EAGLE-3's whole layer

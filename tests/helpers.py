@@ -50,6 +50,14 @@ class OracleTree(Method):
         return DraftTree(tokens, parents)
 
 
+def tree_opts(total: int, depth: int, top_k: int, method: str = "") -> list[str]:
+    """`run`'s --opt arguments for an EAGLE-3-style tree (total_token, depth, top_k), small enough for CI's CPU;
+    `method` prefixes each (a list member or a routed method's proposer: "confu", "eagle3")."""
+    prefix = f"{method}." if method else ""
+    return [arg for key, value in (("total_token", total), ("depth", depth), ("top_k", top_k))
+            for arg in ("--opt", f"{prefix}{key}={value}")]
+
+
 def run_method(model: torch.nn.Module, method: Method, prompt: list[int], max_new: int = 120,
                stops: frozenset[int] = frozenset(), temperature: float = 0.0, target: Target | None = None) -> TurnResult:
     """Decode one turn; `target` (e.g. a compiled one) replaces a fresh eager Target over `model`."""

@@ -26,7 +26,7 @@ from specbench_cli.core.row_attention import kernel
 from specbench_cli.loading import resolve_invariant
 from specbench_cli.records import read_table
 from tests.conftest import needs_embedded, tiny_model
-from tests.helpers import OracleTree, assert_lossless, baseline_output, random_prompt
+from tests.helpers import OracleTree, assert_lossless, baseline_output, random_prompt, tree_opts
 from tests.test_verify import path_to, random_tree
 
 CPU = torch.device("cpu")
@@ -166,7 +166,7 @@ def test_embedded_bf16_runs_equal_the_bf16_baseline_turn_by_turn(tmp_path):
     of an exact verify is a one-token decode)."""
     outputs = {}
     methods = ("baseline", "dflash", "confu")
-    tree = ["--opt", "confu.total_token=16", "--opt", "confu.depth=4", "--opt", "confu.top_k=4"]
+    tree = tree_opts(16, 4, 4, "confu")
     result = CliRunner().invoke(app, ["run", "--method", ",".join(methods), *tree, "--dtype", "bfloat16", "--limit",
                                       "2", "--max-new-tokens", "32", "--warmup", "0", "--batch-invariant", "on",
                                       "--out", str(tmp_path)])  # one list: the target loads once (CI time)

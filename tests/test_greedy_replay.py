@@ -15,7 +15,7 @@ from specbench_cli.records import read_table
 from specbench_cli.greedy_replay import CHAIN, Replayed, Replayer
 from tests.conftest import THREADS, needs_embedded, tiny_model
 from tests.fake_runs import Turn, write_run
-from tests.helpers import OracleTree, baseline_output, random_prompt, run_method
+from tests.helpers import OracleTree, baseline_output, random_prompt, run_method, tree_opts
 
 CPU = torch.device("cpu")
 
@@ -144,7 +144,7 @@ def test_plain_bf16_runs_are_replayed(tmp_path):
     after its last round, rows rewritten); `--no-replay` records none."""
     # --no-replay needs no long answers to show that nothing was replayed: one prompt, a few tokens (CI time)
     runs = {"single": [], "batch": ["--batch-size", "2"], "none": ["--no-replay", "--limit", "1", "--max-new-tokens", "8"]}
-    tree = ["--opt", "total_token=16", "--opt", "depth=4", "--opt", "top_k=4"]  # bf16 without bf16 instructions: CI time
+    tree = tree_opts(16, 4, 4)  # bf16 without bf16 instructions: CI time
     for name, extra in runs.items():
         result = CliRunner().invoke(app, ["run", "--method", "eagle3", *tree, "--dtype", "bfloat16", "--limit", "2",
                                           "--max-new-tokens", "24", "--warmup", "0", "--threads", THREADS,

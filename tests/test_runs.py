@@ -18,12 +18,13 @@ from typer.testing import CliRunner
 from specbench_cli.cli import app
 from specbench_cli.records import PromptRecord, RoundRecord, read_table, schema
 from tests.conftest import THREADS, needs_embedded
+from tests.helpers import tree_opts
 
 pytestmark = needs_embedded
 COMMON = ["--model", "smollm2-135m", "--threads", THREADS, "--dtype", "float32"]  # subprocesses too
 TOKENS = "32"  # per turn in the multi-turn runs and the committed drafters' runs (they are compared): CI time
-SMALL_TREE = ["--opt", "total_token=8", "--opt", "depth=3", "--opt", "top_k=3"]  # EAGLE-3-style trees: CPU time in CI
-ROUTED_TREE = [p if p == "--opt" else f"eagle3.{p}" for p in SMALL_TREE]  # the same tree as a routed method's EAGLE-3
+SMALL_TREE = tree_opts(8, 3, 3)  # EAGLE-3-style trees: CPU time in CI
+ROUTED_TREE = tree_opts(8, 3, 3, "eagle3")  # the same tree as a routed method's EAGLE-3
 
 
 def run_cli(*args: str) -> None:

@@ -4,7 +4,8 @@ share one pairing), reported as ours/vLLM tokens/s with its paired 95 % interval
 
 Each method's two runs are one paired list: our target is loaded once for every method, vLLM starts an engine per
 method (a vLLM engine serves one speculative config). The budgets are each engine's defaults for the method on
-this machine (vLLM's as `engines/vllm_methods.py` maps our options), or `tune`'s with --tuned. Clock: each run's own
+this machine, as `run` drafts them (ours: a CPU budget where one is recorded, `budgets.CPU_BUDGETS`; vLLM's as
+`engines/vllm_methods.py` maps the paper's options), or `tune`'s with --tuned. Clock: each run's own
 (perf_counter on a CPU). Writes a record (command, commit, machine, date, numbers, and our phases' mean ms a round:
 vLLM exposes none) with --record; --resume continues the runs already under --out.
 
@@ -30,6 +31,7 @@ from specbench_cli.analysis import intervals  # noqa: E402
 from specbench_cli.commands.interleave import record_plans  # noqa: E402
 from specbench_cli.engines.vllm import target_folder  # noqa: E402
 from specbench_cli.inputs import RunConfig, use_threads  # noqa: E402
+from specbench_cli.options import options_record  # noqa: E402
 from specbench_cli.planning import loaded_target, plan  # noqa: E402
 from specbench_cli.records import read_table  # noqa: E402
 
@@ -41,11 +43,17 @@ def configs(method: str, a: argparse.Namespace) -> list[RunConfig]:
     """The method's run in each engine, into <out>/<method>/<engine>."""
     common = RunConfig(method=method, target=a.target, dataset=a.dataset, limit=a.limit, max_new_tokens=a.max_new_tokens,
                        dtype=a.dtype, device="cpu", warmup=a.warmup, threads=a.threads, tuned=a.tuned,
-                       batch_invariant=a.batch_invariant, replay=False, opts=[*a.opt_for.get(method, [])])
+                       cpu_budget=not a.paper_budget, batch_invariant=a.batch_invariant, replay=False)
     return [dataclasses.replace(common, engine=engine, out=a.out / method / engine,
+                                opts=[*_opts(a.opt, method), *(_opts(a.ours_opt, method) if engine == "specbench" else [])],
                                 engine_args=a.engine_arg if engine == "vllm" else [],
                                 resume=a.resume and (a.out / method / engine / "run.json").is_file())
             for engine in ENGINES]
+
+
+def _opts(given: list[str], method: str) -> list[str]:
+    """The KEY=VALUE of `given`'s METHOD.KEY=VALUE for `method`."""
+    return [rest for opt in given for name, _, rest in [opt.partition(".")] if name == method]
 
 
 def measure(method: str, model, a: argparse.Namespace, console: Console) -> dict:
@@ -57,10 +65,11 @@ def measure(method: str, model, a: argparse.Namespace, console: Console) -> dict
     ratio = intervals.speedup_interval(ours, theirs, paired=True)
     row = {"method": method, "ours_over_vllm": ratio.value, "interval95": [ratio.low, ratio.high],
            "prompts": ratio.prompts, "units": ratio.units}
-    for engine, prompts in zip(ENGINES, (ours, theirs)):
+    for engine, prompts, planned in zip(ENGINES, (ours, theirs), plans):
         rate = intervals.mean_interval(prompts)
         row[engine] = {"tokens_per_s": rate.value, "interval95": [rate.low, rate.high],
-                       "tau": tau(prompts)}
+                       "tau": tau(prompts), "options": options_record(planned.options)}
+    row["vllm"]["speculative_config"] = plans[1].engine.speculative_config
     row["specbench"]["phases_ms"] = phases_ms(plans[0].out, PHASES)  # vLLM exposes none
     console.print(f"{method}: ours/vLLM {ratio.text(3)} (paired, {ratio.prompts} prompts); ours "
                   f"{row['specbench']['tokens_per_s']:.1f} tok/s τ {row['specbench']['tau']:.2f}, vLLM "
@@ -84,16 +93,15 @@ def main() -> None:
                     help="our target's setting (vLLM's CPU engine is not batch-invariant)")
     ap.add_argument("--tuned", action="store_true", help="each engine at tune's budget for the method")
     ap.add_argument("--opt", action="append", default=[], help="METHOD.KEY=VALUE for both engines (repeatable)")
+    ap.add_argument("--ours-opt", action="append", default=[], help="METHOD.KEY=VALUE for our engine only (repeatable)")
+    ap.add_argument("--paper-budget", action="store_true", help="our engine drafts the paper's budget where `run` "
+                    "drafts a CPU budget (budgets.CPU_BUDGETS)")
     ap.add_argument("--engine-arg", action="append", default=[], help="KEY=VALUE for vLLM's engine (repeatable), "
                     "e.g. max_model_len=8192 where the model's whole context does not fit vLLM's CPU KV cache")
     ap.add_argument("--out", type=Path, default=Path("results/vllm-parity"))
     ap.add_argument("--resume", action="store_true", help="continue the runs already under --out")
     ap.add_argument("--record", type=Path, default=None, help="write the record here (JSON)")
     a = ap.parse_args()
-    a.opt_for = {}
-    for opt in a.opt:
-        method, _, rest = opt.partition(".")
-        a.opt_for.setdefault(method, []).append(rest)
     console = Console()
     methods = a.methods.split(",")
     use_threads(a.threads)
@@ -105,7 +113,8 @@ def main() -> None:
         write_record(a.record, "ours/vLLM tokens/s per method, interleaved prompt by prompt (benchmarks/vllm_parity.py)",
                      "perf_counter (the runs' own decode_ms)", first.device,
                      settings={k: getattr(a, k) for k in ("target", "engine_arg", "dataset", "limit", "max_new_tokens", "dtype", "threads",
-                                                          "warmup", "repeat", "tuned", "batch_invariant")},
+                                                          "warmup", "repeat", "tuned", "batch_invariant", "paper_budget", "opt",
+                                                          "ours_opt")},
                      methods=rows)
         console.print(f"record: {a.record}")
 

@@ -4,10 +4,11 @@ of a change that must not alter behaviour (a large move, a refactor of the loop 
     .venv/bin/python scripts/method_outputs.py /tmp/before.json            # run every method, write the digest
     .venv/bin/python scripts/method_outputs.py /tmp/after.json --compare /tmp/before.json
 
-Each method runs as `specbench run --dataset spec-bench --limit 4 --max-new-tokens 32 --threads 2 --dtype D` (CPU,
-the embedded model; D float32 unless `--dtype` says otherwise, `--batch-size B` for a batched run, whose methods
-must all batch) into a scratch folder beside the digest; the digest holds, per method, per prompt and turn,
-the output ids and τ. `--compare` exits 1 naming every method whose ids or τ differ.
+Each method runs as `specbench run --dataset spec-bench --limit 4 --max-new-tokens 32 --threads 2 --dtype D
+--paper-budget` (CPU, the embedded model, every method at its paper's budget, EAGLE-3's tree included; D float32
+unless `--dtype` says otherwise, `--batch-size B` for a batched run, whose methods must all batch) into a scratch
+folder beside the digest; the digest holds, per method, per prompt and turn, the output ids and τ. `--compare`
+exits 1 naming every method whose ids or τ differ.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def run(method: str, out: Path, dtype: str, batch_size: int) -> dict:
     batch = ["--batch-size", str(batch_size)] if batch_size > 1 else []
     subprocess.run([sys.executable, "-m", "specbench_cli", "run", "--method", method, "--dataset", "spec-bench",
                     "--limit", "4", "--max-new-tokens", "32", "--threads", "2", "--dtype", dtype, *batch,
-                    "--out", str(out)],
+                    "--paper-budget", "--out", str(out)],
                    check=True, stdout=subprocess.DEVNULL)
     prompts = pd.read_parquet(out / "prompts.parquet").sort_values(["index", "turn"])
     return {f"{r.prompt_id}/{r.turn}": {"ids": [int(t) for t in r.output_ids], "tau": round(float(r.tau), 9)}

@@ -202,15 +202,13 @@ def _whiflash(recs, link):
     return markdown(["method", "τ", "speedup", "steps drafted by EAGLE-3"], rows)
 
 
-@table("vllm-parity", "vllm-parity/cpu-float32-methods-embedded.json")
+@table("vllm-parity", "vllm-parity/cpu-float32-methods-defaults.json")
 def _vllm_parity(recs, link):
     return markdown(["method", "ours/vLLM [95 % CI, paired]", "ours tokens/s", "vLLM tokens/s", "τ ours / vLLM"], [
         [m["method"], speedup(m["ours_over_vllm"], m["interval95"]), num(m["specbench"]["tokens_per_s"], 1),
          num(m["vllm"]["tokens_per_s"], 1), f"{num(m['specbench']['tau'])} / {num(m['vllm']['tau'])}"]
         for m in recs[0]["methods"]])
 
-
-table("vllm-parity-native", "vllm-parity/cpu-float32-methods-native-bf16-cpu.json")(_vllm_parity)
 
 DRAFTER_PARITY = {"F.linear": "vllm-parity/cpu-float32-eagle3-chain-native-bf16-cpu.json",
                   "packed": "vllm-parity/cpu-float32-packed-drafters-native-bf16-cpu.json",

@@ -1,7 +1,7 @@
 """The budgets `tune` chooses among and where a run finds the one it chose: the candidate grids per method, the
-machine key a tuned budget holds for, the tune record (`tune.json`) and `run --tuned`'s look-up. Below the
-commands, since `planning` applies a tuned budget; how `tune` prices and measures the candidates is
-commands/tune/.
+machine key a tuned budget holds for, the tune record (`tune.json`) and `run --tuned`'s look-up; and the CPU
+budgets `run` drafts where a paper's budget does not pay on a CPU. Below the commands, since `planning` applies
+them; how `tune` prices and measures the candidates is commands/tune/.
 """
 
 from __future__ import annotations
@@ -55,6 +55,34 @@ GRIDS: dict[str, list[tuple[str, ...]]] = {
     "suffix": [("max_spec_tokens=4",), ("max_spec_tokens=8",), ("max_spec_tokens=16",), ("max_spec_tokens=32",)],
     "pld": [("num_pred_tokens=2",), ("num_pred_tokens=4",), ("num_pred_tokens=6",)],
 }
+
+# ------------------------------------------------------------------------------------------------- CPU budgets
+@dataclass(frozen=True)
+class CpuBudget:
+    """The budget `run` drafts on a CPU where the paper's, sized for a GPU, would leave its default slower than the
+    baseline and than vLLM's default for the method; `record` is the interleaved measurement that chose it."""
+
+    opts: tuple[str, ...]
+    record: str
+
+
+# On two CPU cores a verify of 64 rows costs about four one-token decodes (docs/tune.md), which EAGLE-3's paper tree
+# (60 nodes, WhiFlash seed Table 7; τ about 2 on the embedded model) does not repay. The one-token chain is what
+# `tune` chose on a CPU (benchmarks/results/readme/tune-eagle3.json: 1.08x the baseline, the tree 0.37x); the
+# record measures it against vLLM's default EAGLE-3.
+CPU_BUDGETS: dict[str, CpuBudget] = {
+    "eagle3": CpuBudget(("depth=0", "top_k=1", "total_token=2"),
+                        "benchmarks/results/vllm-parity/cpu-float32-methods-defaults.json"),
+}
+
+
+def cpu_budget(method: str, device: torch.device, our_target: bool, opts: list[str]) -> CpuBudget | None:
+    """The CPU budget `run` applies: on a CPU, on our engine, to a method that has one, and only when no --opt
+    sets any of the method's options (an --opt keeps the paper's values for the options it leaves)."""
+    if device.type != "cpu" or not our_target or opts:
+        return None
+    return CPU_BUDGETS.get(method)
+
 
 def check_method(method: str) -> None:
     if method not in GRIDS:

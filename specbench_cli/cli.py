@@ -113,6 +113,10 @@ def run(
     tuned: Annotated[bool, typer.Option(
         help="Use the draft budget `specbench tune` chose for this "
              "model and method on this machine; an --opt overrides it.")] = False,
+    cpu_budget: Annotated[bool, typer.Option(
+        "--cpu-budget/--paper-budget",
+        help="On a CPU, our engine drafts eagle3's CPU budget (a one-token chain) where no --opt sets its options; "
+             "--paper-budget keeps the paper's tree.")] = True,
     engine: Annotated[str, typer.Option(
         help="Who decodes: specbench (our engine) or vllm (vLLM in its own Python; which methods it runs: "
              "docs/engines.md#method-mapping).")] = "specbench",
@@ -158,9 +162,9 @@ def run(
                        shard=shard, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
                        device=device, warmup=warmup, out=out, resume=resume, opts=opt or [], target=target,
                        drafters=drafter or [], compile=compile, compile_buckets=compile_buckets,
-                       batch_invariant=batch_invariant, tuned=tuned, engine=engine, engine_args=engine_arg or [],
-                       engine_python=engine_python, engine_url=engine_url, engine_serve=engine_serve, threads=threads,
-                       repeat=repeat, replay=replay, acceptance=acceptance or [])
+                       batch_invariant=batch_invariant, tuned=tuned, cpu_budget=cpu_budget, engine=engine,
+                       engine_args=engine_arg or [], engine_python=engine_python, engine_url=engine_url,
+                       engine_serve=engine_serve, threads=threads, repeat=repeat, replay=replay, acceptance=acceptance or [])
     run_levels(config, concurrency, batch_size, threads, console)
 
 

@@ -56,6 +56,7 @@ class RunConfig:
     compile_buckets: str = DEFAULT_BUCKETS
     batch_invariant: str = "auto"  # the target's verify rows computed as one-row decodes (core.target)
     tuned: bool = False  # apply `specbench tune`'s budget for this model, method and machine setting
+    cpu_budget: bool = False  # on a CPU, a method's recorded CPU budget (budgets.CPU_BUDGETS); `run` sets it
     engine: str = "specbench"  # who decodes: our loop, or a production engine (engines/)
     engine_args: list[str] = field(default_factory=list)  # KEY=VALUE passed to the engine unchanged
     engine_python: str | None = None  # the Python that runs the engine (engines/vllm.py: engine_python)
@@ -103,6 +104,7 @@ class Plan:
     dtype: torch.dtype | None = None
     dtype_reason: str = ""  # why this dtype (`loading.resolve_dtype`): run.json's dtype_choice
     tuned_from: str = ""  # the tune record whose budget --tuned applied (run.json's tuned_from)
+    cpu_budget_from: str = ""  # the record of the CPU budget applied (run.json's cpu_budget_from)
     compile_mode: str | None = None  # None = eager; "reduce-overhead" (CUDA graphs) on GPU, "inductor" on CPU
     batch_invariant: bool = False
     prepacked: bool = False  # the target's CPU weights prepacked for oneDNN (core.kernels)

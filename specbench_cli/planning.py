@@ -22,7 +22,7 @@ from specbench_cli.loading import LoadedModel, load_model, resolve_device, resol
 from specbench_cli.models import ModelSpec, checkpoint_ref, family, random_sps_draft
 from specbench_cli.random_weights import RANDOM_DRAFTERS, drafter_seed, is_random_drafter
 from specbench_cli.registry import engine_entry, method_class, plan_for_engine
-from specbench_cli.budgets import machine_key, tuned_opts
+from specbench_cli.budgets import cpu_budget, machine_key, tuned_opts
 
 TEMPLATE_MARGIN = 64  # chat-template tokens per turn beyond the joined turns' (role headers, end-of-turn)
 
@@ -42,18 +42,10 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
     mode = ("reduce-overhead" if device.type == "cuda" else "inductor") if config.compile else None
     ours = engine_entry(config.engine).our_target  # batch invariance and prepacked weights are our target's
     invariant = ours and resolve_invariant(config.batch_invariant, mode is not None, device, dtype.dtype)
-    tuned_from = ""
-    if config.tuned:  # the tuned budget first, so that an explicit --opt still wins
-        machine = machine_key(dtype.dtype, device, torch.get_num_threads(), invariant, config.engine)
-        tuned = tuned_opts(chosen.spec.name, config.method, machine, max(config.batch_size, config.concurrency))
-        options, tuned_from = parse_options(cls, [*tuned.opts, *config.opts], notes), str(tuned.path)
-        notes.append(f"tuned budget {' '.join(tuned.opts) or '(the paper default)'} from {tuned.path}"
-                     + (f", vLLM's K per batch size {tuned.schedule}" if tuned.schedule and chosen.engine is not None
-                        else ""))
-        if tuned.schedule and chosen.engine is not None:
-            chosen = dataclasses.replace(chosen, engine=dataclasses.replace(chosen.engine, schedule=tuned.schedule))
+    options, chosen, tuned_from, budget_from = _budget(config, chosen, options, device, dtype.dtype, invariant, notes)
     planned = dataclasses.replace(chosen, method_cls=cls, options=options, drafters=drafters, device=device,
                                   dtype=dtype.dtype, dtype_reason=dtype.reason, tuned_from=tuned_from,
+                                  cpu_budget_from=budget_from,
                                   compile_mode=mode, batch_invariant=invariant, notes=notes,
                                   prepacked=ours and packs(device, dtype.dtype, mode is not None, invariant))
     if chosen.acceptance is not None and not cls.drafts:
@@ -62,6 +54,29 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
         raise UsageError(f"{config.method} runs its own loop, one sequence at a time; --batch-size > 1 runs every "
                          "other method")
     return plan_for_engine(planned)
+
+
+def _budget(config: RunConfig, chosen: Plan, options: object, device: torch.device, dtype: torch.dtype,
+            invariant: bool, notes: list[str]) -> tuple[object, Plan, str, str]:
+    """The draft budget: `tune`'s (--tuned) under any --opt, else the CPU budget `run` drafts where one is recorded
+    (`budgets.cpu_budget`), else the paper's under any --opt (`options` as parsed). Returns the options, the plan
+    (with vLLM's per-batch-size table where the tune chose one), and the tune and CPU-budget records applied."""
+    cls, ours = method_class(config.method), engine_entry(config.engine).our_target
+    if config.tuned:  # the tuned budget first, so that an explicit --opt still wins
+        machine = machine_key(dtype, device, torch.get_num_threads(), invariant, config.engine)
+        tuned = tuned_opts(chosen.spec.name, config.method, machine, max(config.batch_size, config.concurrency))
+        notes.append(f"tuned budget {' '.join(tuned.opts) or '(the paper default)'} from {tuned.path}"
+                     + (f", vLLM's K per batch size {tuned.schedule}" if tuned.schedule and chosen.engine is not None
+                        else ""))
+        if tuned.schedule and chosen.engine is not None:
+            chosen = dataclasses.replace(chosen, engine=dataclasses.replace(chosen.engine, schedule=tuned.schedule))
+        return parse_options(cls, [*tuned.opts, *config.opts], notes), chosen, str(tuned.path), ""
+    cpu = cpu_budget(config.method, device, ours, config.opts) if config.cpu_budget else None
+    if cpu is None:
+        return options, chosen, "", ""
+    notes.append(f"{config.method} drafts its CPU budget {' '.join(cpu.opts)} ({cpu.record}); "
+                 "--paper-budget drafts the paper's")
+    return parse_options(cls, list(cpu.opts), notes), chosen, "", cpu.record
 
 
 def one_weight_copy(plans: list[Plan]) -> bool:

@@ -181,6 +181,50 @@ def test_run_engine_vllm_tuned_passes_the_table_to_the_engine(tmp_path, monkeypa
     assert any("K per batch size" in note for note in planned.notes)
 
 
+def test_run_drafts_eagle3s_cpu_budget_where_no_opt_or_paper_budget_says_otherwise(tmp_path):
+    """On a CPU our engine drafts the recorded CPU budget when no --opt sets an eagle3 option; an --opt keeps the
+    paper's other values, --paper-budget (cpu_budget False) all of them; vLLM is asked for the paper's mapping."""
+    import sys
+
+    import torch
+
+    from specbench_cli.inputs import RunConfig
+    from specbench_cli.planning import plan
+    from specbench_methods.eagle3 import Eagle3
+
+    def planned(**more):
+        return plan(RunConfig(method="eagle3", model="smollm2-135m", dataset="spec-bench", limit=1, dtype="float32",
+                              device="cpu", out=tmp_path / "r", **more), {})
+
+    def budget(p) -> tuple[int, int, int]:
+        return p.options.depth, p.options.top_k, p.options.total_token
+
+    paper = (Eagle3.Options.depth, Eagle3.Options.top_k, Eagle3.Options.total_token)
+    cpu = budgets.CPU_BUDGETS["eagle3"]
+    chosen = planned(cpu_budget=True)
+    assert budget(chosen) == budget(plan(RunConfig(method="eagle3", device="cpu", opts=list(cpu.opts)), {}))
+    assert budget(chosen) != paper and chosen.cpu_budget_from == cpu.record
+    assert any("--paper-budget" in note for note in chosen.notes)
+    assert budget(planned(cpu_budget=True, opts=["depth=4"])) == (4, *paper[1:])
+    assert budget(planned(cpu_budget=False)) == paper and not planned(cpu_budget=False).cpu_budget_from
+    in_vllm = planned(cpu_budget=True, engine="vllm", engine_python=sys.executable)
+    assert not in_vllm.cpu_budget_from and in_vllm.engine.speculative_config["num_speculative_tokens"] == 9
+    assert budgets.cpu_budget("eagle3", torch.device("cuda"), True, []) is None
+    assert budgets.cpu_budget("suffix", torch.device("cpu"), True, []) is None
+
+
+def test_every_cpu_budget_cites_a_committed_record_that_measured_it():
+    """A CPU budget is a measured choice: its record exists and ran our engine at exactly that budget."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for method, cpu in budgets.CPU_BUDGETS.items():
+        record = json.loads((root / cpu.record).read_text())
+        row = next(r for r in record["methods"] if r["method"] == method)
+        ran = {key: str(value) for key, value in row["specbench"]["options"].items()}
+        assert ran == dict(opt.split("=") for opt in cpu.opts), cpu.record
+
+
 @pytest.mark.parametrize("args, says", [
     (["--method", "suffix", "--concurrency", "1,2"], "--concurrency is not --engine specbench's"),
     (["--method", "suffix", "--engine", "vllm", "--batch-size", "1,2"], "--batch-size is not --engine vllm's"),

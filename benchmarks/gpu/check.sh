@@ -143,10 +143,12 @@ stage_engine() {
 }
 
 runs() {  # name timeout [run args...]: one interleaved process (baseline,suffix,eagle3), its report, its phase sums
+  # (--paper-budget: the CPU rehearsal drafts EAGLE-3's tree as the GPU does, not the CPU budget)
   local name=$1 limit=$2; shift 2
   log "runs $name: Spec-Bench $LIMIT prompts x $TOKENS tokens, bf16, baseline,suffix,eagle3 interleaved $*"
   timeout "$limit" $PY -m specbench_cli.cli run --method baseline,suffix,eagle3 --model smollm2-135m --dataset spec-bench \
-      --limit $LIMIT --max-new-tokens $TOKENS --dtype bfloat16 --device "$DEVICE" --out "$WORK/runs/$name" "$@" 2>&1 \
+      --limit $LIMIT --max-new-tokens $TOKENS --dtype bfloat16 --device "$DEVICE" --paper-budget --out "$WORK/runs/$name" \
+      "$@" 2>&1 \
       | grep -v -e "Converting" -e "^W11" | tail -25
   timeout 60 $PY -m specbench_cli.cli report "$WORK"/runs/$name/* --out "$WORK/report_$name" --no-plots 2>&1 | cut -c1-160
   $PY benchmarks/gpu/phase_check.py "$WORK/runs/$name"

@@ -199,6 +199,7 @@ class RunJob(OneAtATime):
                 "attention": self.runner.batch.attention, "layers": self.runner.batch.layers,
                 "weight_copies": 1 if model.one_copy else 2 if plan.prepacked else 1,
                 **({"tuned_from": plan.tuned_from} if plan.tuned_from else {}),
+                **({"cpu_budget_from": plan.cpu_budget_from} if plan.cpu_budget_from else {}),
                 **random_weights_record(plan.spec.target),
                 **({"device_map": getattr(model.model, "hf_device_map", "auto")} if split else {})}  # acceptance studies only
 

@@ -44,8 +44,9 @@ def configs(method: str, a: argparse.Namespace) -> list[RunConfig]:
     common = RunConfig(method=method, target=a.target, dataset=a.dataset, limit=a.limit, max_new_tokens=a.max_new_tokens,
                        dtype=a.dtype, device="cpu", warmup=a.warmup, threads=a.threads, tuned=a.tuned,
                        cpu_budget=not a.paper_budget, batch_invariant=a.batch_invariant, replay=False)
+    ours_only = _opts(a.ours_opt, method)
     return [dataclasses.replace(common, engine=engine, out=a.out / method / engine,
-                                opts=[*_opts(a.opt, method), *(_opts(a.ours_opt, method) if engine == "specbench" else [])],
+                                opts=[*_opts(a.opt, method), *(ours_only if engine == "specbench" else [])],
                                 engine_args=a.engine_arg if engine == "vllm" else [],
                                 resume=a.resume and (a.out / method / engine / "run.json").is_file())
             for engine in ENGINES]
@@ -112,9 +113,9 @@ def main() -> None:
     if a.record:
         write_record(a.record, "ours/vLLM tokens/s per method, interleaved prompt by prompt (benchmarks/vllm_parity.py)",
                      "perf_counter (the runs' own decode_ms)", first.device,
-                     settings={k: getattr(a, k) for k in ("target", "engine_arg", "dataset", "limit", "max_new_tokens", "dtype", "threads",
-                                                          "warmup", "repeat", "tuned", "batch_invariant", "paper_budget", "opt",
-                                                          "ours_opt")},
+                     settings={k: getattr(a, k) for k in ("target", "engine_arg", "dataset", "limit", "max_new_tokens",
+                                                          "dtype", "threads", "warmup", "repeat", "tuned",
+                                                          "batch_invariant", "paper_budget", "opt", "ours_opt")},
                      methods=rows)
         console.print(f"record: {a.record}")
 

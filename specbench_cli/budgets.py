@@ -60,7 +60,7 @@ GRIDS: dict[str, list[tuple[str, ...]]] = {
 @dataclass(frozen=True)
 class CpuBudget:
     """The budget `run` drafts on a CPU where the paper's, sized for a GPU, would leave its default slower than the
-    baseline and than vLLM's default for the method; `record` is the interleaved measurement that chose it."""
+    baseline and than vLLM's default for the method; `record` measured it against vLLM's default, interleaved."""
 
     opts: tuple[str, ...]
     record: str

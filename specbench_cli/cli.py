@@ -164,7 +164,8 @@ def run(
                        drafters=drafter or [], compile=compile, compile_buckets=compile_buckets,
                        batch_invariant=batch_invariant, tuned=tuned, cpu_budget=cpu_budget, engine=engine,
                        engine_args=engine_arg or [], engine_python=engine_python, engine_url=engine_url,
-                       engine_serve=engine_serve, threads=threads, repeat=repeat, replay=replay, acceptance=acceptance or [])
+                       engine_serve=engine_serve, threads=threads, repeat=repeat, replay=replay,
+                       acceptance=acceptance or [])
     run_levels(config, concurrency, batch_size, threads, console)
 
 

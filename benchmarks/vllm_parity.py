@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.record import phases_ms, tau, write_record  # noqa: E402
 from specbench_cli.analysis import intervals  # noqa: E402
-from specbench_cli.commands.interleave import record_plans  # noqa: E402
+from specbench_cli.commands.interleave import member_opts, record_plans  # noqa: E402
 from specbench_cli.engines.vllm import target_folder  # noqa: E402
 from specbench_cli.inputs import RunConfig, use_threads  # noqa: E402
 from specbench_cli.options import options_record  # noqa: E402
@@ -44,17 +44,11 @@ def configs(method: str, a: argparse.Namespace) -> list[RunConfig]:
     common = RunConfig(method=method, target=a.target, dataset=a.dataset, limit=a.limit, max_new_tokens=a.max_new_tokens,
                        dtype=a.dtype, device="cpu", warmup=a.warmup, threads=a.threads, tuned=a.tuned,
                        cpu_budget=not a.paper_budget, batch_invariant=a.batch_invariant, replay=False)
-    ours_only = _opts(a.ours_opt, method)
     return [dataclasses.replace(common, engine=engine, out=a.out / method / engine,
-                                opts=[*_opts(a.opt, method), *(ours_only if engine == "specbench" else [])],
+                                opts=[*a.opt_for[method], *(a.ours_opt_for[method] if engine == "specbench" else [])],
                                 engine_args=a.engine_arg if engine == "vllm" else [],
                                 resume=a.resume and (a.out / method / engine / "run.json").is_file())
             for engine in ENGINES]
-
-
-def _opts(given: list[str], method: str) -> list[str]:
-    """The KEY=VALUE of `given`'s METHOD.KEY=VALUE for `method`."""
-    return [rest for opt in given for name, _, rest in [opt.partition(".")] if name == method]
 
 
 def measure(method: str, model, a: argparse.Namespace, console: Console) -> dict:
@@ -105,6 +99,7 @@ def main() -> None:
     a = ap.parse_args()
     console = Console()
     methods = a.methods.split(",")
+    a.opt_for, a.ours_opt_for = member_opts(a.opt, methods), member_opts(a.ours_opt, methods)  # METHOD.KEY=VALUE
     use_threads(a.threads)
     first, engine = (plan(c, dict(os.environ)) for c in configs(methods[0], a))
     target_folder(engine)  # a random target's folder for vLLM, drawn (once) before ours loads: never two copies

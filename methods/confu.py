@@ -144,7 +144,8 @@ class ConFu(Eagle3):
         """One contemplate token per node (root first), all with the MoE embedding of the last accepted token."""
         n = len(tree) + 1
         embed = self.parts.contemplate(self.lane(state).last_features)
-        return SideTokens(embed.expand(n, -1), torch.tensor(tree.depths()) + 1, tree.ancestor_mask())
+        mask = tree.mask()  # on the device when the tree is: nothing read
+        return SideTokens(embed.expand(n, -1), tree.positions(mask) + 1, mask)
 
 
 def new_parts(target: nn.Module, draft: Eagle3Draft, config: ConFuConfig = ConFuConfig(), scale: float = 0.02) -> ConFuParts:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specbench_cli.core.host_reads import to_host
+from specbench_cli.core.host_copy import to_host
 from specbench_cli.core.method import DecodeState
 from specbench_methods.checkpoints import Checkpoint, locate_file
 from specbench_methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer

@@ -236,7 +236,7 @@ class DFlashDraft(nn.Module):
 class DFlash(FeatureDrafter):
     name = "dflash"
     drafter_names = ("dflash",)
-    inherent_syncs = "two per round: the block's draft tokens to host, and the accepted length"
+    inherent_syncs = "one per round: the accepted length, read with the block's draft tokens"
 
     @dataclass
     class Options:
@@ -310,9 +310,10 @@ class DFlash(FeatureDrafter):
         with states[0].timed("draft_head"):
             logits = draft.logits(hidden[:, 1:])
         if states[0].temperature <= 0 or self.options.sampling == "argmax":
-            return [DraftTree.chain(row) for row in greedy_tokens(logits).tolist()]  # a point mass each: see the module docstring
+            # a point mass each (see the module docstring), left on the device: the round's accept reads them
+            return [DraftTree.chain(row) for row in greedy_tokens(logits)]
         probs = torch.softmax(logits / states[0].temperature, dim=-1)
-        return [DraftTree.chain(torch.multinomial(p, 1, generator=s.generator)[:, 0].tolist(), draft_probs=p)
+        return [DraftTree.chain(torch.multinomial(p, 1, generator=s.generator)[:, 0], draft_probs=p)
                 for p, s in zip(probs, states)]
 
     def _block(self, blocks: torch.Tensor, positions: torch.Tensor, past: list[Slots], mask: torch.Tensor):

@@ -113,8 +113,8 @@ class HybridVerified(RoutedMethod):
 class Hvd(HybridVerified):
     name = "hvd"
     calibration = "hvd"
-    inherent_syncs = ("EAGLE-3's own when it drafts, and the payoff predictor's score to host; the cache lookup is "
-                      "host work")
+    inherent_syncs = ("EAGLE-3's own when it drafts; the payoff predictor runs on the host, over host inputs, and the "
+                      "cache lookup is host work")
     drafter_names = ("eagle3", "hvd")  # the payoff predictor is checked before anything loads
     how_to_make = {"hvd": "make it with `specbench calibrate --method hvd --model {model}`"}
 

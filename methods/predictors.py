@@ -80,6 +80,7 @@ class PayoffPredictor(Standardised):
     features (`specbench_methods.hvd_features.FEATURES`), predicting how many of its tokens the target will accept."""
 
     FILE = "predictor.safetensors"
+    on_host = True  # its inputs are host values: it stays on the CPU whatever the target's device (no sync to read it)
 
     def __init__(self, inputs: int, width: int = 256) -> None:
         super().__init__(inputs, nn.Sequential(nn.Linear(inputs, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),

@@ -72,7 +72,7 @@ def load_draft_model(ref: str, target: torch.nn.Module, what: str) -> torch.nn.M
 class SpS(Method):
     name = "sps"
     drafter_names = ("sps",)
-    inherent_syncs = "two per round: the k draft tokens (fed back on the device, read once), and the accepted length"
+    inherent_syncs = "one per round: the accepted length, read with the k draft tokens (fed back on the device)"
     reads_target_weights = True  # a draft that shares the target's embedding and head copies them (load_draft_model)
 
     @dataclass
@@ -95,10 +95,23 @@ class SpS(Method):
         # order: `segments` None), or the cache of the batch it last drafted in, whose row `row` holds them in the
         # runs `segments` ((first column, count), in order) among padding and rejected drafts.
         cache: DynamicCache | None = None
-        cached: list[int] = field(default_factory=list)  # tokens whose KV is in the draft cache
+        known: list[int] = field(default_factory=list)  # `cached` but the last drafts fed back, when still unread
         row: int = 0
         segments: list[tuple[int, int]] | None = None
         root_logits: torch.Tensor | None = None  # deferred=false: the root's logits from its own forward
+        fed_back: DraftTree | None = None  # the last round's drafts, all but the last in the cache after `known`
+
+        @property
+        def cached(self) -> list[int]:
+            """The tokens whose KV is in the draft cache (reading the drafts fed back, which the round's accept
+            has read already)."""
+            if self.fed_back is not None:
+                self.known, self.fed_back = self.known + self.fed_back.tokens[:-1], None
+            return self.known
+
+        @cached.setter
+        def cached(self, tokens: list[int]) -> None:
+            self.known, self.fed_back = tokens, None
 
     def serve(self, lanes: int) -> None:
         if lanes > 1:  # a batch's cache has padding and holes that a sliding window would count as tokens
@@ -175,9 +188,10 @@ class SpS(Method):
                 rows[b].append(p)
             if i + 1 < self.options.k:
                 hidden = batch.step(drafted)
-        tokens: list[list[int]] = torch.stack(steps, 1).tolist()  # the round's one read of its drafts
-        batch.keep(lanes, [t[:-1] for t in tokens])
-        return [DraftTree.chain(t, draft_probs=None if r[0] is None else torch.stack(r)) for t, r in zip(tokens, rows)]
+        drafts = torch.stack(steps, 1)  # left on the device: the round's accept reads them with the target's tokens
+        trees = [DraftTree.chain(t, draft_probs=None if r[0] is None else torch.stack(r)) for t, r in zip(drafts, rows)]
+        batch.keep(lanes, trees)
+        return trees
 
     def extra_forward(self, state: DecodeState) -> None:
         """deferred=false: put the round's root (the last committed token) into the target's cache with a
@@ -312,13 +326,15 @@ class DraftBatch:
         self.steps += 1
         return self._forward(tokens[:, None], positions)[:, -1]
 
-    def keep(self, lanes: list, fed_drafts: list[list[int]]) -> None:
-        """Each lane's tokens are now its cached ones, its unseen ones and the drafts fed back, in its row."""
+    def keep(self, lanes: list, drafts: list[DraftTree]) -> None:
+        """Each lane's tokens are now its cached ones, its unseen ones and the drafts fed back (all of `drafts` but
+        the last), in its row."""
         W, N = self.width, self.longest
-        for b, (lane, n, fed, drafts) in enumerate(zip(lanes, self.kept, self.feeds, fed_drafts)):
-            assert len(drafts) == self.steps
+        for b, (lane, n, fed, tree) in enumerate(zip(lanes, self.kept, self.feeds, drafts)):
+            assert len(tree) - 1 == self.steps
             lane.cache, lane.row = self.cache, b
-            lane.cached = lane.cached + fed + drafts
+            lane.cached = lane.cached + fed
+            lane.fed_back = tree
             if len(lanes) == 1:  # W = n and N = len(fed): the cache is the row's, in order
                 lane.segments = None
             elif len(fed) == N:

@@ -35,14 +35,14 @@ def test_kept_nodes_match_the_reference_by_hand():
     expected = [0.6, 0.3, 0.33, 0.15, 0.21, 0.045]
     assert [math.exp(s) for s in cands.scores.tolist()] == pytest.approx(expected)
     kept, parents = top_nodes(cands, 4)
-    assert kept == [0, 1, 2, 4]
-    assert parents == [0, 0, 1, 2]  # token 2 under node 1 (token 0), token 0 under node 2 (token 1)
+    assert kept.tolist() == [0, 1, 2, 4]
+    assert parents.tolist() == [0, 0, 1, 2]  # token 2 under node 1 (token 0), token 0 under node 2 (token 1)
 
 
 def test_top_nodes_keeps_parents_on_ties():
     cands = Candidates(torch.tensor([-1.0, -1.0, -1.0]), torch.tensor([5, 6, 7]), torch.tensor([0, 1, 2]))
     kept, parents = top_nodes(cands, 2)
-    assert kept == [0, 1] and parents == [0, 1]
+    assert kept.tolist() == [0, 1] and parents.tolist() == [0, 1]
 
 
 @pytest.mark.parametrize("top_k,depth,total", [(1, 3, 3), (1, 8, 5), (2, 4, 4), (4, 3, 8), (3, 6, 6), (10, 8, 12)])
@@ -57,7 +57,23 @@ def test_levels_past_what_total_keeps_change_no_tree(top_k, depth, total):
         first, levels = draw(), [draw(top_k) for _ in range(depth)]
         full = beam_search(first, lambda tokens, rows, level: levels[level], top_k, depth)
         cut = beam_search(first, lambda tokens, rows, level: levels[level], top_k, min(depth, total - 2))
-        assert top_nodes(cut, total - 1) == top_nodes(full, total - 1)
+        assert [t.tolist() for t in top_nodes(cut, total - 1)] == [t.tolist() for t in top_nodes(full, total - 1)]
+
+
+def test_top_nodes_of_a_batch_follow_the_rule_row_by_row():
+    """top_nodes on a batch of beams (ties included) keeps, row by row, what EAGLE's rule keeps: the `total` best
+    scores, ties to the earlier recording index, in recording order, parents renumbered to tree nodes."""
+    g = torch.Generator().manual_seed(7)
+    first = _log_probs(torch.rand(3, 12, generator=g), coarse=True)
+    levels = [_log_probs(torch.rand(3, 4, 12, generator=g), coarse=True) for _ in range(3)]
+    cands = beam_search(first, lambda tokens, rows, level: levels[level], 4, 3)
+    kept, parents = top_nodes(cands, 15)
+    for b in range(3):
+        scores, recorded = cands.scores[b].tolist(), cands.parents[b].tolist()
+        rule = sorted(sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:15])
+        node = {idx: pos + 1 for pos, idx in enumerate(rule)}
+        assert kept[b].tolist() == rule
+        assert parents[b].tolist() == [0 if recorded[i] == 0 else node[recorded[i] - 1] for i in rule]
 
 
 def _log_probs(x: torch.Tensor, coarse: bool) -> torch.Tensor:

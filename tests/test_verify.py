@@ -62,6 +62,47 @@ def test_commit_keeps_exactly_the_accepted_path(tiny):
     torch.testing.assert_close(logits[0], plain_logits(tiny, seq), atol=1e-4, rtol=1e-4)
 
 
+def test_a_tree_left_on_the_device_builds_the_hosts_mask_and_depths_and_is_read_once():
+    from specbench_cli.core.host_reads import HostReads
+
+    rng = random.Random(3)
+    for n in (0, 1, 2, 3, 7, 33, 60):
+        for _ in range(5):
+            tree = random_tree(rng, n, 1000) if rng.random() < 0.7 else DraftTree.chain(random_tree(rng, n, 1000).tokens)
+            roots = [torch.tensor(tree.tokens, dtype=torch.long), torch.tensor(tree.parents, dtype=torch.long)]
+            with HostReads(roots) as reads:  # a device tree: what a drafter's tensors would be
+                pending = DraftTree(*roots)
+                mask, positions = pending.mask(), pending.positions()
+                assert reads.count == 0  # nothing read to build a verify's rows
+                best = pending.read(roots[0] * 2)[0]
+                assert reads.count == 1 and pending.tokens == tree.tokens and pending.parents == tree.parents
+            assert torch.equal(mask, tree.ancestor_mask()) and positions.tolist() == tree.depths()
+            assert best.tolist() == [2 * t for t in tree.tokens] and pending == tree
+
+
+def test_verify_of_a_tree_left_on_the_device_is_the_hosts(tiny):
+    """The verify builds its rows from a device tree (tokens; parents too, or a chain's) without reading it, and
+    computes exactly the host tree's logits; greedy acceptance then reads the tree with the target's tokens."""
+    from specbench_cli.core.acceptance import accept_greedy
+    from specbench_cli.core.host_reads import HostReads
+
+    rng = random.Random(4)
+    prompt = random_prompt(30)
+    target = Target(tiny, torch.device("cpu"))
+    for tree, chain in ((random_tree(rng, 12, 96), False), (DraftTree.chain(random_tree(rng, 6, 96).tokens), True)):
+        target.prefill(prompt[:-1])
+        expected = target.verify(prompt[-1], tree)
+        target.prefill(prompt[:-1])
+        tokens, parents = torch.tensor(tree.tokens), torch.tensor(tree.parents)
+        with HostReads([*tiny.parameters(), tokens, parents]) as reads:  # the tree's tensors as a drafter's would be
+            device_tree = DraftTree.chain(tokens) if chain else DraftTree(tokens, parents)
+            logits = target.verify(prompt[-1], device_tree)
+            before = reads.count
+            got = accept_greedy(device_tree, logits)
+        assert before == 0 and reads.count == 1, reads.sites
+        assert torch.equal(logits, expected) and got == accept_greedy(tree, expected)
+
+
 @pytest.mark.slow
 def test_compiled_path_gives_the_eager_logits(tiny):
     """Padded to a bucket and attending over the whole buffer, a verify gives the eager verify's logits."""

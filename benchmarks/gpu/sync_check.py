@@ -33,10 +33,11 @@ ROUND_METHODS = ("baseline", "suffix", "pld", "eagle3", "dflash", "dart", "confu
 
 def method_rounds(name: str, loaded, prompt: list[int], new: int) -> list[Round]:
     """One greedy turn of method `name` at its defaults on the loaded embedded target: its rounds' reads (the
-    counter active over the whole turn, so values a proposer keeps from its prefill count as device values)."""
+    counter active over the whole turn, so values a proposer keeps from its prefill count as device values). A
+    network that stays on the host whatever the device (`on_host`: HVD's payoff predictor) is not a device root."""
     cls = method_class(name)
     method = cls(cls.Options(), loaded, MODELS["smollm2-135m"].drafters)
-    modules = [loaded.model, *networks(method)]
+    modules = [loaded.model, *(m for m in networks(method) if not getattr(m, "on_host", False))]
     reads = HostReads([t for m in modules for t in (*m.parameters(), *m.buffers())])
     with reads, per_round(reads, loaded.device) as rounds:
         decode_turn(Target(loaded.model, loaded.device), method, prompt, DecodeSettings(new, 0.0, frozenset()))

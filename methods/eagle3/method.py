@@ -10,10 +10,9 @@ import torch
 
 from specbench_methods.checkpoints import Checkpoint
 from specbench_methods.eagle3.network import Eagle3Draft
-from specbench_methods.eagle3.tree_search import Candidates, beam_search, top_nodes
+from specbench_methods.eagle3.tree_search import beam_search, top_nodes
 from specbench_methods.features import FeatureDrafter
 from specbench_methods.layers import Apart, DraftKV, Slots, causal_mask, round_slots
-from specbench_cli.core.host_reads import to_host
 from specbench_cli.core.method import DecodeState
 from specbench_cli.core.tree import DraftTree
 
@@ -26,8 +25,7 @@ class Eagle3(FeatureDrafter):
     name = "eagle3"
     drafter_names = ("eagle3",)
     extra_tensors: tuple[str, ...] = ()  # checkpoint tensors a subclass reads itself (ConFu's "confu.*")
-    inherent_syncs = ("two per round: the candidates (scores, tokens and parents in one read) for tree selection, and "
-                      "the accepted length")
+    inherent_syncs = "one per round: the accepted length, read with the tree (its top nodes chosen on the device)"
 
     @dataclass
     class Options:
@@ -203,12 +201,9 @@ class Eagle3(FeatureDrafter):
         for b, lane in enumerate(lanes):  # the newest position joins each cache once the round's scratch is read
             lane.kv.append(newest[0][b], newest[1][b])
             lane.last_features = feats[b]
-        scores, tokens, parents = to_host(cands.scores, draft.to_target(cands.tokens), cands.parents)  # one read
-        trees = []
-        for b in range(batch):
-            kept, tree_parents = top_nodes(Candidates(scores[b], tokens[b], parents[b]), o.total_token - 1)
-            trees.append(DraftTree(tokens[b][kept].tolist(), tree_parents))
-        return trees
+        kept, parents = top_nodes(cands, o.total_token - 1)  # left on the device: accept reads the trees
+        tokens = draft.to_target(cands.tokens.gather(-1, kept))
+        return [DraftTree(tokens[b], parents[b]) for b in range(batch)]
 
     def _step(self, h: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slots: Slots, mask: torch.Tensor,
               features: bool = True) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:

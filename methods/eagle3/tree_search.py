@@ -52,14 +52,15 @@ def beam_search(first: torch.Tensor, expand, top_k: int, depth: int) -> Candidat
     return Candidates(torch.cat(record_s, -1), torch.cat(record_t, -1), torch.cat(record_p, -1))
 
 
-def top_nodes(c: Candidates, total: int) -> tuple[list[int], list[int]]:
-    """The global top `total` candidates by score, in recording order (parents before children).
+def top_nodes(c: Candidates, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global top `total` candidates by score, in recording order (parents before children), on the
+    candidates' device and for any leading batch dimensions, without reading them on the host.
 
-    Returns (kept recording indices, tree parents with 0 = root). A child never outscores its parent and
-    ties go to the earlier recording index, so every kept node's parent is kept too."""
-    scores, recorded_parents = c.scores.tolist(), c.parents.tolist()  # the one read of the scores
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:total]
-    kept = sorted(order)
-    where = {idx: pos + 1 for pos, idx in enumerate(kept)}
-    parents = [0 if recorded_parents[i] == 0 else where[recorded_parents[i] - 1] for i in kept]
-    return kept, parents
+    Returns (kept recording indices, tree parents with 0 = root), each [..., total]. A child never outscores its
+    parent and ties go to the earlier recording index (a stable sort), so every kept node's parent is kept too."""
+    total = min(total, c.scores.shape[-1])
+    kept = torch.sort(c.scores, dim=-1, descending=True, stable=True).indices[..., :total].sort(dim=-1).values
+    node = torch.zeros_like(c.parents).scatter_(  # recording index -> its tree node (1-based), for the kept
+        -1, kept, torch.arange(1, total + 1, device=kept.device).expand_as(kept))
+    recorded = c.parents.gather(-1, kept)  # 0 = the root, else 1 + the parent's recording index
+    return kept, torch.where(recorded == 0, 0, node.gather(-1, (recorded - 1).clamp_min(0)))

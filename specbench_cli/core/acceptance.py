@@ -47,7 +47,7 @@ def accept(tree: DraftTree, logits: torch.Tensor, temperature: float,
 
 
 def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
-    best = greedy_tokens(logits).tolist()  # the round's one host sync
+    best = tree.read(greedy_tokens(logits))[0].tolist()  # the round's one host sync (the drafts too, if on the device)
     children = tree.children()
     node, path, tokens = 0, [0], []
     while True:

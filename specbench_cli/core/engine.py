@@ -185,12 +185,12 @@ def _round(target: TargetModel, busy: list[_Sequence], settings: DecodeSettings,
         trees = _by_proposer([(r.proposer, st) for r, st in zip(routes, states)],
                              lambda p, sts: p.propose(sts))
         extras = [r.proposer.verify_extras(st, t) for r, st, t in zip(routes, states, trees)]
-    sizes = [(len(t), max(t.depths()) if len(t) else 0) for t in trees]
     with clock.phase("verify"):
         logits = target.verify([(s.target, s.state.tokens[-1], t, e) for s, t, e in zip(busy, trees, extras)])
     decide = settings.acceptance.accept if settings.acceptance is not None else accept
     with clock.phase("accept"):
         results = [decide(t, lg, settings.temperature, s.generator) for t, lg, s in zip(trees, logits, states)]
+    sizes = [(len(t), max(t.depths()) if len(t) else 0) for t in trees]  # the trees are on the host now
     if (target.invariant and not target.exact_trees and settings.temperature == 0 and settings.acceptance is None
             and not all(t.is_chain for t in trees)):
         trees, logits, results = _exact_paths(target, busy, trees, results, clock)

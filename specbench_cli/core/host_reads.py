@@ -138,24 +138,15 @@ def _told_a_device(name: str, args: tuple, kwargs: dict) -> bool:
     return name == "to" and any(isinstance(a, (torch.device, str)) for a in args[1:])
 
 
+# Modules that read for their callers (`to_host`, a tree's own read of its tokens): a read is named at the caller.
+_PASSED_THROUGH = (__file__, str(Path(__file__).with_name("host_copy.py")), str(Path(__file__).with_name("tree.py")))
+
+
 def _caller() -> str:
-    """folder/file:line of the innermost frame outside torch and this module (where the read was written)."""
+    """folder/file:line of the innermost frame outside torch and the modules that read for their callers (where
+    the read was asked for)."""
     for frame in reversed(traceback.extract_stack()):
-        if "/torch/" not in frame.filename and frame.filename != __file__:
+        if "/torch/" not in frame.filename and frame.filename not in _PASSED_THROUGH:
             path = Path(frame.filename)
             return f"{path.parent.name}/{path.name}:{frame.lineno}"
     return "?"
-
-
-EXACT_IN_FLOAT64 = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool)
-
-
-def to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """Several device tensors on the host in one read (one synchronisation on a GPU instead of one each): flattened
-    into one float64 buffer, copied once, split and cast back. Exact for floats up to 32 bits and for integers
-    below 2**53 (token ids, node indices)."""
-    for t in tensors:
-        assert t.dtype in EXACT_IN_FLOAT64, f"to_host: {t.dtype} does not round-trip through float64"
-    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).cpu()
-    parts = flat.split([t.numel() for t in tensors])
-    return [p.to(t.dtype).reshape(t.shape) for p, t in zip(parts, tensors)]

@@ -303,19 +303,20 @@ class Target:
         if extras.root_logits is not None:
             if not tree.is_chain:
                 raise ValueError("a root cached by forward() can only be followed by a chain")
-            return self._append_rows(tree.tokens)
-        ids = [root, *tree.tokens]
-        n, side = len(ids), extras.side
+            return self._append_rows(tree.ids(self.device))
+        ids = tree.ids(self.device, root)
+        n, side = len(tree) + 1, extras.side
         m = 0 if side is None else len(side)
-        block = torch.zeros(n + m, n + m, dtype=torch.bool)
-        block[:n, :n] = tree.ancestor_mask()
-        positions = torch.tensor(tree.depths())
+        mask = tree.mask()  # on the device when the tree's parents are: nothing is read to build the rows
+        block = torch.zeros(n + m, n + m, dtype=torch.bool, device=mask.device)
+        block[:n, :n] = mask
+        positions = tree.positions(mask)
         sees_reserved = torch.zeros(n + m, dtype=torch.bool)
         embeds = self._embed(ids)
         if side is not None:
             block[n:, :n] = side.attend
             block[n:, n:] = torch.eye(m, dtype=torch.bool)
-            positions = torch.cat((positions, side.positions.cpu()))
+            positions = torch.cat((positions, side.positions.to(positions.device)))
             sees_reserved[n:] = True
             embeds = torch.cat((embeds, side.embeds.to(embeds)))
         return Rows(self, embeds, positions.to(self.device) + self.length, block, sees_reserved, slice(0, n))
@@ -341,13 +342,15 @@ class Target:
         self.length += len(tokens)
         return logits
 
-    def _append_rows(self, tokens: list[int]) -> Rows:
-        n = len(tokens)
+    def _append_rows(self, tokens: list[int] | torch.Tensor) -> Rows:
+        n = tokens.numel() if isinstance(tokens, torch.Tensor) else len(tokens)
         return Rows(self, self._embed(tokens), torch.arange(self.length, self.length + n, device=self.device),
                     torch.ones(n, n, dtype=torch.bool).tril(), torch.zeros(n, dtype=torch.bool), slice(0, n))
 
-    def _embed(self, ids: list[int]) -> torch.Tensor:
-        return self.model.get_input_embeddings()(torch.tensor(ids, dtype=torch.long, device=self.device))
+    def _embed(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor):
+            ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        return self.model.get_input_embeddings()(ids)
 
     @torch.inference_mode()
     def commit(self, path: list[int]) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specbench_cli.core.host_copy import to_device
 from specbench_cli.core.method import DecodeState
 from specbench_methods.checkpoints import Checkpoint, CheckpointError
 from specbench_methods.eagle3 import Eagle3, Eagle3Draft
@@ -136,7 +137,7 @@ class ConFu(Eagle3):
 
     def _future_kv(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
         e_f = self.parts.future(self.lane(state).future)[None]
-        position = torch.tensor([state.target.length - 1], device=e_f.device)
+        position = to_device([state.target.length - 1], e_f.device)
         cos, sin = self.draft.rotary(position, e_f.dtype)
         return self.draft.midlayer.token_kv(e_f, e_f, cos, sin)
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specbench_cli.core.host_copy import to_host
+from specbench_cli.core.host_copy import to_device, to_host
 from specbench_cli.core.method import DecodeState
 from specbench_methods.checkpoints import Checkpoint, locate_file
 from specbench_methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Layer
@@ -187,7 +187,7 @@ class Dart(FeatureDrafter):
         for b, (x, s, a) in enumerate(zip(feats, states, starts)):
             n = x.shape[0]
             h[b, rows - n:] = x
-            ids[b, rows - n:] = torch.tensor(s.tokens[a + 1: a + n + 1], device=device)
+            ids[b, rows - n:] = to_device(s.tokens[a + 1: a + n + 1], device)
             positions[b, rows - n:] = torch.arange(a, a + n + slots, device=device)
             own[b] = causal
             own[b, :, :rows - n] = False  # nobody sees the padding rows but themselves

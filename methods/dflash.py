@@ -29,6 +29,7 @@ from torch import nn
 from specbench_cli.core.acceptance import greedy_tokens
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.kernels import Linear, linear
+from specbench_cli.core.host_copy import to_device
 from specbench_cli.core.method import DecodeState
 from specbench_methods.checkpoints import Checkpoint, CheckpointError
 from specbench_methods.features import FeatureDrafter
@@ -295,8 +296,8 @@ class DFlash(FeatureDrafter):
         device = states[0].target.device
         self.catch_up(states)
         blocks = torch.full((batch, size), draft.config.mask_token_id, device=device)
-        blocks[:, 0] = torch.tensor([s.tokens[-1] for s in states], device=device)
-        lengths = torch.tensor([s.target.length for s in states], device=device)
+        blocks[:, 0] = to_device([s.tokens[-1] for s in states], device)
+        lengths = to_device([s.target.length for s in states], device)
         positions = lengths[:, None] + torch.arange(size, device=device)
         contexts = [self.lane(s).ctx_kv for s in states]
         like = torch.empty(draft.config.kv_heads, 0, draft.config.head_dim, device=device, dtype=draft.fc.weight.dtype)

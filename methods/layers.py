@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbench_cli.core.attention import grouped_attention
+from specbench_cli.core.host_copy import to_device
 from specbench_cli.core.kernels import Linear, linears
 
 
@@ -265,6 +266,5 @@ def round_slots(caches: list[DraftKV], room: int, like: torch.Tensor) -> tuple[S
     for b, cache in enumerate(caches):
         if cache.length:
             k[b, :, :cache.length], v[b, :, :cache.length] = cache.view()
-    real = torch.arange(longest, device=like.device)[None] < torch.tensor([c.length for c in caches],
-                                                                         device=like.device)[:, None]
+    real = torch.arange(longest, device=like.device)[None] < to_device([c.length for c in caches], like.device)[:, None]
     return Slots(k, v, longest), real

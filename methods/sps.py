@@ -20,6 +20,7 @@ from transformers import DynamicCache
 
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.kernels import linear, read_packed, released
+from specbench_cli.core.host_copy import to_device
 from specbench_cli.core.method import DecodeState, Method
 from specbench_methods.checkpoints import CheckpointError, locate
 from specbench_cli.core.target import VerifyExtras
@@ -133,7 +134,7 @@ class SpS(Method):
         lane, device = self.lane(state), state.target.device
         assert lane.segments is None, "feed() extends a sequence's own cache"
         positions = torch.arange(len(lane.cached), len(lane.cached) + len(ids), device=device)[None]
-        out = self.draft.base_model(input_ids=torch.tensor([ids], device=device), position_ids=positions,
+        out = self.draft.base_model(input_ids=to_device([ids], device), position_ids=positions,
                                     past_key_values=lane.cache, use_cache=True)
         lane.cached += ids
         return out.last_hidden_state[0, -1]
@@ -250,8 +251,8 @@ class DraftBatch:
         self.mask = None
         if any(n < self.width for n in self.kept) or any(len(f) < self.longest for f in feeds):
             columns = torch.arange(self.width + self.longest, device=device)[None]
-            first = torch.tensor([self.width - n for n in self.kept], device=device)[:, None]
-            end = torch.tensor([self.width + len(f) for f in feeds], device=device)[:, None]
+            first = to_device([self.width - n for n in self.kept], device)[:, None]
+            end = to_device([self.width + len(f) for f in feeds], device)[:, None]
             self.mask = (columns >= first) & (columns < end)  # [B, W + N], True: a real token
 
     def _gathered(self, lanes: list) -> DynamicCache:
@@ -262,11 +263,11 @@ class DraftBatch:
         if W > 0:
             runs = [lane.segments if lane.segments is not None else [(0, n)] for lane, n in zip(lanes, self.kept)]
             S = max(len(r) for r in runs)
-            first = torch.tensor([[f for f, _ in r] + [0] * (S - len(r)) for r in runs], device=device)  # [B, S]
-            count = torch.tensor([[c for _, c in r] + [0] * (S - len(r)) for r in runs], device=device)
+            first = to_device([[f for f, _ in r] + [0] * (S - len(r)) for r in runs], device)  # [B, S]
+            count = to_device([[c for _, c in r] + [0] * (S - len(r)) for r in runs], device)
             before = torch.cumsum(count, 1) - count  # the row's tokens in its earlier runs
             index = (torch.arange(W, device=device)[None]
-                     - torch.tensor([W - n for n in self.kept], device=device)[:, None])  # token index; < 0: padding
+                     - to_device([W - n for n in self.kept], device)[:, None])  # token index; < 0: padding
             column = torch.zeros_like(index)  # padding reads column 0: finite, and masked out
             for s in range(S):
                 start, size = before[:, s:s + 1], count[:, s:s + 1]
@@ -280,7 +281,7 @@ class DraftBatch:
             for members in sources.values():
                 if len(sources) == 1:  # every row reads this source; rows with nothing cached read its row 0
                     members = list(range(len(lanes)))
-                rows = torch.tensor([lanes[b].row if self.kept[b] else 0 for b in members], device=device)
+                rows = to_device([lanes[b].row if self.kept[b] else 0 for b in members], device)
                 groups.append((lanes[next(b for b in members if self.kept[b])].cache, members, rows))
             for i, layer in enumerate(cache.layers):
                 kv = []
@@ -293,7 +294,7 @@ class DraftBatch:
                         else:
                             if out is None:
                                 out = data.new_zeros(len(lanes), W, *data.shape[2:])
-                            picked = torch.tensor(members, device=device)
+                            picked = to_device(members, device)
                             out[picked] = data[rows[:, None], column[picked]]
                     kv.append(out.transpose(1, 2))  # [B, heads, W, d]
                 layer.lazy_initialization(*kv)
@@ -309,12 +310,12 @@ class DraftBatch:
     def feed(self) -> torch.Tensor:
         """Every row's unseen tokens in one forward; the hidden states [B, H] after each row's last one."""
         N, device = self.longest, self.device
-        ids = torch.tensor([f + [f[-1]] * (N - len(f)) for f in self.feeds], device=device)
-        positions = torch.tensor([list(range(n, n + N)) for n in self.kept], device=device)
+        ids = to_device([f + [f[-1]] * (N - len(f)) for f in self.feeds], device)
+        positions = to_device([list(range(n, n + N)) for n in self.kept], device)
         hidden = self._forward(ids, positions)
         if self.mask is None:  # every row ends at the last column
             return hidden[:, -1]
-        last = torch.tensor([len(f) - 1 for f in self.feeds], device=device)
+        last = to_device([len(f) - 1 for f in self.feeds], device)
         return hidden[torch.arange(len(self.feeds), device=device), last]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -322,7 +323,7 @@ class DraftBatch:
         device = self.device
         if self.mask is not None:
             self.mask = torch.cat((self.mask, self.mask.new_ones(tokens.shape[0], 1)), 1)
-        positions = torch.tensor([[n + len(f) + self.steps] for n, f in zip(self.kept, self.feeds)], device=device)
+        positions = to_device([[n + len(f) + self.steps] for n, f in zip(self.kept, self.feeds)], device)
         self.steps += 1
         return self._forward(tokens[:, None], positions)[:, -1]
 

@@ -1,4 +1,5 @@
-"""The host's reads of device values inside a round (`core.host_reads`): what a round would synchronise on a GPU.
+"""The host's reads of device values inside a round, and its blocking uploads (`core.host_reads`): what a round would
+synchronise on a GPU.
 
 The counter itself on planted reads, then every method's round on the embedded model, pinned: a change that adds a
 read, or removes one, must update the table here and ARCHITECTURE.md's (the goal is one a round: the accepted length)."""
@@ -37,6 +38,24 @@ def test_reads_of_device_values_are_counted_and_host_values_are_not():
     assert all("tests/test_host_reads.py" in site for site in reads.sites), reads.sites  # where the read was written
 
 
+def test_blocking_uploads_are_counted_and_asynchronous_ones_are_not():
+    from specbench_cli.core.host_copy import to_device
+
+    weight, cpu = torch.randn(4, 4), torch.device("cpu")
+    with HostReads([weight]) as reads:
+        torch.tensor([1, 2], device=cpu)  # from pageable memory: a blocking copy on CUDA
+        torch.tensor([3]).to(cpu)
+        weight[0] = torch.zeros(4)  # a host value written into a device tensor
+        weight[torch.tensor([1, 2])]  # a host index tensor
+        to_device([1, 2], cpu)  # through pinned memory, asynchronous
+        to_device(weight, cpu)  # there already
+        torch.tensor([], device=cpu)  # nothing to copy
+        weight[1] = 0.0  # a Python number rides in the kernel's arguments
+        assert reads.count == 0
+    assert sorted(site.split()[0] for site in reads.uploads) == ["__getitem__", "__setitem__", "tensor", "to"], \
+        reads.uploads
+
+
 def test_to_host_is_one_read_and_exact():
     weight = torch.randn(3)
     with HostReads([weight]) as reads:
@@ -61,9 +80,12 @@ def test_every_methods_round_reads_the_device_as_often_as_the_table_says(embedde
     from benchmarks.gpu.sync_check import method_rounds
 
     prompt = embedded.encode_chat([{"role": "user", "content": "Write a short story about a robot who paints."}])
-    measured, where = {}, {}
+    measured, where, uploads = {}, {}, collections.Counter()
     for name in READS_A_ROUND:
         rounds = method_rounds(name, embedded, prompt, 24)
         measured[name] = max(r.reads for r in rounds)
         where[name] = sorted(sum((r.sites for r in rounds), collections.Counter()))
+        uploads += sum((r.uploads for r in rounds), collections.Counter())
     assert measured == READS_A_ROUND, where
+    # and no round copies host values to the device the blocking way (`core.host_copy.to_device` does it)
+    assert not uploads, uploads

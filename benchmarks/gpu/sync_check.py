@@ -54,14 +54,16 @@ def main() -> None:
     device = torch.device(a.device)
     loaded = load_model(MODELS["smollm2-135m"], device, resolve_dtype(a.dtype, device).dtype)
     prompt = loaded.encode_chat([{"role": "user", "content": "Write a short story about a robot who paints."}])
-    print(f"{'method':18} {'rounds':>6} {'reads/round':>11} {'cuda syncs/round':>17}  where (reads a round)")
+    print(f"{'method':18} {'rounds':>6} {'reads/round':>11} {'uploads':>7} {'cuda syncs/round':>17}  where (a round)")
     for name in a.methods.split(","):
         rounds = method_rounds(name, loaded, prompt, a.new)
-        sites = sum((r.sites for r in rounds), collections.Counter())
+        sites = sum((r.sites + r.uploads for r in rounds), collections.Counter())
+        uploads = max(r.uploads.total() for r in rounds)
         syncs = [r.cuda_syncs for r in rounds if r.cuda_syncs is not None]
         cuda = f"{statistics.median(syncs):g} (max {max(syncs)})" if syncs else "-"
         where = "; ".join(f"{n / len(rounds):g} {site}" for site, n in sites.most_common())
-        print(f"{name:18} {len(rounds):>6} {max(r.reads for r in rounds):>11} {cuda:>17}  {where}", flush=True)
+        print(f"{name:18} {len(rounds):>6} {max(r.reads for r in rounds):>11} {uploads:>7} {cuda:>17}  {where}",
+              flush=True)
 
 
 if __name__ == "__main__":

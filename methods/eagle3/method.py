@@ -13,6 +13,7 @@ from specbench_methods.eagle3.network import Eagle3Draft
 from specbench_methods.eagle3.tree_search import beam_search, top_nodes
 from specbench_methods.features import FeatureDrafter
 from specbench_methods.layers import Apart, DraftKV, Slots, causal_mask, round_slots
+from specbench_cli.core.host_copy import to_device
 from specbench_cli.core.method import DecodeState
 from specbench_cli.core.tree import DraftTree
 
@@ -82,7 +83,7 @@ class Eagle3(FeatureDrafter):
         self.lane(state).pending = [feats[-1:]]
         if n <= 1:
             return None
-        ids = torch.tensor(state.tokens[start + 1: start + n], device=device)
+        ids = to_device(state.tokens[start + 1: start + n], device)
         return feats[:-1], ids, torch.arange(start, start + n - 1, device=device)
 
     # ------------------------------------------------------------------------------------ what profiling times
@@ -168,14 +169,14 @@ class Eagle3(FeatureDrafter):
         if shared is not None:
             slots.k[..., cached:cached + width, :], slots.v[..., cached:cached + width, :] = shared
         one = torch.ones(batch, 1, dtype=torch.bool, device=device)
-        seen = torch.cat((real, *([] if has is None else [has.to(device)[:, None]]), one), 1)  # cache, shared, newest
-        ids = torch.tensor([[s.tokens[a + 1]] for s, a in zip(states, starts)], device=device)
-        out, newest = self._step(feats[:, None], ids, torch.tensor(starts, device=device)[:, None],
+        seen = torch.cat((real, *([] if has is None else [to_device(has, device)[:, None]]), one), 1)  # cache, shared, newest
+        ids = to_device([[s.tokens[a + 1]] for s, a in zip(states, starts)], device)
+        out, newest = self._step(feats[:, None], ids, to_device(starts, device)[:, None],
                                  Slots(slots.k, slots.v, cached + width), seen[:, None])
         last = out[:, -1]
         with states[0].timed("draft_head"):
             first = draft.log_probs(last)
-        length = torch.tensor([s.target.length for s in states], device=device)[:, None]
+        length = to_device([s.target.length for s in states], device)[:, None]
         eye = torch.eye(o.top_k, dtype=torch.bool, device=device).expand(batch, -1, -1)
         hidden, ancestry = last[:, None].expand(-1, o.top_k, -1), eye
         seen = seen[:, None].expand(-1, o.top_k, -1)

@@ -17,3 +17,14 @@ def to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
     flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).cpu()
     parts = flat.split([t.numel() for t in tensors])
     return [p.to(t.dtype).reshape(t.shape) for p, t in zip(parts, tensors)]
+
+
+def to_device(values: list | torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Host values (a list, or a host tensor) on `device` without the host waiting: on CUDA a copy from pageable
+    memory first waits for everything queued on the stream, so the values go through pinned memory, copied
+    asynchronously (the pinned block is not reused before the copy has run); a tensor already there, or any on a
+    CPU, is returned as it is."""
+    t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    if device.type == "cuda" and t.device.type == "cpu":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)

@@ -10,6 +10,11 @@ the host builds itself (`torch.tensor(list)` with no device) are host values, an
     with HostReads(roots) as reads:
         ...                      # one round
     reads.count, reads.sites     # reads of device values, and where each was made (file:line of the caller)
+    reads.uploads                # blocking copies of host values to the device, and where
+
+An upload waits too: on CUDA a copy from pageable host memory first waits for everything queued on the stream.
+`torch.tensor(data, device=...)`, `.to(device)` of a host value, a host value written into a device tensor and a
+host index tensor indexing one are counted; `core.host_copy.to_device` (pinned memory, asynchronous) is not.
 
 `per_round(reads)` splits the count by the rounds of `core.engine`'s loop (and, on CUDA, counts the
 synchronisations the device's own sync-debug mode reports, which see every wait, host uploads included).
@@ -36,7 +41,8 @@ SHAPED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_co
 
 
 class HostReads(TorchFunctionMode):
-    """Counts reads of device values while active (a torch function mode: every tensor op passes through it)."""
+    """Counts reads of device values, and blocking uploads of host values, while active (a torch function mode:
+    every tensor op passes through it)."""
 
     def __init__(self, roots: Iterable[torch.Tensor]) -> None:
         super().__init__()
@@ -44,6 +50,7 @@ class HostReads(TorchFunctionMode):
         for t in roots:
             self._mark(t)
         self.sites: collections.Counter[str] = collections.Counter()
+        self.uploads: collections.Counter[str] = collections.Counter()  # blocking copies of host values to the device
 
     def _mark(self, t: torch.Tensor) -> None:
         self._device[id(t)] = weakref.ref(t)
@@ -62,6 +69,8 @@ class HostReads(TorchFunctionMode):
         inputs = [t for t in _tensors((args, kwargs)) if self.on_device(t)]
         if inputs and (name in READS or name in SHAPED or _boolean_index(name, args)):
             self.sites[f"{name} {_caller()}"] += 1
+        if _uploads(name, args, kwargs, inputs, self.on_device):
+            self.uploads[f"{name} {_caller()}"] += 1
         out = func(*args, **kwargs)
         if name in ("cpu", "numpy"):  # a host copy (on a CPU `.cpu()` returns the tensor itself: now a host value)
             for t in _tensors(out):
@@ -80,6 +89,7 @@ class Round:
     reads: int
     sites: collections.Counter[str] = field(default_factory=collections.Counter)
     cuda_syncs: int | None = None
+    uploads: collections.Counter[str] = field(default_factory=collections.Counter)  # blocking host -> device copies
 
 
 @contextmanager
@@ -92,12 +102,13 @@ def per_round(reads: HostReads, device: torch.device) -> Iterator[list[Round]]:
     cuda = device.type == "cuda"
 
     def counted(*args, **kwargs):
-        before = collections.Counter(reads.sites)
+        before, uploaded = collections.Counter(reads.sites), collections.Counter(reads.uploads)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = original(*args, **kwargs)
         syncs = sum("synchronizing CUDA operation" in str(w.message) for w in caught)
-        rounds.append(Round(reads.count - before.total(), reads.sites - before, syncs if cuda else None))
+        rounds.append(Round(reads.count - before.total(), reads.sites - before, syncs if cuda else None,
+                            reads.uploads - uploaded))
         return out
 
     engine._round = counted
@@ -129,6 +140,21 @@ def _boolean_index(name: str, args: tuple) -> bool:
         return False
     index = args[1] if isinstance(args[1], tuple) else (args[1],)
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+
+
+def _uploads(name: str, args: tuple, kwargs: dict, inputs: list, on_device) -> bool:
+    """A blocking copy of host values to the device (on CUDA, from pageable memory, the host waits for the stream):
+    `torch.tensor(data, device=...)`, `.to(device)` of a host value without non_blocking, a host value written
+    into a device tensor, or a host index tensor indexing one."""
+    if name in ("tensor", "as_tensor"):  # (an empty one copies nothing)
+        return kwargs.get("device") is not None and not (isinstance(args[0], (list, tuple)) and not args[0])
+    if name in ("to", "cuda"):
+        return not inputs and not kwargs.get("non_blocking", False) and _told_a_device(name, args, kwargs)
+    if name in ("copy_", "__setitem__", "__getitem__", "index_select", "gather", "scatter_", "index_put_"):
+        if not args or not isinstance(args[0], torch.Tensor) or not on_device(args[0]):
+            return False
+        return any(t.dim() > 0 and not on_device(t) for t in _tensors(args[1:]))
+    return False
 
 
 def _told_a_device(name: str, args: tuple, kwargs: dict) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specbench_cli.core.host_copy import to_host
+from specbench_cli.core.host_copy import to_device, to_host
 
 
 class DraftTree:
@@ -120,9 +120,8 @@ class DraftTree:
         """The tokens (after `root` if given) as a long tensor on `device`, without reading them on the host."""
         first = [] if root is None else [root]
         if self._token_ids is None:
-            return torch.tensor(first + self._tokens, dtype=torch.long, device=device)
-        return torch.cat((torch.tensor(first, dtype=torch.long, device=device), self._token_ids)) if first \
-            else self._token_ids
+            return to_device(first + self._tokens, device, torch.long)
+        return torch.cat((to_device(first, device, torch.long), self._token_ids)) if first else self._token_ids
 
     def mask(self) -> torch.Tensor:
         """`ancestor_mask()`, where the parents are: on the device, by pointer jumping (each step doubles the

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from specbench_cli.core.errors import UsageError
+from specbench_cli.core.host_copy import to_device
 from specbench_cli.core.kernels import RowKernels, packs
 from specbench_cli.core.target.backends import Backend, Causal, KernelRows
 from specbench_cli.core.target.cache import StaticKV
@@ -163,7 +164,7 @@ class TargetModel:
         first token are bit for bit the batch-invariant replay's (greedy_replay.py), at the cost of one call."""
         t, rows = x.target, len(x)
         base = t.offset + t.length
-        f = Layout(None, torch.arange(rows, device=self.device)[None], x.sees_reserved[None].to(self.device))
+        f = Layout(None, torch.arange(rows, device=self.device)[None], to_device(x.sees_reserved[None], self.device))
         hidden, captured = self.decoder(self.prefill_backend, x.embeds[None], x.positions[None], f,
                                         lambda i: self.kv.layer(i)[:, t.slot:t.slot + 1, :, base:base + rows],
                                         self._capture)
@@ -180,7 +181,7 @@ class TargetModel:
         backend = self.backend
         kv_len = backend.span(int(base.max()) + rows)
         device = self.device
-        base, block, sees = base.to(device), block.to(device), sees.to(device)
+        base, block, sees = to_device(base, device), to_device(block, device), to_device(sees, device)
         mask = visibility(block, sees, base, kv_len, offset)
         slots = base[:, None] + torch.arange(rows, device=device)
         # one sequence: its rows as they are; several: packed (row-wise parts on real rows only)
@@ -308,18 +309,18 @@ class Target:
         n, side = len(tree) + 1, extras.side
         m = 0 if side is None else len(side)
         mask = tree.mask()  # on the device when the tree's parents are: nothing is read to build the rows
-        block = torch.zeros(n + m, n + m, dtype=torch.bool, device=mask.device)
+        block = mask.new_zeros(n + m, n + m)
         block[:n, :n] = mask
         positions = tree.positions(mask)
         sees_reserved = torch.zeros(n + m, dtype=torch.bool)
         embeds = self._embed(ids)
         if side is not None:
             block[n:, :n] = side.attend
-            block[n:, n:] = torch.eye(m, dtype=torch.bool)
+            block[n:, n:] = torch.eye(m, dtype=torch.bool, device=block.device)
             positions = torch.cat((positions, side.positions.to(positions.device)))
             sees_reserved[n:] = True
             embeds = torch.cat((embeds, side.embeds.to(embeds)))
-        return Rows(self, embeds, positions.to(self.device) + self.length, block, sees_reserved, slice(0, n))
+        return Rows(self, embeds, to_device(positions, self.device) + self.length, block, sees_reserved, slice(0, n))
 
     def verified(self, rows: Rows, out: Out, extras: VerifyExtras | None) -> torch.Tensor:
         """A verify's logits (root first) from its forward's output; side rows' hidden states kept."""
@@ -349,7 +350,7 @@ class Target:
 
     def _embed(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
         if not isinstance(ids, torch.Tensor):
-            ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+            ids = to_device(ids, self.device, torch.long)
         return self.model.get_input_embeddings()(ids)
 
     @torch.inference_mode()
@@ -360,7 +361,7 @@ class Target:
         start = self.offset + self.length - (1 if self._root_cached else 0)  # cache slot of the root
         self._root_cached = False
         if path != list(range(len(path))):
-            self.kv.move(torch.tensor(path, device=self.device) + start,
+            self.kv.move(to_device(path, self.device) + start,
                          torch.arange(start, start + len(path), device=self.device), self.slot)
         self.captured = {i: h[path] for i, h in self.captured.items()}
         self.last_path = path

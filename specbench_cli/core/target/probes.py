@@ -11,6 +11,8 @@ from typing import TypeVar
 
 import torch
 
+from specbench_cli.core.host_copy import to_device
+
 from specbench_cli.core.kernels import GATE_UP, QKV, RowKernels, Stacked, shape, stacked
 from specbench_cli.core.target.backends import ROW_BLOCK
 
@@ -31,7 +33,7 @@ def probed(model: torch.nn.Module, kernels: RowKernels, dtype: torch.dtype, devi
 def _random_rows(generator: torch.Generator, count: int, width: int, dtype: torch.dtype, device: torch.device,
           scaled: bool = True) -> torch.Tensor:
     x = torch.randn(1, count, width, generator=generator)
-    return (x * torch.logspace(-1, 1.5, count)[:, None] if scaled else x).to(dtype).to(device)
+    return to_device((x * torch.logspace(-1, 1.5, count)[:, None] if scaled else x).to(dtype), device)
 
 
 def stacks_agree(model: torch.nn.Module, kernels: RowKernels, dtype: torch.dtype, device: torch.device) -> bool:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench_cli.core.host_copy import to_device
+
 
 @dataclass
 class SideTokens:
@@ -78,8 +80,10 @@ def padded(work: list[Rows], size: int, rows: int, first: int) -> tuple[torch.Te
     """The sequences' blocks and reserved-entry flags laid out [size, rows(, rows)], each at its slot - `first`;
     padding rows and other indices see only themselves. The blocks are laid out on the device where a tree left
     its block there (`DraftTree.mask`), else on the host."""
-    where = next((x.block.device for x in work if x.block.device.type != "cpu"), torch.device("cpu"))
-    block = torch.eye(rows, dtype=torch.bool, device=where).repeat(size, 1, 1)
+    block = torch.eye(rows, dtype=torch.bool).repeat(size, 1, 1)
+    on_device = [x.block.device for x in work if x.block.device.type != "cpu"]
+    if on_device:
+        block = to_device(block, on_device[0])
     sees = torch.zeros(size, rows, dtype=torch.bool)
     for x in work:
         b, m = x.target.slot - first, len(x)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specbench_cli.core.host_copy import to_host
-from specbench_cli.core.host_reads import HostReads
+from specbench_cli.core.host_reads import HostReads, per_round
 from tests.conftest import needs_embedded
 
 
@@ -89,3 +89,28 @@ def test_every_methods_round_reads_the_device_as_often_as_the_table_says(embedde
     assert measured == READS_A_ROUND, where
     # and no round copies host values to the device the blocking way (`core.host_copy.to_device` does it)
     assert not uploads, uploads
+
+
+@pytest.mark.slow
+@needs_embedded
+@pytest.mark.parametrize("name", ["baseline", "eagle3", "dflash"])
+def test_a_batchs_round_reads_the_device_once_for_every_sequence(embedded, name):
+    """Two lanes over three turns: every round, refills between them included, reads the device once for all its
+    sequences (their argmaxes and trees together) and uploads nothing the blocking way."""
+    from specbench_cli.core.engine import Turn, decode
+    from specbench_cli.core.method import networks
+    from specbench_cli.core.target import TargetModel
+    from specbench_cli.core.turn import DecodeSettings
+    from specbench_cli.models import MODELS
+    from specbench_cli.registry import method_class
+
+    cls = method_class(name)
+    method = cls(cls.Options(), embedded, MODELS["smollm2-135m"].drafters)
+    todo = [Turn(embedded.encode_chat([{"role": "user", "content": c}]))
+            for c in ("Write a short story about a robot who paints.", "List three uses of copper.", "Explain rain.")]
+    reads = HostReads([t for m in (embedded.model, *networks(method)) for t in (*m.parameters(), *m.buffers())])
+    with reads, per_round(reads, embedded.device) as rounds:
+        decode(TargetModel(embedded.model, embedded.device, slots=2), method, 2, DecodeSettings(24, 0.0, frozenset()),
+               lambda lane, finished: todo.pop() if todo else None)
+    assert [r.reads for r in rounds] == [1] * len(rounds), [r.sites for r in rounds if r.reads != 1]
+    assert not sum((r.uploads for r in rounds), collections.Counter())

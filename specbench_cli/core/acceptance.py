@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench_cli.core.tree import DraftTree
+from specbench_cli.core.tree import DraftTree, read_trees
 
 
 @dataclass
@@ -47,7 +47,17 @@ def accept(tree: DraftTree, logits: torch.Tensor, temperature: float,
 
 
 def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
-    best = tree.read(greedy_tokens(logits))[0].tolist()  # the round's one host sync (the drafts too, if on the device)
+    return accept_greedy_all([tree], [logits])[0]
+
+
+def accept_greedy_all(trees: list[DraftTree], logits: list[torch.Tensor]) -> list[Acceptance]:
+    """Greedy acceptance of a round's sequences: their argmaxes, and whatever of their trees is still on the device,
+    read in one go (the round's one host sync)."""
+    bests = read_trees(trees, [greedy_tokens(lg) for lg in logits])
+    return [_greedy_walk(tree, best.tolist()) for tree, best in zip(trees, bests)]
+
+
+def _greedy_walk(tree: DraftTree, best: list[int]) -> Acceptance:
     children = tree.children()
     node, path, tokens = 0, [0], []
     while True:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench_cli.core.acceptance import Acceptance, accept, pick
+from specbench_cli.core.acceptance import Acceptance, accept, accept_greedy_all, pick
 from specbench_cli.core.method import DecodeState, Method, OwnLoop, Proposer, Route, Router
 from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.timing import PhaseClock, sync
@@ -189,7 +189,10 @@ def _round(target: TargetModel, busy: list[_Sequence], settings: DecodeSettings,
         logits = target.verify([(s.target, s.state.tokens[-1], t, e) for s, t, e in zip(busy, trees, extras)])
     decide = settings.acceptance.accept if settings.acceptance is not None else accept
     with clock.phase("accept"):
-        results = [decide(t, lg, settings.temperature, s.generator) for t, lg, s in zip(trees, logits, states)]
+        if settings.acceptance is None and settings.temperature <= 0:  # every sequence's in one read
+            results = accept_greedy_all(trees, logits)
+        else:
+            results = [decide(t, lg, settings.temperature, s.generator) for t, lg, s in zip(trees, logits, states)]
     sizes = [(len(t), max(t.depths()) if len(t) else 0) for t in trees]  # the trees are on the host now
     if (target.invariant and not target.exact_trees and settings.temperature == 0 and settings.acceptance is None
             and not all(t.is_chain for t in trees)):
@@ -285,4 +288,5 @@ def _exact_paths(target: TargetModel, busy: list[_Sequence], trees: list[DraftTr
         checked = target.verify_paths([(s.target, s.state.tokens[-1], t, r.path)
                                        for s, t, r in zip(busy, trees, results)])
     with clock.phase("accept"):
-        return [c for c, _ in checked], [lg for _, lg in checked], [accept(c, lg, 0.0) for c, lg in checked]
+        chains, logits = [c for c, _ in checked], [lg for _, lg in checked]
+        return chains, logits, accept_greedy_all(chains, logits)

@@ -59,15 +59,18 @@ class DraftTree:
 
     def read(self, *values: torch.Tensor) -> list[torch.Tensor]:
         """`values` on the host, with whatever of this tree is still on the device: one read."""
-        pending = [t for t in (self._token_ids, self._parent_ids) if t is not None]
-        if not pending:
-            return to_host(*values) if values else []
-        out = to_host(*values, *pending)
+        return read_trees([self], list(values))
+
+    def _on_device(self) -> list[torch.Tensor]:
+        return [t for t in (self._token_ids, self._parent_ids) if t is not None]
+
+    def _took(self, host: list[torch.Tensor]) -> None:
+        """The host copies of `_on_device()`, in its order."""
+        copies = iter(host)
         if self._token_ids is not None:
-            self._tokens, self._token_ids = out[len(values)].tolist(), None
+            self._tokens, self._token_ids = next(copies).tolist(), None
         if self._parent_ids is not None:
-            self._parents, self._parent_ids = out[-1].tolist(), None
-        return out[:len(values)]
+            self._parents, self._parent_ids = next(copies).tolist(), None
 
     @property
     def is_chain(self) -> bool:
@@ -155,6 +158,20 @@ class DraftTree:
     def __repr__(self) -> str:
         shown = [self._tokens, self._parents]
         return "DraftTree(tokens={}, parents={})".format(*("(on the device)" if s is None else s for s in shown))
+
+
+def read_trees(trees: list[DraftTree], values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`values` on the host, with whatever of `trees` is still on the device: one read for all of them (a round's
+    sequences)."""
+    pending = [tree._on_device() for tree in trees]
+    flat = [*values, *(t for p in pending for t in p)]
+    if not flat:
+        return []
+    host = to_host(*flat)
+    rest = iter(host[len(values):])
+    for tree, p in zip(trees, pending):
+        tree._took([next(rest) for _ in p])
+    return host[:len(values)]
 
 
 def _split(values: Sequence[int] | torch.Tensor) -> tuple[list[int] | None, torch.Tensor | None]:

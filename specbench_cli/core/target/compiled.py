@@ -16,6 +16,7 @@ import torch
 
 from specbench_cli.core.attention import grouped_attention
 from specbench_cli.core.compiling import static_graph
+from specbench_cli.core.host_copy import to_device
 from specbench_cli.core.target.backends import Attention
 from specbench_cli.core.target.rows import Layout, Out, Rows, padded, visibility
 from specbench_cli.core.tree import DraftTree
@@ -69,8 +70,8 @@ class CompiledPath:
             self._fn = self.compiled(self.step)
         self.note_bucket(rows)
         device = owner.device
-        logits, hidden, captured, written = self._fn(embeds, positions, block.to(device), sees.to(device),
-                                                     base.to(device))
+        logits, hidden, captured, written = self._fn(embeds, positions, to_device(block, device),
+                                                     to_device(sees, device), to_device(base, device))
         out = []
         for x in work:  # CUDA-graph outputs are overwritten by the next replay: keep copies of what outlives it
             t, m = x.target, len(x)

@@ -47,8 +47,8 @@ class OneCall:
             place = torch.arange(h.shape[1], device=h.device)
             slots = f.slots[0]
         else:
-            place = f.real.flatten().nonzero().flatten()
-            slots = f.slots[f.real]
+            place = f.real
+            slots = f.slots.flatten()[f.real]
         out, captured = self.op(h[0], cos[0], sin[0], [kv(i) for i in range(self.num_layers)], f.mask[:, 0], place,
                                 slots.contiguous(), self.pad_one_row, capture)
         return out[None], [c[None] for c in captured]

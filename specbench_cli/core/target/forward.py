@@ -44,9 +44,9 @@ class Decoder:
             attn = block.self_attn
             q, k, v = qkv(attn, block.input_layernorm(h), cos, sin, rows)
             if f.real is not None:  # packed rows -> each sequence's padded rows (padding rows: zeros, seen by nobody)
-                q, k, v = (unpack(t, f.real) for t in (q, k, v))
+                q, k, v = (unpack(t, f.real, *f.slots.shape) for t in (q, k, v))
             out = attend(attn, q, k, v, kv(i), f, i)
-            h = h + rows(attn.o_proj, out if f.real is None else out[f.real][None])
+            h = h + rows(attn.o_proj, out if f.real is None else out.flatten(0, 1)[f.real][None])
             h = h + rows(block.mlp, block.post_attention_layernorm(h))
             if i in capture:
                 captured.append(h)

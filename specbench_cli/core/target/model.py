@@ -185,7 +185,8 @@ class TargetModel:
         mask = visibility(block, sees, base, kv_len, offset)
         slots = base[:, None] + torch.arange(rows, device=device)
         # one sequence: its rows as they are; several: packed (row-wise parts on real rows only)
-        real = None if n == 1 else (torch.arange(rows)[None] < torch.tensor(sizes)[:, None]).to(device)
+        present = torch.arange(rows)[None] < torch.tensor(sizes)[:, None]  # [n, rows] on the host
+        real = None if n == 1 else to_device(present.flatten().nonzero().flatten(), device)
         embeds = torch.cat([x.embeds for x in work])[None]
         positions = torch.cat([x.positions for x in work])[None]
         f = Layout(mask, slots, sees, real, offset, first)
@@ -200,7 +201,7 @@ class TargetModel:
         heads = [h[x.heads] for x, h in zip(work, hidden)]
         head = self.decoder.head
         logits = ([head(heads[0], backend.rows)] if len(work) == 1
-                  else head(torch.cat(heads), backend.rows).split([len(h) for h in heads]))
+                  else head(torch.cat(heads), backend.rows).split([h.shape[0] for h in heads]))
         for b, x in enumerate(work):
             x.target.captured = {i: c[b] for i, c in zip(self._capture, captured)}
         return [Out(lg, h) for lg, h in zip(logits, hidden)]

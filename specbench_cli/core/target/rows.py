@@ -60,7 +60,7 @@ class Out:
 class Layout:
     """How one forward's rows sit, as every layer reads it: B sequences of R rows each (padded to the longest).
 
-    `real`: the rows are packed (inputs [1, T, H] hold only the rows it marks, in order): the row-wise work runs
+    `real`: the rows are packed (inputs [1, T, H] hold only the rows it names, in order): the row-wise work runs
     on them alone and only attention sees the [B, R] layout. `orders` and `written` are filled by the attention
     that needs them: each row's keys in the order a one-token decode reads them (`backends.ExactOrders`), and
     each layer's keys and values of the rows, for the host to write (`compiled.RowsApart`)."""
@@ -68,7 +68,7 @@ class Layout:
     mask: torch.Tensor | None  # bool [B, 1, R, S]: which cache slots each row sees; None: plain causality (a prefill)
     slots: torch.Tensor  # [B, R]: the cache slot of each row
     sees_reserved: torch.Tensor  # bool [B, R]: the rows that see the reserved entries
-    real: torch.Tensor | None = None  # bool [B, R]: the rows present, where the inputs are packed
+    real: torch.Tensor | None = None  # long [T]: the rows present (b * R + r, in order), where the inputs are packed
     offset: int = 0  # reserved entries at the front of each sequence's cache
     first_slot: int = 0  # the slot of the first sequence
     block: torch.Tensor | None = None  # bool [B, R, R]: which of its sequence's rows each row sees (compiled)
@@ -110,8 +110,10 @@ def visibility(block: torch.Tensor, sees_reserved: torch.Tensor, base: torch.Ten
     return (prefix | own)[:, None]
 
 
-def unpack(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """Packed rows [1, heads, T, d] laid out as [B, heads, R, d], the rows `real` [B, R] marks filled in order."""
-    full = x.new_zeros(*real.shape, x.shape[1], x.shape[3])
+def unpack(x: torch.Tensor, real: torch.Tensor, batch: int, rows: int) -> torch.Tensor:
+    """Packed rows [1, heads, T, d] laid out as [B, heads, R, d], the rows `real` names (b * R + r) filled in order
+    (an index, not a boolean mask: the device learns no shape from values)."""
+    full = x.new_zeros(batch * rows, x.shape[1], x.shape[3])
     full[real] = x[0].transpose(0, 1)
+    full = full.view(batch, rows, x.shape[1], x.shape[3])
     return full.transpose(1, 2)

@@ -114,11 +114,6 @@ class DraftTree:
         return n
 
     # ------------------------------------------------------------------------------------ for the verify
-    @property
-    def on_device(self) -> bool:
-        """The parents are still on the device: the verify's mask and positions are built there."""
-        return self._parent_ids is not None
-
     def ids(self, device: torch.device, root: int | None = None) -> torch.Tensor:
         """The tokens (after `root` if given) as a long tensor on `device`, without reading them on the host."""
         first = [] if root is None else [root]

@@ -68,7 +68,8 @@ def test_a_tree_left_on_the_device_builds_the_hosts_mask_and_depths_and_is_read_
     rng = random.Random(3)
     for n in (0, 1, 2, 3, 7, 33, 60):
         for _ in range(5):
-            tree = random_tree(rng, n, 1000) if rng.random() < 0.7 else DraftTree.chain(random_tree(rng, n, 1000).tokens)
+            tree = random_tree(rng, n, 1000)
+            tree = tree if rng.random() < 0.7 else DraftTree.chain(tree.tokens)
             roots = [torch.tensor(tree.tokens, dtype=torch.long), torch.tensor(tree.parents, dtype=torch.long)]
             with HostReads(roots) as reads:  # a device tree: what a drafter's tensors would be
                 pending = DraftTree(*roots)

@@ -169,7 +169,8 @@ class Eagle3(FeatureDrafter):
         if shared is not None:
             slots.k[..., cached:cached + width, :], slots.v[..., cached:cached + width, :] = shared
         one = torch.ones(batch, 1, dtype=torch.bool, device=device)
-        seen = torch.cat((real, *([] if has is None else [to_device(has, device)[:, None]]), one), 1)  # cache, shared, newest
+        shared_seen = [] if has is None else [to_device(has, device)[:, None]]
+        seen = torch.cat((real, *shared_seen, one), 1)  # cache, shared, newest
         ids = to_device([[s.tokens[a + 1]] for s, a in zip(states, starts)], device)
         out, newest = self._step(feats[:, None], ids, to_device(starts, device)[:, None],
                                  Slots(slots.k, slots.v, cached + width), seen[:, None])

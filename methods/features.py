@@ -12,47 +12,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench_cli.core.compiling import StepGraphs
+from specbench_cli.core.compiling import CompiledSteps
 from specbench_cli.core.method import DecodeState, Method
 from specbench_cli.core.target import Target
 from specbench_methods.layers import Apart, Slots
 
 
-class FeatureDrafter(Method):
-    """With `--compile` (`compile`) a subclass runs its draft steps through `graphs`, on caches of one fixed
-    capacity (`capacity`, the planned sequence length plus what a round adds: `round_room`), and compiles every
-    shape a round gives before anything is timed (`warm_steps`)."""
+class FeatureDrafter(CompiledSteps, Method):
+    """With `--compile` a subclass runs its draft steps through `graphs` (`CompiledSteps`), warming them on
+    `blank_slots` and `own_keys_only`."""
 
     capture: list[int]  # target decoder layers whose outputs are concatenated, low -> high
-    graphs: StepGraphs | None = None  # the compiled draft steps; None: eager
-    capacity = 0  # compiled: each sequence's draft cache entries (its buffers' fixed shape); 0: eager, growing
 
     @dataclass
     class Lane:
         pending: list[torch.Tensor] = field(default_factory=list)  # committed rows the drafter has not seen
-
-    def compile(self, mode: str, longest: int, lanes: int) -> dict[str, float]:
-        self.graphs = StepGraphs(mode, self.name)
-        self.capacity = longest + self.round_room()
-        with self.graphs.warming():
-            for batch in range(1, lanes + 1):
-                for _ in range(self.graphs.warm_calls):
-                    self.warm_steps(batch)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return dict(self.graphs.seconds)
-
-    def late_compiles(self) -> list[str]:
-        return [] if self.graphs is None else list(self.graphs.late)
-
-    def round_room(self) -> int:
-        """Draft cache entries a round writes past the committed positions (a tree's levels, a block)."""
-        raise NotImplementedError
-
-    def warm_steps(self, batch: int) -> None:
-        """Run every compiled step once on zero inputs of each shape a round of `batch` sequences gives (with
-        `blank_slots` and `own_keys_only`)."""
-        raise NotImplementedError
 
     def _apart_step(self, h, ids, positions, k, v, mask, **static):
         """A draft network's `step` (EAGLE-3's and DART's) as a compiled graph runs it: over whole buffers."""

@@ -3,8 +3,9 @@
 The draft is any Hugging Face causal LM that shares the target's tokenizer (for Qwen3 targets the FlashHead
 thesis pairs Qwen/Qwen3-0.6B). Each round it drafts a chain of K tokens with its own KV cache, one forward
 per token; tokens it has not seen yet (last round's accepted drafts and bonus) are fed first in one pass.
-A batch of sequences drafts together: each of those forwards runs once for all of them, over one padded
-cache (`DraftBatch`).
+A batch of sequences drafts together: each of those forwards runs once for all of them (`DraftRound`).
+The draft model runs through its own Hugging Face code over keys/values buffers of ours (`BufferCache`), so that
+with `--compile` its forwards are static-shape graphs like the other drafters' steps.
 At temperature 0 drafts are the argmax; above it they are sampled and verified with their probabilities.
 The draft's body and its output head run separately so the head's share of draft time is recorded
 (`draft_head`), the quantity FlashHead attacks.
@@ -18,13 +19,15 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from specbench_cli.core.compiling import CompiledSteps
 from specbench_cli.core.errors import UsageError
-from specbench_cli.core.kernels import linear, read_packed, released
 from specbench_cli.core.host_copy import to_device
+from specbench_cli.core.kernels import linear, read_packed, released
 from specbench_cli.core.method import DecodeState, Method
-from specbench_methods.checkpoints import CheckpointError, locate
 from specbench_cli.core.target import VerifyExtras
 from specbench_cli.core.tree import DraftTree
+from specbench_methods.checkpoints import CheckpointError, locate
+from specbench_methods.layers import DraftKV, Slots, round_slots
 
 
 EMBEDDING_FROM_TARGET = "specbench_embedding_from_target"  # config key of the project's own draft models
@@ -70,11 +73,12 @@ def load_draft_model(ref: str, target: torch.nn.Module, what: str) -> torch.nn.M
     return read_packed(model.to(target.device).eval())
 
 
-class SpS(Method):
+class SpS(CompiledSteps, Method):
     name = "sps"
     drafter_names = ("sps",)
     inherent_syncs = "one per round: the accepted length, read with the k draft tokens (fed back on the device)"
     reads_target_weights = True  # a draft that shares the target's embedding and head copies them (load_draft_model)
+    FEED_ROWS = (1, 2, 8)  # compiled: a round's unseen tokens padded to one of these (a longer feed runs eager)
 
     @dataclass
     class Options:
@@ -89,16 +93,13 @@ class SpS(Method):
         self.draft = load_draft_model(self.drafter_ref("sps"), model.model, "sps")
         self.vocab = model.model.config.vocab_size
         self.extra_forwards = not options.deferred
+        self.shape = DraftShape.of(self.draft.config)
 
     @dataclass
     class Lane:
-        # The draft model's cache holding the sequence's tokens `cached`: its own (batch 1, exactly `cached` in
-        # order: `segments` None), or the cache of the batch it last drafted in, whose row `row` holds them in the
-        # runs `segments` ((first column, count), in order) among padding and rejected drafts.
-        cache: DynamicCache | None = None
+        # The draft model's keys/values of the tokens `cached` (every layer's, `DraftShape`), in order.
+        kv: DraftKV = field(default_factory=DraftKV)
         known: list[int] = field(default_factory=list)  # `cached` but the last drafts fed back, when still unread
-        row: int = 0
-        segments: list[tuple[int, int]] | None = None
         root_logits: torch.Tensor | None = None  # deferred=false: the root's logits from its own forward
         fed_back: DraftTree | None = None  # the last round's drafts, all but the last in the cache after `known`
 
@@ -114,30 +115,22 @@ class SpS(Method):
         def cached(self, tokens: list[int]) -> None:
             self.known, self.fed_back = tokens, None
 
-    def serve(self, lanes: int) -> None:
-        if lanes > 1:  # a batch's cache has padding and holes that a sliding window would count as tokens
-            kinds = {type(layer).__name__ for layer in DynamicCache(config=self.draft.config).layers}
-            if kinds != {"DynamicLayer"}:
-                raise UsageError(f"{self.name} at --batch-size > 1 needs a draft model whose every layer attends to "
-                                 f"the whole sequence; this one's cache has {', '.join(sorted(kinds))} layers")
+    @property
+    def device(self) -> torch.device:
+        return self.draft.get_input_embeddings().weight.device
 
     def start(self, state: DecodeState) -> None:
         lane = self.lane(state)
-        lane.cache, lane.cached, lane.row, lane.segments = DynamicCache(config=self.draft.config), [], 0, None
-
-    def finish(self, state: DecodeState) -> None:
-        self.lane(state).cache = None  # a batch's cache goes once no sequence holds it
+        lane.kv, lane.cached = DraftKV().fixed(self.capacity), []
 
     def feed(self, ids: list[int], state: DecodeState) -> torch.Tensor:
-        """Run the draft body over `ids` after the cached tokens of a sequence with its own cache; return the last
-        hidden state [H] (what `propose` does for a batch of one)."""
-        lane, device = self.lane(state), state.target.device
-        assert lane.segments is None, "feed() extends a sequence's own cache"
-        positions = torch.arange(len(lane.cached), len(lane.cached) + len(ids), device=device)[None]
-        out = self.draft.base_model(input_ids=to_device([ids], device), position_ids=positions,
-                                    past_key_values=lane.cache, use_cache=True)
-        lane.cached += ids
-        return out.last_hidden_state[0, -1]
+        """Run the draft body over `ids` after the sequence's cached tokens; return the last hidden state [H] (what
+        `propose` does for a batch of one)."""
+        lane = self.lane(state)
+        batch = DraftRound(self, [lane], [ids])
+        hidden = batch.feed()
+        batch.keep([lane], [None])
+        return hidden[0]
 
     def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The next draft token (a one-element tensor on the device) and, when sampling, its distribution over the
@@ -171,13 +164,12 @@ class SpS(Method):
     @torch.inference_mode()
     def propose(self, states: list[DecodeState]) -> list[DraftTree]:
         """k draft tokens per sequence, each fed back to the draft model, every step one draft forward for the whole
-        batch (`DraftBatch`), after one forward over every sequence's unseen tokens (the prompt in a turn's first
+        batch (`DraftRound`), after one forward over every sequence's unseen tokens (the prompt in a turn's first
         round, later the last round's accepted drafts and bonus)."""
         for state in states:
             self._rewind(state)
         lanes = [self.lane(s) for s in states]
-        batch = DraftBatch(self.draft, lanes, [s.tokens[len(lane.cached):] for s, lane in zip(states, lanes)],
-                           states[0].target.device)
+        batch = DraftRound(self, lanes, [s.tokens[len(lane.cached):] for s, lane in zip(states, lanes)])
         hidden = batch.feed()
         steps: list[torch.Tensor] = []  # each step's tokens [B], fed back on the device
         rows: list[list[torch.Tensor | None]] = [[] for _ in states]
@@ -214,131 +206,204 @@ class SpS(Method):
         self.truncate(state, min(keep, len(tokens) - 1))  # the root is always fed again to get the next hidden state
 
     def truncate(self, state: DecodeState, keep: int) -> None:
-        """Keep only the first `keep` tokens of the sequence's draft cache."""
+        """Keep only the first `keep` tokens of the sequence's draft cache (what lies past them is overwritten)."""
         lane = self.lane(state)
         if keep < len(lane.cached):
-            if lane.segments is None:
-                lane.cache.crop(keep - len(lane.cached))  # transformers 5: a negative count removes that many
-            else:  # a batch's cache, which other rows read too: forget the columns, the next round gathers
-                kept, left = [], keep
-                for first, count in lane.segments:
-                    if left > 0:
-                        kept.append((first, min(count, left)))
-                    left -= count
-                lane.segments = kept
+            lane.kv.length = keep
             lane.cached = lane.cached[:keep]
 
+    # ------------------------------------------------------------------------------------ the draft's forward
+    def forward(self, ids: torch.Tensor, starts: list[int], slots: Slots) -> torch.Tensor:
+        """The draft body over ids [B, T], row b's tokens at positions starts[b]... (which are also its columns in
+        the round's buffers `slots`): the hidden states [B, T, H]. Eager, each layer writes its keys into the
+        buffers and attends over them in place; compiled (T one of `FEED_ROWS`, buffers of the planned capacity), one
+        graph reads the buffers whole beside its own keys, and those are written after it."""
+        begin = to_device(starts, ids.device)
+        if self.graphs is not None and ids.shape[1] in self.FEED_ROWS and slots.k.shape[-2] == self.capacity:
+            hidden, k, v = self.graphs("forward", self._apart_forward, ids, begin, slots.k, slots.v)
+            write_rows(slots, starts, begin, k, v)
+            return hidden
+        cache = BufferCache(self.shape.kv_heads, slots, starts, begin)
+        width = max(starts) + ids.shape[1]
+        alone = len(starts) == 1 and (ids.shape[1] == 1 or starts[0] == 0)  # transformers' own choice: no mask
+        mask = None if alone and self.shape.window_covers(width) else self.shape.masks(begin, ids.shape[1], width)
+        return self._body(ids, begin, cache, mask)
 
-class DraftBatch:
-    """One round's draft cache for the sequences drafting together, run through the draft model as Hugging Face
-    runs a padded batch: per-row `position_ids` and a 2-D `attention_mask` over the cache's columns.
+    def _apart_forward(self, ids: torch.Tensor, begin: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """`forward` as a compiled graph runs it: over the whole buffers, returning the new keys/values [B, layers x
+        kv heads, T, d] for the host to write."""
+        cache = BufferCache(self.shape.kv_heads, Slots(k, v, 0), None, begin)
+        hidden = self._body(ids, begin, cache, self.shape.masks(begin, ids.shape[1], k.shape[-2], apart=True))
+        return hidden, torch.cat([k for k, _ in cache.own], 1), torch.cat([v for _, v in cache.own], 1)
 
-    Row b, columns left to right: padding, its cached tokens (gathered from wherever its lane keeps them, so
-    that they end where the cache ends), this round's unseen tokens and padding up to the longest row's (right
-    padding: a padding query still sees its own row's tokens, so no attention row is all masked and no padding
-    key or value is NaN), then one column per draft step. Padding holds finite values and is masked out, and each
-    real token has its own position, so a row attends to the keys, at the positions, it has alone. A sequence
-    alone with its own cache runs in it in place with no mask: batch 1's arithmetic, unchanged."""
+    def _body(self, ids: torch.Tensor, begin: torch.Tensor, cache: BufferCache, mask) -> torch.Tensor:
+        positions = begin[:, None] + torch.arange(ids.shape[1], device=ids.device)
+        return self.draft.base_model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache,
+                                     use_cache=True).last_hidden_state
 
-    def __init__(self, draft: torch.nn.Module, lanes: list, feeds: list[list[int]], device: torch.device) -> None:
-        self.draft, self.device, self.feeds = draft, device, feeds
-        self.kept = [len(lane.cached) for lane in lanes]
-        self.width = max(self.kept)  # W: the cached columns, every row padded to the longest
-        self.longest = max(len(f) for f in feeds)  # N: the unseen tokens, every row padded to the longest
-        self.steps = 0
-        alone = len(lanes) == 1 and lanes[0].segments is None
-        self.cache = lanes[0].cache if alone else self._gathered(lanes)
-        self.mask = None
-        if any(n < self.width for n in self.kept) or any(len(f) < self.longest for f in feeds):
-            columns = torch.arange(self.width + self.longest, device=device)[None]
-            first = to_device([self.width - n for n in self.kept], device)[:, None]
-            end = to_device([self.width + len(f) for f in feeds], device)[:, None]
-            self.mask = (columns >= first) & (columns < end)  # [B, W + N], True: a real token
+    # ------------------------------------------------------------------------------------ compiled
+    def round_room(self) -> int:
+        return max(self.FEED_ROWS) + self.options.k  # a padded feed, then the k - 1 drafts fed back
 
-    def _gathered(self, lanes: list) -> DynamicCache:
-        """A new cache, [B, heads, W, d] per layer, row b ending with lane b's cached tokens: per layer one gather
-        from each cache the lanes come from (one in a steady batch); a row with nothing cached is all padding."""
-        cache = DynamicCache(config=self.draft.config)
-        W, device = self.width, self.device
-        if W > 0:
-            runs = [lane.segments if lane.segments is not None else [(0, n)] for lane, n in zip(lanes, self.kept)]
-            S = max(len(r) for r in runs)
-            first = to_device([[f for f, _ in r] + [0] * (S - len(r)) for r in runs], device)  # [B, S]
-            count = to_device([[c for _, c in r] + [0] * (S - len(r)) for r in runs], device)
-            before = torch.cumsum(count, 1) - count  # the row's tokens in its earlier runs
-            index = (torch.arange(W, device=device)[None]
-                     - to_device([W - n for n in self.kept], device)[:, None])  # token index; < 0: padding
-            column = torch.zeros_like(index)  # padding reads column 0: finite, and masked out
-            for s in range(S):
-                start, size = before[:, s:s + 1], count[:, s:s + 1]
-                column = torch.where((index >= start) & (index < start + size), first[:, s:s + 1] + index - start,
-                                     column)
-            sources: dict[int, list[int]] = {}
-            for b, (lane, n) in enumerate(zip(lanes, self.kept)):
-                if n:
-                    sources.setdefault(id(lane.cache), []).append(b)
-            groups = []
-            for members in sources.values():
-                if len(sources) == 1:  # every row reads this source; rows with nothing cached read its row 0
-                    members = list(range(len(lanes)))
-                rows = to_device([lanes[b].row if self.kept[b] else 0 for b in members], device)
-                groups.append((lanes[next(b for b in members if self.kept[b])].cache, members, rows))
-            for i, layer in enumerate(cache.layers):
-                kv = []
-                for kind in ("keys", "values"):
-                    out = None
-                    for source, members, rows in groups:
-                        data = getattr(source.layers[i], kind).transpose(1, 2)  # [B0, T0, heads, d]
-                        if len(groups) == 1:
-                            out = data[rows[:, None], column]
-                        else:
-                            if out is None:
-                                out = data.new_zeros(len(lanes), W, *data.shape[2:])
-                            picked = to_device(members, device)
-                            out[picked] = data[rows[:, None], column[picked]]
-                    kv.append(out.transpose(1, 2))  # [B, heads, W, d]
-                layer.lazy_initialization(*kv)
-                layer.keys, layer.values = kv
-        for b, (lane, n) in enumerate(zip(lanes, self.kept)):  # the old caches go once no lane holds them
-            lane.cache, lane.row, lane.segments = cache, b, [(W - n, n)]
-        return cache
+    @torch.inference_mode()
+    def warm_steps(self, batch: int) -> None:
+        """A forward of each padded feed size over zero buffers (a draft step is a feed of one row)."""
+        like = self.shape.like(self.draft)
+        slots = Slots(*(like.new_zeros(batch, like.shape[0], self.capacity, like.shape[2]) for _ in "kv"), 0)
+        for rows in self.FEED_ROWS:
+            self.forward(torch.zeros(batch, rows, dtype=torch.long, device=self.device), [0] * batch, slots)
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.draft.base_model(input_ids=ids, position_ids=positions, attention_mask=self.mask,
-                                     past_key_values=self.cache, use_cache=True).last_hidden_state
+
+@dataclass(frozen=True)
+class DraftShape:
+    """What the draft model's cache holds per token and which keys each layer sees: its layers' keys/values stacked
+    as one [layers x kv heads, T, d] per sequence (`DraftKV`), and, for a model with sliding-window layers, the
+    window and which layers use it (by their `layer_types` name)."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    window: int | None  # the sliding window of the layers that slide; None: every layer sees the whole sequence
+    mixed: bool  # some layers slide and others do not: the model takes a mask per layer type
+
+    @classmethod
+    def of(cls, config) -> DraftShape:
+        kinds = [type(layer).__name__ for layer in DynamicCache(config=config).layers]
+        sliding = [k != "DynamicLayer" for k in kinds]
+        if any(sliding) and "sliding_attention" not in (getattr(config, "layer_types", None) or []) and not all(sliding):
+            raise UsageError("the sps draft model mixes sliding-window and full layers without naming them "
+                             "(config.layer_types); it is not supported")
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(len(kinds), config.num_key_value_heads, head_dim, config.sliding_window if any(sliding) else None,
+                   any(sliding) and not all(sliding))
+
+    def like(self, draft: torch.nn.Module) -> torch.Tensor:
+        """An empty [layers x kv heads, 0, d] of the draft's dtype and device (`DraftKV`'s and `round_slots`' `like`)."""
+        weight = draft.get_input_embeddings().weight
+        return weight.new_empty(self.layers * self.kv_heads, 0, self.head_dim)
+
+    def window_covers(self, width: int) -> bool:
+        """Whether every query over `width` keys sees them all (no layer's window cuts them)."""
+        return self.window is None or width <= self.window
+
+    def masks(self, begin: torch.Tensor, rows: int, width: int, apart: bool = False):
+        """What each of `rows` queries of row b (at positions begin[b]...) may attend to, bool [B, 1, rows, keys]:
+        the buffers' first `width` columns, its own keys written in them; `apart` (a compiled forward): the `width`
+        columns of the buffers, then its own keys beside them (`BufferCache`). A model with sliding layers gets a
+        mask per layer type."""
+        full = self._mask(begin, rows, width, apart, None)
+        if self.window is None:
+            return full
+        window = self._mask(begin, rows, width, apart, self.window)
+        return {"full_attention": full, "sliding_attention": window} if self.mixed else window
+
+    @staticmethod
+    def _mask(begin: torch.Tensor, rows: int, width: int, apart: bool, window: int | None) -> torch.Tensor:
+        device = begin.device
+        query = begin[:, None, None] + torch.arange(rows, device=device)[None, :, None]  # [B, rows, 1]: positions
+        key = torch.arange(width, device=device)[None, None]  # a column's position is its index
+        if apart:  # the cached columns, then the call's own keys at the queries' positions
+            own = query.transpose(1, 2)  # [B, 1, rows]
+            seen = torch.cat(((key < begin[:, None, None]).expand(-1, rows, -1), own <= query), -1)
+            key = torch.cat((key.expand(begin.shape[0], 1, -1), own), -1)
+        else:
+            seen = key <= query
+        if window is not None:
+            seen = seen & (key > query - window)
+        return seen[:, None]
+
+
+class BufferCache:
+    """The draft model's cache for one forward, as transformers' attention layers use it (`update` per layer): the
+    round's buffers [B, layers x kv heads, C, d], layer i its slice of heads, row b's tokens at columns (= positions)
+    from `starts[b]`. Eager (starts given), a layer writes its new keys there and attends over the buffers up to
+    the widest row; compiled (starts None), it leaves the buffers untouched and attends over them whole beside its
+    own keys, which it keeps (`own`) for the host to write after the graph (`write_rows`): no write into a graph's
+    input, which inductor would turn into a copy of the buffers."""
+
+    def __init__(self, kv_heads: int, slots: Slots, starts: list[int] | None, begin: torch.Tensor) -> None:
+        self.kv_heads, self.slots, self.starts, self.begin = kv_heads, slots, starts, begin
+        self.own: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int, *args, **kwargs):
+        part = slice(layer * self.kv_heads, (layer + 1) * self.kv_heads)
+        k, v = self.slots.k[:, part], self.slots.v[:, part]
+        if self.starts is None:
+            self.own.append((keys, values))
+            return torch.cat((k, keys), 2), torch.cat((v, values), 2)
+        write_rows(Slots(k, v, 0), self.starts, self.begin, keys, values)
+        width = max(self.starts) + keys.shape[2]
+        return k[:, :, :width], v[:, :, :width]
+
+    # What transformers asks to build its own mask, given none (`SpS.forward`: a lone sequence, as before a cache
+    # of its own): the keys it attends to are its cached tokens and its own.
+    def get_query_offset(self, layer: int = 0) -> int:
+        return self.starts[0]
+
+    def get_mask_sizes(self, query_length: int, layer: int = 0) -> tuple[int, int]:
+        return self.starts[0] + query_length, 0
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.starts[0]
+
+
+def write_rows(slots: Slots, starts: list[int], begin: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Write k, v [B, heads, T, d] into the buffers at row b's columns starts[b]... (`begin`: the same on the
+    device): a slice when the rows start together, else one indexed write."""
+    T = k.shape[2]
+    if len(set(starts)) == 1:
+        slots.k[:, :, starts[0]:starts[0] + T] = k
+        slots.v[:, :, starts[0]:starts[0] + T] = v
+        return
+    rows = torch.arange(len(starts), device=begin.device)[:, None]
+    columns = begin[:, None] + torch.arange(T, device=begin.device)
+    slots.k[rows, :, columns] = k.transpose(1, 2)
+    slots.v[rows, :, columns] = v.transpose(1, 2)
+
+
+class DraftRound:
+    """One round's draft forwards for the sequences drafting together. The buffers are `round_slots`' over their
+    caches: a lone sequence's own (it writes in place), else a copy of every cache, each row from column 0. Row
+    b's tokens keep their positions as columns: its unseen tokens (padded to the longest, then, compiled, to a
+    `FEED_ROWS` size, with its last token), then one column per draft step. A padding query sees its own row up to
+    itself, so no attention row is all masked and no padding key or value is NaN; padding columns lie past the
+    row's tokens, where the next write or the mask hides them."""
+
+    def __init__(self, sps: SpS, lanes: list, feeds: list[list[int]]) -> None:
+        self.sps, self.feeds, self.device = sps, feeds, sps.device
+        self.first = [lane.kv.length for lane in lanes]  # each row's cached tokens
+        self.starts = list(self.first)  # where each row's next forward writes
+        longest = max(len(f) for f in feeds)
+        fits = [n for n in sps.FEED_ROWS if n >= longest] if sps.graphs is not None else []
+        self.rows = fits[0] if fits else longest
+        self.slots, _ = round_slots([lane.kv for lane in lanes], self.rows + sps.options.k,
+                                    sps.shape.like(sps.draft))
 
     def feed(self) -> torch.Tensor:
         """Every row's unseen tokens in one forward; the hidden states [B, H] after each row's last one."""
-        N, device = self.longest, self.device
-        ids = to_device([f + [f[-1]] * (N - len(f)) for f in self.feeds], device)
-        positions = to_device([list(range(n, n + N)) for n in self.kept], device)
-        hidden = self._forward(ids, positions)
-        if self.mask is None:  # every row ends at the last column
+        ids = to_device([f + [f[-1]] * (self.rows - len(f)) for f in self.feeds], self.device)
+        hidden = self.sps.forward(ids, self.starts, self.slots)
+        self.starts = [s + len(f) for s, f in zip(self.starts, self.feeds)]
+        if all(len(f) == self.rows for f in self.feeds):
             return hidden[:, -1]
-        last = to_device([len(f) - 1 for f in self.feeds], device)
-        return hidden[torch.arange(len(self.feeds), device=device), last]
+        last = to_device([len(f) - 1 for f in self.feeds], self.device)
+        return hidden[torch.arange(len(self.feeds), device=self.device), last]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """One draft token per row (tokens [B] on the device), in one forward; the hidden states [B, H] after them."""
-        device = self.device
-        if self.mask is not None:
-            self.mask = torch.cat((self.mask, self.mask.new_ones(tokens.shape[0], 1)), 1)
-        positions = to_device([[n + len(f) + self.steps] for n, f in zip(self.kept, self.feeds)], device)
-        self.steps += 1
-        return self._forward(tokens[:, None], positions)[:, -1]
+        hidden = self.sps.forward(tokens[:, None], self.starts, self.slots)[:, -1]
+        self.starts = [s + 1 for s in self.starts]
+        return hidden
 
-    def keep(self, lanes: list, drafts: list[DraftTree]) -> None:
-        """Each lane's tokens are now its cached ones, its unseen ones and the drafts fed back (all of `drafts` but
-        the last), in its row."""
-        W, N = self.width, self.longest
-        for b, (lane, n, fed, tree) in enumerate(zip(lanes, self.kept, self.feeds, drafts)):
-            assert len(tree) - 1 == self.steps
-            lane.cache, lane.row = self.cache, b
+    def keep(self, lanes: list, drafts: list[DraftTree | None]) -> None:
+        """Each lane's cache now holds its cached tokens, its unseen ones and the drafts fed back (all of a tree
+        but its last token): a lone sequence's are in place, a batch's rows are copied back."""
+        for b, (lane, fed, tree) in enumerate(zip(lanes, self.feeds, drafts)):
+            assert self.starts[b] == self.first[b] + len(fed) + (0 if tree is None else len(tree) - 1)
+            if len(lanes) == 1:
+                lane.kv.length = self.starts[b]
+            else:
+                columns = slice(self.first[b], self.starts[b])
+                lane.kv.append(self.slots.k[b, :, columns], self.slots.v[b, :, columns])
             lane.cached = lane.cached + fed
             lane.fed_back = tree
-            if len(lanes) == 1:  # W = n and N = len(fed): the cache is the row's, in order
-                lane.segments = None
-            elif len(fed) == N:
-                lane.segments = [(W - n, n + N + self.steps)]
-            else:
-                lane.segments = [(W - n, n + len(fed)), (W + N, self.steps)]

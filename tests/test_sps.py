@@ -155,6 +155,36 @@ def test_chain_is_the_draft_models_greedy_continuation(setup):
     assert tree.tokens == expected.tolist()
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_sliding_window_draft_drafts_its_own_greedy_continuation(tmp_path, batch):
+    """A draft model whose upper layer attends through a sliding window of 8 (Qwen3's layer_types), over prompts
+    longer than it: round after round, alone and in a batch, each chain is the model's own greedy continuation as
+    transformers computes it (its own sliding cache and masks)."""
+    import random
+
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                         use_sliding_window=True, sliding_window=8, max_window_layers=1, attn_implementation="sdpa")
+    Qwen3ForCausalLM(config).eval().save_pretrained(tmp_path / "sliding")
+    draft = AutoModelForCausalLM.from_pretrained(tmp_path / "sliding").eval()
+    assert draft.config.layer_types == ["full_attention", "sliding_attention"]
+    method = make(SpS, tiny_model("qwen3"), tmp_path / "sliding", k=4)
+    assert method.shape.window == 8 and method.shape.mixed
+    states = [_fake_state(random_prompt(12 + 5 * i, seed=30 + i)) for i in range(batch)]
+    for s in states:
+        method.start(s)
+    choices = random.Random(1)
+    for _ in range(4):
+        for s, tree in zip(states, method.propose(states)):
+            n = len(s.tokens)
+            expected = draft.generate(torch.tensor([s.tokens]), max_new_tokens=4, do_sample=False, min_new_tokens=4)
+            assert tree.tokens == expected[0, n:].tolist()
+            s.tokens += tree.tokens[:choices.choice([0, 2, 4])] + [choices.randrange(3, VOCAB)]
+
+
 # ---------------------------------------------------------------------------------------------- batches
 def _fake_state(tokens: list[int], temperature: float = 0.0, seed: int = 0):
     """What `propose` reads of a DecodeState, without a target (SpS never reads the target to draft)."""
@@ -213,25 +243,26 @@ def test_drafts_are_the_same_in_any_batch(setup, cache, cls, temperature):
 
 
 def test_a_batch_of_one_runs_in_its_own_cache(setup):
-    """A sequence drafting alone keeps its own cache and crops it in place (batch 1's arithmetic); a batch's rows
-    share one cache, with runs of columns per row, until a row drafts alone again in a cache gathered for it."""
+    """A sequence drafting alone writes into its own cache in place and rewinds it by its length (batch 1's
+    arithmetic); a batch's rows draft in a copy, and each row's new entries are copied back to its own cache."""
     target, root = setup
     method = make(SpS, target, root / "noisy", k=3)
     a, b = _fake_state(random_prompt(9, seed=1)), _fake_state(random_prompt(14, seed=2))
     for s in (a, b):
         method.start(s)
-    own = method.lane(a).cache
+    own = method.lane(a).kv
     (tree,) = method.propose([a])
-    assert method.lane(a).cache is own and method.lane(a).segments is None
-    assert own.get_seq_length() == len(method.lane(a).cached) == 9 + 2  # the tokens and k - 1 drafts fed back
+    buffer = own.k
+    assert method.lane(a).kv is own and own.length == len(method.lane(a).cached) == 9 + 2  # k - 1 drafts fed back
     a.tokens += tree.tokens[:1] + [5]
+    method.propose([a])
+    assert own.k is buffer and own.length == 9 + 1 + 1 + 2  # rewound to the accepted draft, then bonus and drafts
+    alone = own.k[:, :own.length].clone()
+    a.tokens += [7]
     method.propose([a, b])
-    shared = method.lane(a).cache
-    assert method.lane(b).cache is shared and shared.layers[0].keys.shape[0] == 2
-    assert method.lane(a).segments is not None and method.lane(b).segments is not None
-    method.propose([b])
-    assert method.lane(b).cache is not shared and method.lane(b).segments is None
-    assert method.lane(b).cache.get_seq_length() == len(method.lane(b).cached)
+    assert own.k is buffer and own.length == len(method.lane(a).cached) == len(a.tokens) + 2
+    assert method.lane(b).kv.length == len(method.lane(b).cached) == 14 + 2
+    assert torch.equal(own.k[:, :11], alone[:, :11])  # what it kept, through the batch's copy and back
 
 
 def test_batched_flashhead_scores_each_rows_candidates():
@@ -245,3 +276,57 @@ def test_batched_flashhead_scores_each_rows_candidates():
     assert (head.members < 0).any()
     hidden = torch.randn(64, 8, generator=generator)
     assert head.best(hidden).tolist() == [int(head.best(h[None])[0]) for h in hidden]
+
+
+# ---------------------------------------------------------------------------------------------- compiled
+def _recorded(method) -> list[list[int]]:
+    """The chains `method` drafts from now on, in order."""
+    chains: list[list[int]] = []
+    propose = method.propose
+    method.propose = lambda states: [chains.append(t.tokens) or t for t in propose(states)]
+    return chains
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls", [SpS, FlashHead])
+def test_compiled_draft_model_drafts_what_eager_drafts(setup, cache, cls):
+    """With `--compile` the draft model's forwards are static-shape graphs over buffers read whole: round for round
+    the chains equal eager's, the output is lossless, over 100 rounds and more nothing recompiles (dynamo fails on
+    a recompile) and nothing compiles inside a round."""
+    target, root = setup
+    if (cls is SpS) != (target.config.model_type == "llama"):
+        pytest.skip("SpS on Llama and FlashHead on Qwen3 are enough for this slow test")
+    extra = {"cluster_size": 8} if cls is FlashHead else {}
+    eager, compiled = (make(cls, target, root / "noisy", k=4, **extra) for _ in range(2))
+    seconds = compiled.compile("aot_eager", 512, 1)
+    assert sorted(seconds) == [f"{cls.name} forward 1x{n}" for n in (1, 2, 8)]
+    graphs = compiled.graphs
+    calls = []
+    compiled.graphs = lambda *args, **static: calls.append(args[0]) or graphs(*args, **static)
+    chains = {"eager": _recorded(eager), "compiled": _recorded(compiled)}
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for seed in range(3):
+            prompt = random_prompt(30, seed=40 + seed)
+            run_method(target, eager, prompt, max_new=120)
+            assert_lossless(target, compiled, prompt, max_new=120, min_accepted=10)
+    assert chains["compiled"] == chains["eager"] and len(chains["eager"]) >= 100
+    assert len(calls) >= 4 * (len(chains["compiled"]) - 3)  # every round but a prompt's first ran graphs only
+    assert not graphs.late
+
+
+@pytest.mark.slow
+def test_compiled_draft_model_in_a_batch(setup):
+    """Three sequences at a time, leaving at different rounds, through graphs of every batch size compiled before
+    the first round: each gets its batch-1 output."""
+    from tests.helpers import baseline_output
+    from tests.test_batch import run_batch
+
+    target, root = setup
+    if target.config.model_type != "llama":
+        pytest.skip("one architecture is enough for this slow test")
+    method = make(SpS, target, root / "noisy", k=4)
+    method.compile("aot_eager", 512, 3)
+    prompts = [random_prompt(8 + 13 * i, seed=50 + i) for i in range(5)]
+    results, _ = run_batch(target, method, prompts, 3, 60)
+    assert [r.output_ids for r in results] == [baseline_output(target, p, 60) for p in prompts]
+    assert not method.late_compiles()

@@ -1,5 +1,5 @@
 """torch.compile with static shapes, for the target's forwards (`target.compiled`) and the drafters' steps
-(`StepGraphs`): one place that knows the modes, the backends and dynamo's limits.
+(`StepGraphs`, built by `CompiledSteps.compile`): one place that knows the modes, the backends and dynamo's limits.
 
 Every graph is compiled whole (`fullgraph=True`: a graph break is an error, not a silent fall back to Python)
 and for fixed shapes (`dynamic=False`): a new shape compiles a new graph, which is why callers pad their inputs
@@ -113,3 +113,40 @@ def _shape(a) -> str:
     if isinstance(a, (list, tuple)):
         return f"{len(a)}*{_shape(a[0])}" if a else "0"
     return "x".join(map(str, a.shape))
+
+
+class CompiledSteps:
+    """What a drafter whose steps compile shares (the feature drafters, SpS's draft model): with `--compile`
+    (`compile`) it runs its steps through `graphs`, on caches of one fixed capacity (`capacity`, the planned
+    sequence length plus what a round adds: `round_room`), and compiles every shape a round gives before anything
+    is timed (`warm_steps`). Its `name` prefixes its graphs' names; `device` is where its network runs."""
+
+    name: str
+    graphs: StepGraphs | None = None  # the compiled draft steps; None: eager
+    capacity = 0  # compiled: each sequence's draft cache entries (its buffers' fixed shape); 0: eager, growing
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+    def compile(self, mode: str, longest: int, lanes: int) -> dict[str, float]:
+        self.graphs = StepGraphs(mode, self.name)
+        self.capacity = longest + self.round_room()
+        with self.graphs.warming():
+            for batch in range(1, lanes + 1):
+                for _ in range(self.graphs.warm_calls):
+                    self.warm_steps(batch)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return dict(self.graphs.seconds)
+
+    def late_compiles(self) -> list[str]:
+        return [] if self.graphs is None else list(self.graphs.late)
+
+    def round_room(self) -> int:
+        """Draft cache entries a round writes past the committed positions (a tree's levels, a block)."""
+        raise NotImplementedError
+
+    def warm_steps(self, batch: int) -> None:
+        """Run every compiled step once on zero inputs of each shape a round of `batch` sequences gives."""
+        raise NotImplementedError

@@ -116,7 +116,7 @@ def _shape(a) -> str:
 
 
 class CompiledSteps:
-    """What a drafter whose steps compile shares (the feature drafters, SpS's draft model): with `--compile`
+    """What a drafter whose steps compile shares (any network drafter): with `--compile`
     (`compile`) it runs its steps through `graphs`, on caches of one fixed capacity (`capacity`, the planned
     sequence length plus what a round adds: `round_room`), and compiles every shape a round gives before anything
     is timed (`warm_steps`). Its `name` prefixes its graphs' names; `device` is where its network runs."""

@@ -352,8 +352,7 @@ def write_rows(slots: Slots, starts: list[int], begin: torch.Tensor, k: torch.Te
     device): a slice when the rows start together, else one indexed write."""
     T = k.shape[2]
     if len(set(starts)) == 1:
-        slots.k[:, :, starts[0]:starts[0] + T] = k
-        slots.v[:, :, starts[0]:starts[0] + T] = v
+        Slots(slots.k, slots.v, starts[0]).write(k, v)
         return
     rows = torch.arange(len(starts), device=begin.device)[:, None]
     columns = begin[:, None] + torch.arange(T, device=begin.device)

@@ -197,6 +197,7 @@ class RunJob(OneAtATime):
                 "drafter_weights": self.weights, "dtype_choice": plan.dtype_reason,
                 "replay": self.replayer.reference if self.replayer else replay_off(plan.config),
                 "attention": self.runner.batch.attention, "layers": self.runner.batch.layers,
+                "rows": self.runner.batch.rows, "stacked": self.runner.batch.kernels.stack,
                 "weight_copies": 1 if model.one_copy else 2 if plan.prepacked else 1,
                 **({"tuned_from": plan.tuned_from} if plan.tuned_from else {}),
                 **({"cpu_budget_from": plan.cpu_budget_from} if plan.cpu_budget_from else {}),

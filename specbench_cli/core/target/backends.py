@@ -86,6 +86,8 @@ class KernelRows:
     batch-invariant one whose kernels pad a one-row call themselves where it rounds otherwise,
     `RowKernels.pad_one_row`)."""
 
+    name = "one call"  # run.json's `rows`
+
     def __init__(self, kernels: RowKernels) -> None:
         self.kernels = kernels
 
@@ -96,6 +98,8 @@ class KernelRows:
 class PaddedOneRow(KernelRows):
     """Batch-invariant where one call over any row count from 2 keeps each row's result (`probes.one_call_keeps_rows`)
     and the kernels do not pad (not packed): a single row runs padded to two, other counts in one call."""
+
+    name = "one call, a lone row padded to two"
 
     def __call__(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         fn = self.kernels(fn)
@@ -109,6 +113,8 @@ class RowBlocks(KernelRows):
     """Batch-invariant where some row count rounds otherwise: the rows (a batch's [B, R] as one run of B*R) in
     pieces of exactly ROW_BLOCK rows, the last one padded with zero rows, so that every GEMM of every forward, a
     one-token decode's included, has the same shape, kernel and reduction order per row."""
+
+    name = f"blocks of {ROW_BLOCK}"
 
     def __call__(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         fn = self.kernels(fn)

@@ -85,6 +85,13 @@ class TargetModel:
         else "pytorch" (PyTorch operators, one module at a time)."""
         return "pytorch" if self.backend.layers is None else self.backend.layers.name
 
+    @property
+    def rows(self) -> str:
+        """How a masked forward runs its projections, MLP and head over its rows (run.json's `rows`, with
+        `stacked`: whether q/k/v and gate/up run as one call each). Both follow the start-up probes
+        (`probes.one_call_keeps_rows`, `probes.stacks_agree`), which differ between CPUs and torch builds."""
+        return self.backend.rows.name
+
     invariant = property(lambda self: self.backend.invariant, doc="every row computed as a one-row forward computes it")
     exact_trees = property(lambda self: self.backend.exact_trees,
                            doc="a tree's rows come out exact too (else greedy decoding verifies its path again)")

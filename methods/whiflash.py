@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench_cli.core.host_copy import to_device
 from specbench_cli.core.method import DecodeState, Method, Proposer, Route
 from specbench_cli.core.options import proposer_options
 from specbench_methods.checkpoints import CheckpointError, locate, timed_as, warn_if_stale
@@ -60,7 +61,10 @@ class FullLayerCatchUp(Eagle3):
 class WhiFlash(RoutedMethod):
     PROPOSERS = {"eagle3": Eagle3, "dflash": DFlash}
     drafter_names = ("eagle3", "dflash")
-    inherent_syncs = "EAGLE-3's or DFlash's own, plus one per round: the policy's decision to host"
+    # The policy's score at the newest committed position comes to the host with the round's tokens (greedy, and the
+    # prefill's token); a sampled round reads it on its own.
+    inherent_syncs = "EAGLE-3's or DFlash's own; sampling: one per round, the policy's score to host"
+    reads_ahead = True
     needs_artifact = False  # True: no --opt threshold can stand in for the artifact (the neural router)
 
     @dataclass
@@ -124,6 +128,14 @@ class WhiFlash(RoutedMethod):
         """(EAGLE-3?, entropy, score) for this round."""
         raise NotImplementedError
 
+    def signal(self, state: DecodeState) -> float:
+        """The policy's input at the newest committed position: read with the round's tokens where the loop did
+        (`read_ahead`), else now."""
+        if state.ahead is not None:
+            return float(state.ahead)
+        newest = to_device([len(state.target.last_path) - 1], state.target.device, torch.long)  # after commit()
+        return float(self.read_ahead(state.target, state.next_logits, newest))
+
 
 class WhiFlashEntropy(WhiFlash):
     name = "whiflash-entropy"
@@ -135,8 +147,11 @@ class WhiFlashEntropy(WhiFlash):
             return self.options.threshold
         return category_threshold(self.calibrated.get("thresholds", {}), self.calibrated["threshold"], category)
 
+    def read_ahead(self, target: Target, logits: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        return entropy(logits)
+
     def decide(self, state: DecodeState) -> tuple[bool, float, float]:
-        h = float(entropy(state.next_logits))  # the round's one extra sync: the decision needs it on the host
+        h = self.signal(state)
         return eagle3_by_entropy(h, self.threshold(state.context.get("category", ""))), h, math.nan
 
 
@@ -159,6 +174,9 @@ class WhiFlashNeural(WhiFlash):
         target.capture([self.layer])
 
     @torch.inference_mode()
+    def read_ahead(self, target: Target, logits: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        return self.router(target.captured[self.layer].index_select(0, row)[0])
+
     def decide(self, state: DecodeState) -> tuple[bool, float, float]:
-        score = float(self.router(state.target.captured[self.layer][-1]))
+        score = self.signal(state)
         return eagle3_by_score(score, self.tau), math.nan, score

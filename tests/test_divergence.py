@@ -67,7 +67,7 @@ def test_a_broken_acceptance_rule_in_bfloat16_is_a_mismatch(monkeypatch):
     prompt = random_prompt(30, seed=6)
     reference = baseline_output(bf16, prompt, max_new=60)
     monkeypatch.setattr(engine, "accept_greedy_all",
-                        lambda trees, logits: [broken_accept(t, lg, 0.0) for t, lg in zip(trees, logits)])
+                        lambda trees, logits, ahead=(): [broken_accept(t, lg, 0.0) for t, lg in zip(trees, logits)])
     drafts = OracleTree([t + 1 for t in reference], 96, seed=1, chain=True)  # every draft is wrong
     out = run_method(bf16, drafts, prompt, max_new=60, target=Target(bf16, torch.device("cpu"))).output_ids
     at = first_divergence(out, reference)

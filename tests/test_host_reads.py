@@ -71,7 +71,7 @@ def test_to_host_is_one_read_and_exact():
 # Host reads of device values in every round at the default options (the embedded model's drafters): the accepted
 # length (core/acceptance.py), plus each method's own (ARCHITECTURE.md says what each is).
 READS_A_ROUND = {"baseline": 1, "suffix": 1, "pld": 1, "eagle3": 1, "dflash": 1, "dart": 2, "confu": 1, "sps": 1,
-                 "flashhead": 1, "whiflash-entropy": 2, "whiflash-neural": 2, "hvd": 1, "hvd-freq": 1}
+                 "flashhead": 1, "whiflash-entropy": 1, "whiflash-neural": 1, "hvd": 1, "hvd-freq": 1}
 
 
 @pytest.mark.slow

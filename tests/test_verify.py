@@ -81,6 +81,34 @@ def test_a_tree_left_on_the_device_builds_the_hosts_mask_and_depths_and_is_read_
             assert best.tolist() == [2 * t for t in tree.tokens] and pending == tree
 
 
+def test_the_greedy_walks_last_node_is_found_without_a_read():
+    """`greedy_node` ends where the host's greedy walk ends, on host and device trees, chains and trees whose
+    siblings repeat a token (three tokens: most parents' argmax has several matching children, and the walk takes
+    the first), reading nothing; `accept_greedy_all` reads a value computed there with the tokens, in one read."""
+    from specbench_cli.core.acceptance import accept_greedy, accept_greedy_all, greedy_node, greedy_tokens
+    from specbench_cli.core.host_reads import HostReads
+
+    rng = random.Random(5)
+    deep = 0
+    for n in (0, 1, 2, 5, 12, 40):
+        for _ in range(30):
+            tree = random_tree(rng, n, 3)
+            tree = tree if rng.random() < 0.7 else DraftTree.chain(tree.tokens)
+            logits = torch.nn.functional.one_hot(torch.tensor([rng.randrange(3) for _ in range(n + 1)]), 3).float()
+            walked = accept_greedy(tree, logits).path
+            roots = [torch.tensor(tree.tokens, dtype=torch.long), torch.tensor(tree.parents, dtype=torch.long), logits]
+            with HostReads(roots) as reads:
+                on_device = DraftTree(*roots[:2])
+                nodes = [greedy_node(t, greedy_tokens(logits)) for t in (tree, on_device)]
+                assert reads.count == 0, reads.sites
+                (got,) = accept_greedy_all([on_device], [logits], [lambda node: node * 10])
+                assert reads.count == 1, reads.sites
+            assert [int(node) for node in nodes] == [walked[-1]] * 2, (tree, logits.argmax(-1))
+            assert got.path == walked and got.ahead.tolist() == [10 * walked[-1]]
+            deep += len(walked) > 2
+    assert deep > 20  # walks that go past one draft token are common
+
+
 def test_verify_of_a_tree_left_on_the_device_is_the_hosts(tiny):
     """The verify builds its rows from a device tree (tokens; parents too, or a chain's) without reading it, and
     computes exactly the host tree's logits; greedy acceptance then reads the tree with the target's tokens."""

@@ -14,17 +14,24 @@ a point mass on its token (q = one-hot), so its rejection just removes x from p.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from specbench_cli.core.host_copy import to_device
 from specbench_cli.core.tree import DraftTree, read_trees
+
+# A sequence's value to read with its round's acceptance, from the index of its last accepted node (a one-element
+# long tensor on the device, `greedy_node`); the value stays on the device until that read.
+ReadAhead = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
 class Acceptance:
     path: list[int]  # accepted node indices, root (0) first
     tokens: list[int]  # accepted draft tokens followed by the bonus token
+    ahead: torch.Tensor | None = None  # the host copy of the sequence's `ReadAhead` value, where it had one
 
     @property
     def accepted(self) -> int:
@@ -50,11 +57,35 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
     return accept_greedy_all([tree], [logits])[0]
 
 
-def accept_greedy_all(trees: list[DraftTree], logits: list[torch.Tensor]) -> list[Acceptance]:
-    """Greedy acceptance of a round's sequences: their argmaxes, and whatever of their trees is still on the device,
-    read in one go (the round's one host sync)."""
-    bests = read_trees(trees, [greedy_tokens(lg) for lg in logits])
-    return [_greedy_walk(tree, best.tolist()) for tree, best in zip(trees, bests)]
+def accept_greedy_all(trees: list[DraftTree], logits: list[torch.Tensor],
+                      ahead: Sequence[ReadAhead | None] = ()) -> list[Acceptance]:
+    """Greedy acceptance of a round's sequences: their argmaxes, whatever of their trees is still on the device and
+    the values `ahead` computes at each sequence's last accepted node (where it has an entry), read in one go (the
+    round's one host sync)."""
+    bests = [greedy_tokens(lg) for lg in logits]
+    later = [(i, read(greedy_node(trees[i], bests[i]))) for i, read in enumerate(ahead) if read is not None]
+    host = read_trees(trees, bests + [value for _, value in later])
+    results = [_greedy_walk(tree, best.tolist()) for tree, best in zip(trees, host)]
+    for (i, _), value in zip(later, host[len(trees):]):
+        results[i].ahead = value
+    return results
+
+
+def greedy_node(tree: DraftTree, best: torch.Tensor) -> torch.Tensor:
+    """The greedy walk's last node (`_greedy_walk`'s) as a one-element long tensor where `best` (each node's
+    argmax, root first) is, without reading anything: a node is on the walk when it and each of its ancestors is
+    the first child, in node order, whose token is its parent's argmax; the walk's last node is its deepest."""
+    device = best.device
+    if len(tree) == 0:
+        return torch.zeros(1, dtype=torch.long, device=device)
+    parents = tree.parent_ids(device)
+    hit = tree.ids(device) == best[parents]
+    n = hit.numel()
+    earlier_sibling = torch.ones(n, n, dtype=torch.bool, device=device).tril(-1) & (parents[:, None] == parents)
+    first = hit & ~(earlier_sibling & hit).any(-1)
+    ancestors = to_device(tree.mask(), device)  # [N+1, N+1], each row's ancestors and itself
+    on_walk = ~(ancestors & ~torch.cat((first.new_ones(1), first))).any(-1)
+    return (ancestors.sum(-1) * on_walk).argmax().view(1)
 
 
 def _greedy_walk(tree: DraftTree, best: list[int]) -> Acceptance:
@@ -139,7 +170,12 @@ class SyntheticAcceptance:
 
 def pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
     """Sample (or take the argmax of) one token from next-token logits [V]."""
+    return int(pick_on_device(logits, temperature, generator))
+
+
+def pick_on_device(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """`pick`'s token as a one-element tensor where the logits are, not read."""
     if temperature <= 0:
-        return int(greedy_tokens(logits))
+        return greedy_tokens(logits).view(1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return torch.multinomial(probs, 1, generator=generator)

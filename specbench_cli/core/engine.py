@@ -26,10 +26,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
-from specbench_cli.core.acceptance import Acceptance, accept, accept_greedy_all, pick
+from specbench_cli.core.acceptance import Acceptance, ReadAhead, accept, accept_greedy_all, pick, pick_on_device
+from specbench_cli.core.host_copy import to_device, to_host
 from specbench_cli.core.method import DecodeState, Method, OwnLoop, Proposer, Route, Router
 from specbench_cli.core.target import Target, TargetModel
 from specbench_cli.core.timing import PhaseClock, sync
@@ -190,7 +192,7 @@ def _round(target: TargetModel, busy: list[_Sequence], settings: DecodeSettings,
     decide = settings.acceptance.accept if settings.acceptance is not None else accept
     with clock.phase("accept"):
         if settings.acceptance is None and settings.temperature <= 0:  # every sequence's in one read
-            results = accept_greedy_all(trees, logits)
+            results = accept_greedy_all(trees, logits, _read_aheads(busy, logits))
         else:
             results = [decide(t, lg, settings.temperature, s.generator) for t, lg, s in zip(trees, logits, states)]
     sizes = [(len(t), max(t.depths()) if len(t) else 0) for t in trees]  # the trees are on the host now
@@ -201,7 +203,7 @@ def _round(target: TargetModel, busy: list[_Sequence], settings: DecodeSettings,
     with clock.phase("commit"):
         for i, (seq, lg, r) in enumerate(zip(busy, logits, results)):
             new, seq.stopped = cut(r.tokens, settings.stop_ids, settings.max_new_tokens - len(seq.out))
-            commit(seq.state, seq.method, seq.out, lg, r.path, new)
+            commit(seq.state, seq.method, seq.out, lg, r.path, new, r.ahead)
             infos.append(RoundInfo(proposer=routes[i].proposer.name, tree_size=sizes[i][0], draft_depth=sizes[i][1],
                                    accepted=r.accepted, emitted=len(new), kv_len=kv_lens[i],
                                    target_forwards=seq.target.forwards - forwards[i], extras=routes[i].extras,
@@ -217,19 +219,40 @@ def open_turn(target: Target, method: Method, prompt_ids: list[int], settings: D
     method.attach(target)
     t0 = time.perf_counter_ns()
     prefill_logits = target.prefill(prompt_ids, room=settings.max_new_tokens)
-    first = pick(prefill_logits, settings.temperature, generator)
-    ttft_ms = (time.perf_counter_ns() - t0) / 1e6  # pick() read the token on the host: the device is done
+    first, ahead = _first_token(method, target, prefill_logits, len(prompt_ids), settings.temperature, generator)
+    ttft_ms = (time.perf_counter_ns() - t0) / 1e6  # the token was read on the host: the device is done
     state = DecodeState([*prompt_ids, first], len(prompt_ids), target, settings.temperature, generator, clock,
-                        dict(context or {}), prefill_logits)
+                        dict(context or {}), prefill_logits, ahead)
     out, stopped = cut([first], settings.stop_ids, settings.max_new_tokens)
     method.start(state)
     return state, out, stopped, ttft_ms
 
 
+def _first_token(method: Method, target: Target, logits: torch.Tensor, rows: int, temperature: float,
+                 generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
+    """The prefill's token and, for a method that reads ahead, its value at the prompt's last row: one read."""
+    if not method.reads_ahead:
+        return pick(logits, temperature, generator), None
+    last = to_device([rows - 1], target.device, torch.long)
+    token, ahead = to_host(pick_on_device(logits, temperature, generator), method.read_ahead(target, logits, last))
+    return int(token), ahead
+
+
+def _read_aheads(busy: list[_Sequence], logits: list[torch.Tensor]) -> list[ReadAhead | None]:
+    """For each sequence whose method reads ahead, its value at the round's accepted node (`ReadAhead`)."""
+    return [partial(_ahead_at, s, lg) if s.method.reads_ahead else None for s, lg in zip(busy, logits)]
+
+
+def _ahead_at(seq: _Sequence, logits: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
+    return seq.method.read_ahead(seq.target, logits.index_select(0, node)[0], node)
+
+
 def commit(state: DecodeState, method: Method, out: list[int], logits: torch.Tensor, path: list[int],
-           new: list[int]) -> None:
-    """Keep a round's accepted path (node indices, root first) and its emitted tokens `new`."""
+           new: list[int], ahead: torch.Tensor | None = None) -> None:
+    """Keep a round's accepted path (node indices, root first), its emitted tokens `new` and the method's value
+    read ahead at the path's last node (None where it was not read)."""
     state.next_logits = logits[path[-1]]
+    state.ahead = ahead
     state.target.commit(path)
     state.tokens.extend(new)
     out.extend(new)
@@ -289,4 +312,4 @@ def _exact_paths(target: TargetModel, busy: list[_Sequence], trees: list[DraftTr
                                        for s, t, r in zip(busy, trees, results)])
     with clock.phase("accept"):
         chains, logits = [c for c, _ in checked], [lg for _, lg in checked]
-        return chains, logits, accept_greedy_all(chains, logits)
+        return chains, logits, accept_greedy_all(chains, logits, _read_aheads(busy, logits))

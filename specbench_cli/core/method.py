@@ -52,6 +52,9 @@ class DecodeState:
     # Target logits [V] at the newest committed position (the distribution the bonus token came from);
     # routers read it. Set after prefill and after every round, on the device, never synced by the loop.
     next_logits: torch.Tensor | None = None
+    # The host copy of the method's `read_ahead` value at the newest committed position, where the loop read it
+    # with the prefill's token or a greedy round's acceptance; None otherwise (a sampled round).
+    ahead: torch.Tensor | None = None
     # Each proposer's own state for this sequence and turn (`Proposer.lane`): kept here, so that a proposer serves
     # any number of sequences without owning any of them.
     lanes: dict[Proposer, object] = field(default_factory=dict)
@@ -191,6 +194,16 @@ class Method(Proposer):
     # Whether it reads the target's weights outside our target's packed forward (a model's own `generate()`, a
     # draft model that copies the target's head): a run of it keeps the plain weights (`planning.one_weight_copy`).
     reads_target_weights: ClassVar[bool] = False
+
+    # Whether the method reads a device value at each round's start (a router's score): it computes it in
+    # `read_ahead`, and the loop brings it to the host in the read that brings the tokens (`DecodeState.ahead`).
+    reads_ahead: ClassVar[bool] = False
+
+    def read_ahead(self, target: Target, logits: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        """The device value the next round starts from, at the row that becomes the newest committed one:
+        `logits`, the target's next-token logits there [V]; `row`, its index in `target.captured`'s rows (a
+        one-element long tensor on the device, not read: at a round's end, the accepted node)."""
+        raise NotImplementedError
 
     @classmethod
     def reads_calibration(cls, options: Options) -> bool:

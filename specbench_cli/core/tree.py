@@ -121,6 +121,10 @@ class DraftTree:
             return to_device(first + self._tokens, device, torch.long)
         return torch.cat((to_device(first, device, torch.long), self._token_ids)) if first else self._token_ids
 
+    def parent_ids(self, device: torch.device) -> torch.Tensor:
+        """The parents as a long tensor on `device`, without reading them on the host."""
+        return to_device(self._parents, device, torch.long) if self._parent_ids is None else self._parent_ids
+
     def mask(self) -> torch.Tensor:
         """`ancestor_mask()`, where the parents are: on the device, by pointer jumping (each step doubles the
         distance up the tree a row has reached; log2 N steps, no read)."""

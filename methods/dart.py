@@ -199,7 +199,7 @@ class Dart(FeatureDrafter):
         for b, (lane, x) in enumerate(zip(lanes, feats)):  # mask slots are not kept
             lane.kv.append(k[b, :, rows - x.shape[0]:rows], v[b, :, rows - x.shape[0]:rows])
         with states[0].timed("draft_head"):
-            logits = draft.logits(draft.norm(out))  # the reference's second RMSNorm
+            logits = self.run_step("head", self._logits, out)
         return [self.search_tree(lane, lg) for lane, lg in zip(lanes, logits)]
 
     def _step(self, h: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, slots: Slots, mask: torch.Tensor):
@@ -208,6 +208,11 @@ class Dart(FeatureDrafter):
         if self.graphs is None or h.shape[1] not in ROW_BUCKETS:
             return self.draft.step(h, ids, positions, slots, mask)
         return self.graphs("step", self._apart_step, h, ids, positions, slots.k, slots.v, Apart.mask(mask, slots))
+
+    def _logits(self, out: torch.Tensor) -> torch.Tensor:
+        """The levels' logits [B, 1 + mask slots, draft vocab] from the step's outputs, after the reference's second
+        RMSNorm."""
+        return self.draft.logits(self.draft.norm(out))
 
     def rows(self, pending: int) -> int:
         """A round's input rows for `pending` new positions: compiled, the smallest bucket that fits (padding rows
@@ -227,13 +232,14 @@ class Dart(FeatureDrafter):
 
     @torch.inference_mode()
     def warm_steps(self, batch: int) -> None:
-        """The round's forward for each bucket of new positions."""
+        """The round's forward for each bucket of new positions, and the head (one shape for all)."""
         c, weight, slots = self.draft.config, self.draft.fc.weight, self.blank_slots(batch)
         for rows in ROW_BUCKETS:
             width = rows + c.mask_slots
             ids, positions = (torch.zeros(batch, n, dtype=torch.long, device=self.device) for n in (rows, width))
-            self._step(weight.new_zeros(batch, rows, 3 * c.target_hidden), ids, positions, slots,
-                       self.own_keys_only(batch, width))
+            out, _ = self._step(weight.new_zeros(batch, rows, 3 * c.target_hidden), ids, positions, slots,
+                                self.own_keys_only(batch, width))
+        self.run_step("head", self._logits, out)  # [B, 1 + mask slots, H] whatever the rows
 
     def search_tree(self, lane: Lane, logits: torch.Tensor) -> DraftTree:
         """The tree the n-gram-guided search grows from the levels' logits [draft_length + 1, draft vocab]."""

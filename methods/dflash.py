@@ -309,7 +309,7 @@ class DFlash(FeatureDrafter):
         mask = torch.cat((real[:, None].expand(-1, size, -1), own.expand(batch, -1, -1)), 2)
         hidden = self._block(blocks, positions, [kv for kv, _ in caches], mask)
         with states[0].timed("draft_head"):
-            logits = draft.logits(hidden[:, 1:])
+            logits = self.run_step("head", draft.logits, hidden[:, 1:])
         if states[0].temperature <= 0 or self.options.sampling == "argmax":
             # a point mass each (see the module docstring), left on the device: the round's accept reads them
             return [DraftTree.chain(row) for row in greedy_tokens(logits)]
@@ -337,4 +337,6 @@ class DFlash(FeatureDrafter):
     def warm_steps(self, batch: int) -> None:
         size = self.block_size
         ids = torch.zeros(batch, size, dtype=torch.long, device=self.device)
-        self._block(ids, ids, [self.blank_slots(batch) for _ in self.draft.layers], self.own_keys_only(batch, size))
+        slots = [self.blank_slots(batch) for _ in self.draft.layers]
+        hidden = self._block(ids, ids, slots, self.own_keys_only(batch, size))
+        self.run_step("head", self.draft.logits, hidden[:, 1:])

@@ -214,12 +214,14 @@ class FlashHead(SpS):
         return clustering
 
     def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.flash.best(hidden[None]), None  # greedy point mass at every temperature
+        return self.greedy(hidden[None]), None  # greedy point mass at every temperature
 
     def heads(self, hidden: torch.Tensor, states: list[DecodeState]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-        if len(states) == 1:
-            return super().heads(hidden, states)  # `head` on the one row: batch 1's arithmetic
-        return self.flash.best(hidden), [None] * len(states)
+        return self.greedy(hidden), [None] * len(states)
+
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The clustered head's top token [B] of each row of hidden [B, H]; compiled, a graph of its own."""
+        return self.run_step("flash head", self.flash.best, hidden)
 
     @torch.inference_mode()
     def head_probes(self, target, prompt_ids: list[int]) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
@@ -230,7 +232,7 @@ class FlashHead(SpS):
         self.start(state)
         hidden = self.feed(list(prompt_ids), state)
         length = len(self.lane(state).cached)
-        heads = {"dense": lambda h: SpS.head(self, h, state), "FlashHead": lambda h: self.head(h, state)}
+        heads = {"dense": lambda h: SpS.greedy(self, h[None]), "FlashHead": lambda h: self.greedy(h[None])}
 
         def step(head) -> None:
             self.truncate(state, length)  # forget the previous repetition's token

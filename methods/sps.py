@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from specbench_cli.core.acceptance import greedy_tokens
 from specbench_cli.core.compiling import CompiledSteps
 from specbench_cli.core.errors import UsageError
 from specbench_cli.core.host_copy import to_device
@@ -135,10 +136,9 @@ class SpS(CompiledSteps, Method):
     def head(self, hidden: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The next draft token (a one-element tensor on the device) and, when sampling, its distribution over the
         target vocabulary."""
-        logits = linear(self.draft.get_output_embeddings(), hidden[None])[0].float()[: self.vocab]
         if state.temperature <= 0:
-            return logits.argmax()[None], None
-        probs = torch.softmax(logits / state.temperature, dim=-1)
+            return self.greedy(hidden[None]), None
+        probs = torch.softmax(self.logits(hidden[None])[0] / state.temperature, dim=-1)
         return torch.multinomial(probs, 1, generator=state.generator), probs
 
     def heads(self, hidden: torch.Tensor, states: list[DecodeState]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
@@ -148,18 +148,29 @@ class SpS(CompiledSteps, Method):
         if len(states) == 1:
             token, probs = self.head(hidden[0], states[0])
             return token, [probs]
-        logits = linear(self.draft.get_output_embeddings(), hidden).float()[:, : self.vocab]
         if all(s.temperature <= 0 for s in states):
-            return logits.argmax(-1), [None] * len(states)
+            return self.greedy(hidden), [None] * len(states)
+        logits = self.logits(hidden)
         draws, rows = [], []
         for row, s in zip(logits, states):
             if s.temperature <= 0:
-                draws.append(row.argmax()[None])
+                draws.append(greedy_tokens(row[None]))
                 rows.append(None)
             else:
                 rows.append(torch.softmax(row / s.temperature, dim=-1))
                 draws.append(torch.multinomial(rows[-1], 1, generator=s.generator))
         return torch.cat(draws), rows
+
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The draft head's top token [B] of each row of hidden [B, H] (the first of equal scores)."""
+        return greedy_tokens(self.logits(hidden))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The draft head's float32 logits [B, V] over the target's vocabulary; compiled, a graph of its own."""
+        return self.run_step("head", self._logits, hidden)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return linear(self.draft.get_output_embeddings(), hidden).float()[:, : self.vocab]
 
     @torch.inference_mode()
     def propose(self, states: list[DecodeState]) -> list[DraftTree]:
@@ -247,11 +258,12 @@ class SpS(CompiledSteps, Method):
 
     @torch.inference_mode()
     def warm_steps(self, batch: int) -> None:
-        """A forward of each padded feed size over zero buffers (a draft step is a feed of one row)."""
+        """A forward of each padded feed size over zero buffers (a draft step is a feed of one row), and the head."""
         like = self.shape.like(self.draft)
         slots = Slots(*(like.new_zeros(batch, like.shape[0], self.capacity, like.shape[2]) for _ in "kv"), 0)
         for rows in self.FEED_ROWS:
-            self.forward(torch.zeros(batch, rows, dtype=torch.long, device=self.device), [0] * batch, slots)
+            hidden = self.forward(torch.zeros(batch, rows, dtype=torch.long, device=self.device), [0] * batch, slots)
+        self.greedy(hidden[:, -1])
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,7 @@ def drafter(distilled, name: str, backend: str | None = "aot_eager", lanes: int 
     if backend is not None:
         seconds = method.compile(backend, 512, lanes)
         assert seconds and all(s > 0 for s in seconds.values())
+        assert {n.split()[1] for n in seconds} >= {"head"}  # the head is a graph beside the steps'
     trees: list[tuple[list[int], list[int]]] = []
     propose = method.propose
 

@@ -290,16 +290,18 @@ def _recorded(method) -> list[list[int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("cls", [SpS, FlashHead])
 def test_compiled_draft_model_drafts_what_eager_drafts(setup, cache, cls):
-    """With `--compile` the draft model's forwards are static-shape graphs over buffers read whole: round for round
-    the chains equal eager's, the output is lossless, over 100 rounds and more nothing recompiles (dynamo fails on
-    a recompile) and nothing compiles inside a round."""
+    """With `--compile` the draft model's forwards (over buffers read whole) and its head are static-shape graphs:
+    round for round the chains equal eager's, the output is lossless, over 100 rounds and more nothing recompiles
+    (dynamo fails on a recompile) and nothing compiles inside a round."""
     target, root = setup
     if (cls is SpS) != (target.config.model_type == "llama"):
         pytest.skip("SpS on Llama and FlashHead on Qwen3 are enough for this slow test")
     extra = {"cluster_size": 8} if cls is FlashHead else {}
     eager, compiled = (make(cls, target, root / "noisy", k=4, **extra) for _ in range(2))
     seconds = compiled.compile("aot_eager", 512, 1)
-    assert sorted(seconds) == [f"{cls.name} forward 1x{n}" for n in (1, 2, 8)]
+    head = "flash head" if cls is FlashHead else "head"
+    assert sorted(seconds) == sorted([f"{cls.name} forward 1x{n}" for n in (1, 2, 8)]
+                                     + [f"{cls.name} {head} 1x{compiled.draft.config.hidden_size}"])
     graphs = compiled.graphs
     calls = []
     compiled.graphs = lambda *args, **static: calls.append(args[0]) or graphs(*args, **static)
@@ -310,7 +312,8 @@ def test_compiled_draft_model_drafts_what_eager_drafts(setup, cache, cls):
             run_method(target, eager, prompt, max_new=120)
             assert_lossless(target, compiled, prompt, max_new=120, min_accepted=10)
     assert chains["compiled"] == chains["eager"] and len(chains["eager"]) >= 100
-    assert len(calls) >= 4 * (len(chains["compiled"]) - 3)  # every round but a prompt's first ran graphs only
+    assert calls.count("forward") >= 4 * (len(chains["compiled"]) - 3)  # every round but a prompt's first: graphs only
+    assert calls.count(head) == 4 * len(chains["compiled"])  # every draft token from the compiled head
     assert not graphs.late
 
 

@@ -176,7 +176,7 @@ class Eagle3(FeatureDrafter):
                                  Slots(slots.k, slots.v, cached + width), seen[:, None])
         last = out[:, -1]
         with states[0].timed("draft_head"):
-            first = draft.log_probs(last)
+            first = self.run_step("head", draft.log_probs, last)
         length = to_device([s.target.length for s in states], device)[:, None]
         eye = torch.eye(o.top_k, dtype=torch.bool, device=device).expand(batch, -1, -1)
         hidden, ancestry = last[:, None].expand(-1, o.top_k, -1), eye
@@ -193,7 +193,7 @@ class Eagle3(FeatureDrafter):
                                 features=False)
             hidden = out
             with states[0].timed("draft_head"):
-                return draft.log_probs(out)
+                return self.run_step("head", draft.log_probs, out)
 
         # A node of level l (1 = the root's children) is kept only with its l - 1 ancestors (a child never outscores
         # its parent: log-probs add up), so no level past total_token - 1 holds a kept node; the beam stops there. The
@@ -229,13 +229,16 @@ class Eagle3(FeatureDrafter):
 
     @torch.inference_mode()
     def warm_steps(self, batch: int) -> None:
-        """The newest position's step (target features, one row) and a level's (the draft's outputs, top_k rows)."""
+        """The newest position's step (target features, one row) and a level's (the draft's outputs, top_k rows), each
+        with its head."""
         c, o, weight = self.draft.config, self.options, self.draft.fc.weight
         slots, positions = self.blank_slots(batch), torch.zeros(batch, 1, dtype=torch.long, device=self.device)
         shapes = [(1, 3 * c.target_hidden, True)] + ([(o.top_k, c.hidden, False)] if min(o.depth, o.total_token - 2) else [])
         for rows, width, features in shapes:
             ids = positions.expand(-1, rows)
-            self._step(weight.new_zeros(batch, rows, width), ids, ids, slots, self.own_keys_only(batch, rows), features)
+            out, _ = self._step(weight.new_zeros(batch, rows, width), ids, ids, slots, self.own_keys_only(batch, rows),
+                                features)
+            self.run_step("head", self.draft.log_probs, out[:, -1] if features else out)
 
 
 def _stacked(kvs: list[tuple[torch.Tensor, torch.Tensor] | None]) -> tuple[tuple[torch.Tensor, torch.Tensor] | None,

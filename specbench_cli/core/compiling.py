@@ -140,6 +140,12 @@ class CompiledSteps:
             torch.cuda.synchronize(self.device)
         return dict(self.graphs.seconds)
 
+    def run_step(self, kind: str, fn: Callable, *args, **static):
+        """fn(*args, **static): through kind's compiled graph when the steps are compiled, else as it is. For a
+        step with no eager form of its own (a draft head: one graph beside the body's, so that its phase is still
+        timed apart)."""
+        return fn(*args, **static) if self.graphs is None else self.graphs(kind, fn, *args, **static)
+
     def late_compiles(self) -> list[str]:
         return [] if self.graphs is None else list(self.graphs.late)
 

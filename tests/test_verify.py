@@ -75,6 +75,7 @@ def test_a_tree_left_on_the_device_builds_the_hosts_mask_and_depths_and_is_read_
                 pending = DraftTree(*roots)
                 mask, positions = pending.mask(), pending.positions()
                 assert reads.count == 0  # nothing read to build a verify's rows
+                assert pending.mask() is mask  # built once for the round's users
                 best = pending.read(roots[0] * 2)[0]
                 assert reads.count == 1 and pending.tokens == tree.tokens and pending.parents == tree.parents
             assert torch.equal(mask, tree.ancestor_mask()) and positions.tolist() == tree.depths()

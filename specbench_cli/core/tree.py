@@ -26,6 +26,7 @@ class DraftTree:
         # node i+1's token and parent (0 = root): on the host (lists), or on the device until read (tensors)
         self._tokens, self._token_ids = _split(tokens)
         self._parents, self._parent_ids = _split(parents)
+        self._device_mask: torch.Tensor | None = None  # `mask()` built on the device, kept for the round's other users
         # Optional draft distributions, one row per node over the target vocabulary ([N, V]); None means each
         # node is a point mass on its token (model-free drafters, greedy top-k heads).
         self.draft_probs = draft_probs
@@ -127,9 +128,15 @@ class DraftTree:
 
     def mask(self) -> torch.Tensor:
         """`ancestor_mask()`, where the parents are: on the device, by pointer jumping (each step doubles the
-        distance up the tree a row has reached; log2 N steps, no read)."""
+        distance up the tree a row has reached; log2 N steps, no read), built once for the round's users (a method's
+        side tokens, the verify's rows, the greedy walk's last node). Not to be written into."""
         if self._parent_ids is None:
             return self.ancestor_mask()
+        if self._device_mask is None:
+            self._device_mask = self._jumped_mask()
+        return self._device_mask
+
+    def _jumped_mask(self) -> torch.Tensor:
         n = len(self) + 1
         up = torch.cat((self._parent_ids.new_zeros(1), self._parent_ids))  # each node's parent, the root its own
         nodes = torch.arange(n, device=up.device)

@@ -13,7 +13,7 @@ make it):
 
 Paper τ: WhiFlash, Table 9 (Qwen3-8B, H100, greedy; EAGLE-3 depth 8 / top-k 10 / 60 tokens, DFlash block 16), as
 transcribed in docs/models.md ("What a seed's method would do here"). Clock: the runs' own (perf_counter on a
-CPU, CUDA events on a GPU; --compile compiles the target alone, the drafters stay eager). Writes a record
+CPU, CUDA events on a GPU; --compile compiles the target's verify sizes and the drafters' steps). Writes a record
 (command, commit, machine, date, per method: paper τ, rate, τ measured, tokens/s and speedup with their 95 %
 intervals, mean phase ms a round) with --record.
 
@@ -104,8 +104,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="as `run --device` (on CUDA the rounds are timed by CUDA events)")
-    ap.add_argument("--compile", action="store_true", help="compile the target (`run --compile`; the drafters "
-                    "stay eager)")
+    ap.add_argument("--compile", action="store_true", help="compile the target and the drafters (`run --compile`)")
     ap.add_argument("--compile-buckets", default="1,16", help="with --compile: the verify sizes compiled")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--summary-only", action="store_true", help="summarise a finished --out without running")

@@ -89,6 +89,31 @@ def test_routed_method(distilled):
     assert not any(p.late_compiles() for p in routed.proposers.values())
 
 
+@pytest.mark.slow
+def test_hvd_switching_compiled(distilled):
+    """Hybrid Verified Decoding (frequency policy) switching between the suffix cache and EAGLE-3, whose lazy
+    catch-up absorbs whole cache stretches at once, the target and EAGLE-3 compiled."""
+    from specbench_methods.eagle3 import Eagle3
+    from specbench_cli.core.method import proposers
+    from specbench_methods.hvd import HvdFreq
+    from tests.drafter_fixtures import loaded
+
+    target, corpus, eagle3 = distilled("eagle3", "llama")
+
+    def method(threshold: float) -> HvdFreq:
+        options = HvdFreq.Options(threshold=threshold, eagle3=Eagle3.Options(depth=4, top_k=4, total_token=16))
+        return HvdFreq(options, loaded(target), {"eagle3": str(eagle3)})
+
+    scores = sorted(r.extras["router_score"] for r in run_method(target, method(1e9), corpus[0][:24], 80).rounds
+                    if r.extras["router_score"] > 0)
+    routed = method(scores[len(scores) // 2])
+    graphs = [name for p in proposers(routed) for name in p.compile("aot_eager", 512, 1)]  # as the runner does
+    assert {name.split()[1] for name in graphs} == {"step", "head"}  # EAGLE-3's; the suffix cache has none
+    result = assert_lossless(target, routed, corpus[0][:24], 80, min_accepted=20, target=compiled(target))
+    assert {r.proposer for r in result.rounds} == {"suffix", "eagle3"}  # the router switched
+    assert not any(p.late_compiles() for p in proposers(routed))
+
+
 def test_sps_extra_forward(tmp_path):
     """deferred=false: the root's own one-token forward and a verify of only the drafts, both compiled
     (the draft model is a copy of the target, so every draft is accepted)."""

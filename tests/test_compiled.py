@@ -93,8 +93,8 @@ def test_routed_method(distilled):
 def test_hvd_switching_compiled(distilled):
     """Hybrid Verified Decoding (frequency policy) switching between the suffix cache and EAGLE-3, whose lazy
     catch-up absorbs whole cache stretches at once, the target and EAGLE-3 compiled."""
-    from specbench_methods.eagle3 import Eagle3
     from specbench_cli.core.method import proposers
+    from specbench_methods.eagle3 import Eagle3
     from specbench_methods.hvd import HvdFreq
     from tests.drafter_fixtures import loaded
 

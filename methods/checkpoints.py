@@ -26,17 +26,25 @@ class CheckpointError(UsageError):
     """A checkpoint that does not match the format its method reads."""
 
 
+def hub_ref(ref: str) -> tuple[str, str | None]:
+    """("org/name", revision) of a hub reference "org/name" or "org/name@REVISION" (a commit, branch or tag)."""
+    repo, _, revision = ref.partition("@")
+    return repo, revision or None
+
+
 def locate(ref: str, what: str, patterns: list[str] | None = None) -> Path:
-    """A local folder as is; a hub id is downloaded (or found in the cache when HF_HUB_OFFLINE=1)."""
+    """A local folder as is; a hub id ("org/name", or "org/name@REVISION" at one revision) is downloaded, or found
+    in the cache when HF_HUB_OFFLINE=1, and its snapshot folder (named by the commit) returned."""
     path = Path(ref).expanduser()
     if path.is_dir():
         return path
     from huggingface_hub import snapshot_download
 
+    repo, revision = hub_ref(ref)
     try:
-        return Path(snapshot_download(ref, allow_patterns=patterns or WEIGHT_PATTERNS))
-    except Exception as err:  # offline miss, gated repo, network error: all are one line for the user
-        raise UsageError(f"cannot fetch {what} checkpoint '{ref}': {_first_line(err)}") from None
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=patterns or WEIGHT_PATTERNS))
+    except Exception as err:  # offline miss, gated repo, unknown revision, network error: one line for the user
+        raise UsageError(f"cannot fetch {what} checkpoint '{ref}': {hub_problem(err)}") from None
 
 
 def locate_file(ref: str, filename: str, what: str) -> Path:
@@ -48,10 +56,26 @@ def locate_file(ref: str, filename: str, what: str) -> Path:
         return path / filename
     from huggingface_hub import hf_hub_download
 
+    repo, revision = hub_ref(ref)
     try:
-        return Path(hf_hub_download(ref, filename))
+        return Path(hf_hub_download(repo, filename, revision=revision))
     except Exception as err:
-        raise UsageError(f"cannot fetch {what} '{ref}/{filename}': {_first_line(err)}") from None
+        raise UsageError(f"cannot fetch {what} '{ref}/{filename}': {hub_problem(err)}") from None
+
+
+def hub_problem(err: Exception) -> str:
+    """What went wrong fetching from the hub, in words a user can act on (huggingface_hub's own first line
+    otherwise): a repo missing from the offline cache, a gated repo without a token, an unknown revision."""
+    name = type(err).__name__
+    if name == "GatedRepoError":
+        return "the repo is gated: accept its licence on the hub, then log in (hf auth login) or set HF_TOKEN"
+    if name == "RevisionNotFoundError":
+        return "no such revision in the repo"
+    if name == "RepositoryNotFoundError":
+        return "no such repo on the hub (or it is private: log in or set HF_TOKEN)"
+    if name in ("LocalEntryNotFoundError", "OfflineModeIsEnabled") or "offline" in str(err).lower():
+        return "not in the local hub cache and HF_HUB_OFFLINE=1 (download it once with network, or unset it)"
+    return _first_line(err)
 
 
 # What a drafter drafts with: its tensors, wherever they lie in the folder (FlashHead's clusters sit in a
@@ -82,7 +106,7 @@ def weights_id(ref: str, also: tuple[str, ...] = ()) -> str:
     path = Path(ref).expanduser()
     if path.exists():
         return fingerprint(path, also)
-    return f"{ref}@{locate(ref, 'drafter', ['config.json']).name}"  # the cache's snapshots/<commit> folder
+    return f"{hub_ref(ref)[0]}@{locate(ref, 'drafter', ['config.json']).name}"  # the cache's snapshots/<commit> folder
 
 
 def stale_drafters(card: dict, refs: dict[str, str]) -> list[str]:

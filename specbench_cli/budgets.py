@@ -134,6 +134,7 @@ class TuneRecord:
     load: str = ""  # "batch_size" or "concurrency" for a tune over levels
     levels: list[dict] = field(default_factory=list)
     schedule: list[list[int]] | None = None
+    weights: dict[str, str] = field(default_factory=dict)  # the target's and drafters' (`planning.checkpoint_weights`)
 
 
 @dataclass

@@ -199,6 +199,8 @@ def profile(
         "--backlog", help="--switching: backlog sizes (repeatable). Default: 1 64 128 512 1024.")] = None,
     out: Annotated[Optional[Path], typer.Option(
         help="Results directory. Default: results/profile/<model>_<dataset>_<method>[_head].")] = None,
+    resume: Annotated[bool, typer.Option(
+        help="--phases: continue an existing results directory (same settings required).")] = False,
     opt: Opts = None,
     target: TargetRef = None,
     drafter: Drafters = None,
@@ -234,6 +236,8 @@ def profile(
     at_least("--batch-size", batch_size, 1)
     if batch_size > 1 and not phases:
         fail("--batch-size is for --phases (a batched run); the microbenchmarks time one sequence")
+    if resume and not phases:
+        fail("--resume continues a --phases run; a --component or --switching measurement runs whole")
     for length in (*(kv_lens or ()), *(backlogs or ())):
         at_least("--kv-len and --backlog", length, 1)
     suffix = "_head" if component else "_switching" if switching else ""
@@ -241,8 +245,12 @@ def profile(
                        max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype, device=device,
                        warmup=warmup, opts=opt or [], target=target, drafters=drafter or [], compile=compile,
                        compile_buckets=compile_buckets, batch_invariant=batch_invariant, batch_size=batch_size,
+                       resume=resume,
                        out=out or Path("results") / "profile" / f"{model}_{dataset_slug(dataset)}_{method}{suffix}"
                        f"{f'_b{batch_size}' if batch_size > 1 else ''}")
+    if not phases and config.out.exists():
+        fail(f"results directory {config.out} exists; a --component or --switching measurement runs whole: pass "
+             f"--out for a new one, or move it aside")
     if phases:
         from specbench_cli.commands.run import run_one
 
@@ -412,7 +420,7 @@ def calibrate(
     get_model_spec(model)
     if dtype not in DTYPE_NAMES:
         raise unknown("dtype", dtype, DTYPE_NAMES)
-    for option, value, low in (("--prompts", prompts, 1), ("--max-new-tokens", max_new_tokens, 1),
+    for option, value, low in (("--prompts", prompts, cal.least_prompts(method)), ("--max-new-tokens", max_new_tokens, 1),
                                ("--steps", steps, 1), ("--confirm", confirm, 0), ("--threads", threads, 1)):
         at_least(option, value, low)
     folder = out or drafter_folder(model, method)

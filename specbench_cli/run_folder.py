@@ -111,7 +111,7 @@ class RunFolder:
             write_atomically(target, lambda tmp: tmp.write_text(json.dumps(info.to_json(), indent=2, default=str)))
 
     def resumed(self, settings: dict, environment: dict, measured: tuple[str, ...] = MEASURED,
-                weights: dict[str, str] | None = None) -> RunInfo:
+                weights: dict[str, str] | None = None, target: str | None = None) -> RunInfo:
         """run.json of the run being resumed, after checking that this session makes the same records: the same
         settings, the same drafter weights (`weights`, when the kind records them) and, for a timed run, the same
         machine facts (`measured`)."""
@@ -127,6 +127,10 @@ class RunFolder:
             changed = sorted(n for n in {*recorded, *weights} if recorded.get(n) != weights.get(n))
             raise UsageError(f"--resume: the {', '.join(changed)} drafter weights differ from those {self.path} was "
                              f"run with; start a new --out for the new weights")
+        before_target = info.more.get("target_weights", target)  # runs written before it was recorded: not checked
+        if target is not None and before_target != target:
+            raise UsageError(f"--resume: {self.path} was run on target {before_target}, this run loads {target}; "
+                             f"start a new --out for the new weights")
         before = info.environment
         moved = [f"{k} {before.get(k)} -> {environment.get(k)}" for k in measured if before.get(k) != environment.get(k)]
         if moved:
@@ -233,6 +237,7 @@ class Start:
     kind: str = "run"
     measured: tuple[str, ...] = MEASURED
     weights: dict[str, str] | None = None
+    target: str | None = None  # the target's weights (`loading.target_weights`), for the kinds that record them
 
 
 class PromptJob(Protocol):
@@ -302,8 +307,8 @@ def open_job(folder: RunFolder, job: PromptJob, resume: bool, more: dict | None 
     context is refused here, before the run starts), and begin its session. `more`: keys a new run's run.json
     gets besides the job's own."""
     start = job.begin()
-    resumed = (folder.resumed(start.settings, start.session["environment"], start.measured, start.weights)
-               if resume else None)
+    resumed = (folder.resumed(start.settings, start.session["environment"], start.measured, start.weights,
+                              start.target) if resume else None)
     done = folder.finished() if resumed else set()
     prepared = job.prepare()
     info = resumed or RunInfo(start.settings, start.session["started"], start.session["environment"], start.kind,

@@ -101,11 +101,11 @@ def test_a_batchs_round_reads_the_device_once_for_every_sequence(embedded, name)
     from specbench_cli.core.method import networks
     from specbench_cli.core.target import TargetModel
     from specbench_cli.core.turn import DecodeSettings
-    from specbench_cli.models import MODELS
+    from specbench_cli.models import get_model_spec
     from specbench_cli.registry import method_class
 
     cls = method_class(name)
-    method = cls(cls.Options(), embedded, MODELS["smollm2-135m"].drafters)
+    method = cls(cls.Options(), embedded, get_model_spec("smollm2-135m").drafters)
     todo = [Turn(embedded.encode_chat([{"role": "user", "content": c}]))
             for c in ("Write a short story about a robot who paints.", "List three uses of copper.", "Explain rain.")]
     reads = HostReads([t for m in (embedded.model, *networks(method)) for t in (*m.parameters(), *m.buffers())])

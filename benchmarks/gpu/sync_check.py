@@ -24,7 +24,7 @@ from specbench_cli.core.method import networks  # noqa: E402
 from specbench_cli.core.target import Target  # noqa: E402
 from specbench_cli.core.turn import DecodeSettings  # noqa: E402
 from specbench_cli.loading import load_model, resolve_dtype  # noqa: E402
-from specbench_cli.models import MODELS  # noqa: E402
+from specbench_cli.models import get_model_spec  # noqa: E402
 from specbench_cli.registry import method_class  # noqa: E402
 
 ROUND_METHODS = ("baseline", "suffix", "pld", "eagle3", "dflash", "dart", "confu", "sps", "flashhead",
@@ -36,7 +36,7 @@ def method_rounds(name: str, loaded, prompt: list[int], new: int) -> list[Round]
     counter active over the whole turn, so values a proposer keeps from its prefill count as device values). A
     network that stays on the host whatever the device (`on_host`: HVD's payoff predictor) is not a device root."""
     cls = method_class(name)
-    method = cls(cls.Options(), loaded, MODELS["smollm2-135m"].drafters)
+    method = cls(cls.Options(), loaded, get_model_spec("smollm2-135m").drafters)
     modules = [loaded.model, *(m for m in networks(method) if not getattr(m, "on_host", False))]
     reads = HostReads([t for m in modules for t in (*m.parameters(), *m.buffers())])
     with reads, per_round(reads, loaded.device) as rounds:
@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=32, help="tokens of the one turn")
     a = ap.parse_args()
     device = torch.device(a.device)
-    loaded = load_model(MODELS["smollm2-135m"], device, resolve_dtype(a.dtype, device).dtype)
+    loaded = load_model(get_model_spec("smollm2-135m"), device, resolve_dtype(a.dtype, device).dtype)
     prompt = loaded.encode_chat([{"role": "user", "content": "Write a short story about a robot who paints."}])
     print(f"{'method':18} {'rounds':>6} {'reads/round':>11} {'uploads':>7} {'cuda syncs/round':>17}  where (a round)")
     for name in a.methods.split(","):

@@ -165,7 +165,7 @@ def _tell_apart(groups: list[RunGroup]) -> None:
     same: dict[tuple, list[RunGroup]] = {}
     for g in groups:
         same.setdefault((g.label, g.info["settings"]["model"], g.info["settings"]["dataset"]), []).append(g)
-    names = (*SAME_EXPERIMENT, "hardware")
+    names = (*SAME_EXPERIMENT, "target_weights", "hardware")
     for clash in (c for c in same.values() if len(c) > 1):
         keys = [g.experiment() for g in clash]
         differ = [i for i in range(len(names)) if len({k[i] for k in keys}) > 1]
@@ -214,7 +214,8 @@ def _same(default: object, value: object) -> bool:
 def experiment_key(info: dict) -> tuple:
     """What a baseline must share with a run for a speedup to mean anything; the hardware comes last."""
     s = info["settings"]
-    return (*(json.dumps(s.get(k, BEFORE.get(k))) for k in SAME_EXPERIMENT), hardware_key(info.get("environment", {})))
+    return (*(json.dumps(s.get(k, BEFORE.get(k))) for k in SAME_EXPERIMENT), json.dumps(info.get("target_weights")),
+            hardware_key(info.get("environment", {})))
 
 
 def pairing_id(info: dict) -> str | None:

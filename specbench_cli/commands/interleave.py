@@ -151,6 +151,7 @@ def record_plans(plans: list[Plan], model, passes: int, console: Console) -> Non
     from specbench_cli.run_folder import RunFolder, record_interleaved
 
     entries = [engine_entry(p.config.engine) for p in plans]
+    plans = share_the_device(plans, entries)
     members = [(RunFolder(p.out, RUN_TABLES), entry.make_job(p, console, model if entry.our_target else None),
                 p.config.resume) for p, entry in zip(plans, entries)]  # a production engine loads its own target
     sharing = [job for (_, job, _), entry in zip(members, entries) if entry.our_target and model is not None]
@@ -162,6 +163,17 @@ def record_plans(plans: list[Plan], model, passes: int, console: Console) -> Non
             claimed.enter_context(folder.session(resume, lambda line: console.print(line, highlight=False)))
         record_interleaved(members, plans[0].prompts, plans[0].warmup, passes, console,
                            f"{'+'.join(p.out.name for p in plans)} on {plans[0].config.dataset}", pairing)
+
+
+def share_the_device(plans: list[Plan], entries) -> list[Plan]:
+    """The engines of a list run side by side, each with its share of one GPU's memory (`EnginePlan.share`, which
+    the engine's launch turns into vLLM's gpu_memory_utilization and run.json records), so that together they
+    take what one engine would."""
+    engines = [i for i, entry in enumerate(entries) if not entry.our_target and plans[i].engine is not None]
+    if len(engines) < 2:
+        return plans
+    return [dataclasses.replace(p, engine=dataclasses.replace(p.engine, share=1 / len(engines))) if i in engines else p
+            for i, p in enumerate(plans)]
 
 
 def _same_target(plans: list[Plan]) -> None:

@@ -25,7 +25,7 @@ def show_lists(console: Console) -> None:
     """Methods, models and datasets: tables on a wide terminal, a plain list where a table would cut ids."""
     from specbench_cli.options import default_texts, options_record
     from specbench_cli.datasets import dataset_rows
-    from specbench_cli.models import MODELS, random_architectures
+    from specbench_cli.models import MODELS, get_model_spec, random_architectures
     from specbench_cli.registry import METHODS, method_class
 
     methods = []
@@ -37,7 +37,7 @@ def show_lists(console: Console) -> None:
         drafters = " ".join([*cls.drafter_names, *(f"({d}, optional)" for d in cls.optional_drafters)]) or "—"
         methods.append((name, about, drafters, opts))
     models = [(m.name, m.target, "\n".join(f"{k}: {v}" for k, v in m.drafters.items()) or "—", m.about)
-              for m in MODELS.values()]
+              for m in map(get_model_spec, MODELS)]
     sections = (("methods", ("name", "what", "--drafter names", "--opt defaults"), methods),
                 ("models", ("name", "target", "registered drafters", "about"), models),
                 ("datasets", ("name", "source", "revision", "prompts", "categories", "licence", "here?"), dataset_rows()))

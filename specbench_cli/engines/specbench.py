@@ -32,7 +32,7 @@ from specbench_cli.core.turn import DecodeSettings, TurnResult
 from specbench_cli.datasets import Prompt
 from specbench_cli.greedy_replay import Replayed, Replayer, replay_off, replays
 from specbench_cli.inputs import Plan
-from specbench_cli.loading import LoadedModel
+from specbench_cli.loading import LoadedModel, target_weights
 from specbench_cli.models import cache_root, family, random_weights_record
 from specbench_cli.random_weights import drafter_seed, is_random_drafter, random_drafter
 from specbench_cli.planning import check_lengths, drafter_weights, loaded_target, one_weight_copy
@@ -173,7 +173,9 @@ class RunJob(OneAtATime):
 
     def begin(self) -> Start:
         self.weights = drafter_weights(self.plan)
-        return Start(self.plan.settings(), new_session(self.plan.device, self.gpu.info()), weights=self.weights)
+        self.target_weights = target_weights(self.plan.spec)
+        return Start(self.plan.settings(), new_session(self.plan.device, self.gpu.info()), weights=self.weights,
+                     target=self.target_weights)
 
     def prepare(self) -> dict:
         plan = self.plan
@@ -194,7 +196,7 @@ class RunJob(OneAtATime):
         return {"method_class": f"{plan.method_cls.__module__}.{plan.method_cls.__name__}",
                 "inherent_syncs": plan.method_cls.inherent_syncs, "clock": PhaseClock(plan.device).name,
                 "prompts_selected": len(plan.prompts), "weight_bytes": hardware.weight_bytes(model.model),
-                "drafter_weights": self.weights, "dtype_choice": plan.dtype_reason,
+                "drafter_weights": self.weights, "target_weights": self.target_weights, "dtype_choice": plan.dtype_reason,
                 "replay": self.replayer.reference if self.replayer else replay_off(plan.config),
                 "attention": self.runner.batch.attention, "layers": self.runner.batch.layers,
                 "rows": self.runner.batch.rows, "stacked": self.runner.batch.kernels.stack,

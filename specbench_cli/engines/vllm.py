@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import math
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -39,11 +40,12 @@ from specbench_cli.engines.vllm_routed import Decisions
 from specbench_cli.engines.vllm_methods import TESTED_VERSIONS, engine_method
 from specbench_cli.greedy_replay import Replayed, Replayer, reference, replays
 from specbench_cli.inputs import Plan
-from specbench_cli.loading import LoadedModel, checkpoint_location, load_text, random_folder
+from specbench_cli.loading import LoadedModel, checkpoint_location, load_text, random_folder, target_weights
 from specbench_cli.planning import check_lengths, drafter_ref, drafter_weights, loaded_target
 from specbench_cli.records import run_parts
 from specbench_cli.run_folder import RunFailed, RunInfo, Start, new_session
 from specbench_cli.core.dtypes import dtype_name
+from specbench_methods.checkpoints import locate
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 CLOCK = "perf_counter in the vLLM process (engine step outputs)"
@@ -73,12 +75,15 @@ class Launch:
                 "speculative_config": self.speculative_config}  # with --engine-url: what the server should run
 
 
-def launch(plan: Plan, env: dict[str, str]) -> Launch:
-    """The engine's arguments for a planned run: our target folder, dtype and seed, the method's speculative
-    config, per-request metrics, then the user's --engine-arg (which win)."""
+def launch(plan: Plan, env: dict[str, str], longest: int | None = None) -> Launch:
+    """The engine's arguments for a planned run: our target folder, dtype and seed, the context the run needs
+    (`sized`), the method's speculative config, per-request metrics, then the user's --engine-arg (which win).
+    `longest`: the most positions a prompt of the run needs (`longest_needed`), found here when not given."""
     c = plan.config
+    if longest is None:
+        longest = longest_needed(plan, load_text(plan.spec))
     args: dict = {"model": target_folder(plan), "dtype": dtype_name(plan.dtype),
-                  "seed": c.seed}
+                  "seed": c.seed, **sized(plan, longest)}
     engine = plan.engine
     if engine.speculative_config is not None:
         args |= {"speculative_config": engine.speculative_config, "per_request_spec_decode_metrics": "detailed"}
@@ -86,8 +91,49 @@ def launch(plan: Plan, env: dict[str, str]) -> Launch:
     # the engine's CPU threads: --threads, else as many as our engine would use (torch's count), so the two
     # engines are compared on the same cores; a spinning OpenMP pool on more threads than idle cores crawls
     threads = str(c.threads or torch.get_num_threads())
-    worker_env = {k: env.get(k, v) for k, v in {**ENV_DEFAULTS, "OMP_NUM_THREADS": threads}.items()}
+    defaults = {**ENV_DEFAULTS, "OMP_NUM_THREADS": threads}
+    if plan.device.type == "cpu":
+        defaults["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_gib(plan, args.get("max_model_len", longest)))
+    worker_env = {k: env.get(k, v) for k, v in defaults.items()}
     return Launch(engine.python, args, worker_env, engine.speculative_config)
+
+
+# Positions past a prompt's last token that a round's drafts may take (vLLM verifies them within max_model_len).
+DRAFT_ROOM = 64
+# vLLM's share of a GPU's memory by default (vllm/config/cache.py, CacheConfig.gpu_memory_utilization = 0.9);
+# the engines of a `--engine vllm` list split it (`EnginePlan.share`), so that they never oversubscribe one GPU.
+GPU_MEMORY_UTILIZATION = 0.9
+
+
+def sized(plan: Plan, longest: int) -> dict:
+    """What the run needs of the engine's memory, unless --engine-arg sets it: `max_model_len` the longest prompt
+    plus --max-new-tokens and a round's drafts (vLLM otherwise sizes for the model's whole context, 131,072
+    positions for Llama-3.1, whose KV cache alone is 16 GiB for one sequence), and on a GPU the engine's share of
+    its memory when a list of methods runs one engine each beside the others."""
+    context = target_context(plan)
+    args = {"max_model_len": min(longest + DRAFT_ROOM, context) if context else longest + DRAFT_ROOM}
+    if plan.device.type == "cuda":
+        args["gpu_memory_utilization"] = round(GPU_MEMORY_UTILIZATION * plan.engine.share, 4)
+    return {k: v for k, v in args.items() if k not in plan.engine.args}
+
+
+def target_config(plan: Plan) -> dict:
+    return json.loads((Path(target_folder(plan)) / "config.json").read_text())
+
+
+def target_context(plan: Plan) -> int | None:
+    return target_config(plan).get("max_position_embeddings")
+
+
+def cpu_kv_gib(plan: Plan, positions: int) -> int:
+    """GiB of KV cache for vLLM's CPU engine (VLLM_CPU_KVCACHE_SPACE, which it reserves whole): the target's keys
+    and values for `positions` per request in flight, doubled for the drafter's and for vLLM's blocks, at least 1."""
+    config = target_config(plan)
+    heads = config.get("num_attention_heads", 1)
+    head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
+    per_token = 2 * config.get("num_hidden_layers", 1) * config.get("num_key_value_heads", heads) * head_dim
+    total = 2 * per_token * plan.dtype.itemsize * positions * max(1, plan.config.concurrency)
+    return max(1, math.ceil(total / 2**30))
 
 
 def target_folder(plan: Plan) -> str:
@@ -98,10 +144,13 @@ def target_folder(plan: Plan) -> str:
 
 
 def _local(plan: Plan, name: str) -> str:
+    """Drafter `name` as a folder vLLM loads: a local one as it is, a hub id's snapshot (found in the cache or
+    downloaded here, at its pinned revision) in its place, since vLLM is handed folders, never ids to resolve."""
     ref = drafter_ref(plan.method_cls, plan.spec, plan.drafters, name)
-    if not Path(ref).is_dir():
-        raise UsageError(f"--engine vllm needs drafter '{name}' as a local folder (got {ref})")
-    return ref
+    folder = locate(ref, f"drafter '{name}'")
+    if not folder.is_dir():
+        raise UsageError(f"--engine vllm needs drafter '{name}' as a folder (got the file {ref})")
+    return str(folder)
 
 
 def plan_engine(plan: Plan) -> Plan:
@@ -421,16 +470,17 @@ class VllmJob:
 
     def begin(self) -> Start:
         self.weights = drafter_weights(self.plan)
-        return Start(self.plan.settings(), new_session(self.plan.device), weights=self.weights)
+        self.target_weights = target_weights(self.plan.spec)
+        return Start(self.plan.settings(), new_session(self.plan.device), weights=self.weights,
+                     target=self.target_weights)
 
     def prepare(self) -> dict:
         plan = self.plan
         self.text = load_text(plan.spec)
-        longest_needed(plan, self.text)
-        self.spec = launch(plan, dict(os.environ))
+        self.spec = launch(plan, dict(os.environ), longest_needed(plan, self.text))
         self.decisions = None
         if plan.engine.proposer:  # a routed method inside vLLM: its plugin reads these files (engines/vllm_routed.py)
-            vocab = int(json.loads((Path(target_folder(plan)) / "config.json").read_text())["vocab_size"])
+            vocab = int(target_config(plan)["vocab_size"])
             extra, self.decisions = Decisions.prepare(plan.out, plan.engine.proposer, self.text.tokenizer, vocab)
             self.spec.env.update(extra)
         if self.shared is None:
@@ -442,7 +492,7 @@ class VllmJob:
         # replayed once the engine has stopped; an engine shared by several runs (tune's) or a server someone else
         # runs is still up then, and our reference target may find no room beside it
         self.replaying = replays(plan.config) and self.shared is None and not plan.config.engine_url
-        return {"clock": self.clock, "prompts_selected": len(plan.prompts), "drafter_weights": self.weights,
+        return {"clock": self.clock, "prompts_selected": len(plan.prompts), "drafter_weights": self.weights, "target_weights": self.target_weights,
                 "dtype_choice": plan.dtype_reason, "engine": self.spec.record(),
                 "replay": reference(plan.device) if self.replaying else "off"}
 
@@ -575,5 +625,4 @@ def open_engine(plan: Plan, spec: Launch, log: Path):
 
 
 def longest_needed(plan: Plan, text: LoadedModel) -> int:
-    context = json.loads((Path(target_folder(plan)) / "config.json").read_text()).get("max_position_embeddings")
-    return check_lengths(plan, text, context)
+    return check_lengths(plan, text, target_context(plan))

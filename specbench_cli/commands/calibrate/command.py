@@ -179,6 +179,12 @@ def _mse(router, x: np.ndarray, y: np.ndarray) -> float:
         return float(np.mean((router(torch.tensor(x, dtype=torch.float32)).numpy() - y) ** 2))
 
 
+def least_prompts(method: str) -> int:
+    """The fewest `--prompts` a calibration can use: a learned policy (whiflash-neural, hvd) holds its first prompt
+    out for the test (`held_out`), so it needs a second to train on; whiflash-entropy's is per category."""
+    return 2 if method in ("whiflash-neural", "hvd") else 1
+
+
 def held_out(prompt_ids: list[str]) -> tuple[set[str], set[str]]:
     """(test, validation) prompts of a learned policy's calibration: every 8th prompt is held out for the
     metrics and the sweep, every 8th from the 5th stops training early (none under 5 prompts)."""

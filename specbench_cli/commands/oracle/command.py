@@ -32,7 +32,8 @@ from specbench_cli.datasets import dataset_slug
 from specbench_cli.models import checkpoint_ref
 from specbench_cli.commands.oracle.replay import Trace, replay_turn
 from specbench_cli.inputs import Plan, RunConfig
-from specbench_cli.planning import drafter_ref, loaded_target, plan
+from specbench_cli.loading import target_weights
+from specbench_cli.planning import drafter_ref, drafter_weights, loaded_target, plan
 from specbench_cli.registry import method_class
 from specbench_cli.run_folder import OneAtATime, RunFolder, RunInfo, Start, new_session, record
 from specbench_cli.engines.specbench import Runner
@@ -119,15 +120,22 @@ class OracleJob(OneAtATime):
         settings = {**self.checked.settings(), "method": "oracle", "drafters": self.config.drafters,
                     "opts": self.config.opts, "options": {n: options_record(o) for n, o in self.options.items()},
                     "cold_drafts": self.config.cold_drafts}
+        # the weights replayed: every drafter's and the target's (a moved hub repo is another oracle), recorded and
+        # checked on --resume as a run's are
+        self.weights = {name: weights for n, o in self.options.items() for name, weights in drafter_weights(
+            dataclasses.replace(self.checked, method_cls=method_class(n), options=o)).items()}
+        self.target_weights = target_weights(self.checked.spec)
         # replay measures no time: a resume on another machine or thread count makes the same records
-        return Start(settings, new_session(self.checked.device), kind="oracle", measured=())
+        return Start(settings, new_session(self.checked.device), kind="oracle", measured=(), weights=self.weights,
+                     target=self.target_weights)
 
     def prepare(self) -> dict:
         self.runner = Runner(self.checked, loaded_target(self.checked, self.given))  # baseline decoding: the traces
         self.longest = self.runner.check_lengths()
         self.drafters: dict[str, Method] = {n: method_class(n)(o, self.runner.model, self.checked.drafters)
                                             for n, o in self.options.items()}
-        return {"dtype_choice": self.checked.dtype_reason}
+        return {"dtype_choice": self.checked.dtype_reason, "drafter_weights": self.weights,
+                "target_weights": self.target_weights}
 
     @contextmanager
     def running(self, info: RunInfo, save: Callable[[], None]) -> Iterator[None]:

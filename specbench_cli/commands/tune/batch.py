@@ -40,7 +40,7 @@ from specbench_cli.core.target import TargetModel
 from specbench_cli.folders import is_complete
 from specbench_cli.inputs import Plan, RunConfig
 from specbench_cli.loading import load_model
-from specbench_cli.planning import drafter_ref, plan
+from specbench_cli.planning import drafter_ref, method_weights, plan
 from specbench_cli.records import read_table
 from specbench_cli.registry import method_class
 from specbench_cli.run_folder import record_run
@@ -99,7 +99,8 @@ def tune(config: TuneConfig, levels: list[int], console) -> budgets.TuneRecord:
                                rows[0]["measured_speedup"], rows[0]["paper_predicted_speedup"],
                                rows[0]["paper_measured_speedup"], str(out), command_line(),
                                dt.datetime.now().isoformat(timespec="seconds"),
-                               pd.concat(frames).to_dict("records"), load="batch_size", levels=rows, schedule=table)
+                               pd.concat(frames).to_dict("records"), load="batch_size", levels=rows, schedule=table,
+                               weights=method_weights(first, config.run))
     registered = budgets.write_record(record, out)
     console.print(_table(rows, f"tune {method} per batch size on {run.model} {machine}"))
     console.print(("vLLM's table (num_speculative_tokens_per_batch_size): " + str(table)) if table else

@@ -26,7 +26,7 @@ from specbench_cli.commands.interleave import record_plans
 from specbench_cli.loading import load_model
 from specbench_cli.commands.oracle import command as oracle_run
 from specbench_cli.commands.oracle.command import OracleConfig
-from specbench_cli.planning import plan
+from specbench_cli.planning import method_weights, plan
 from specbench_cli.records import read_table
 from specbench_cli.run_folder import record_run
 from specbench_cli.commands.train.train import command_line
@@ -89,7 +89,8 @@ def tune_one(config: TuneConfig, console) -> budgets.TuneRecord:
     live = {k: v.value for k, v in measured.items()}
     record = budgets.TuneRecord(run.model, method, machine, list(best.opts), best.speedup, live.get(best.candidate),
                         paper.speedup, live.get(paper.candidate), str(out), command_line(),
-                        dt.datetime.now().isoformat(timespec="seconds"), frame.to_dict("records"))
+                        dt.datetime.now().isoformat(timespec="seconds"), frame.to_dict("records"),
+                        weights=method_weights(base, run))
     registered = budgets.write_record(record, out, csv=False)
     console.print(f"chosen: {best.candidate} (predicted {best.speedup:.2f}×"
                   + (f", measured {measured[best.candidate].text()}×" if best.candidate in measured else "")

@@ -39,7 +39,7 @@ from specbench_cli.engines.vllm import Launch, VllmJob, Worker, launch
 from specbench_cli.core.errors import UsageError
 from specbench_cli.folders import is_complete
 from specbench_cli.inputs import Plan, RunConfig
-from specbench_cli.planning import plan
+from specbench_cli.planning import checkpoint_weights, plan
 from specbench_cli.records import RUN_TABLES, read_table
 from specbench_cli.run_folder import RunFolder, record
 from specbench_cli.commands.train.train import command_line
@@ -110,7 +110,8 @@ def tune(config, levels: list[int], console) -> budgets.TuneRecord:
             run.model, method, machine, list(cap.opts), None, level_rows[0]["measured_speedup"], None,
             level_rows[0]["paper_measured_speedup"], str(out), command_line(),
             dt.datetime.now().isoformat(timespec="seconds"), _candidates(members, levels, measured),
-            engine="vllm", load="concurrency", levels=level_rows, schedule=table)
+            engine="vllm", load="concurrency", levels=level_rows, schedule=table,
+            weights=checkpoint_weights(next(m for m in members if m.name != "baseline").plans[levels[0]]))
         registered = budgets.write_record(record_, out)
         console.print(_table(members, levels, measured, chosen, f"tune {method} in vLLM ({machine})"))
         console.print((f"chosen: num_speculative_tokens {cap.k}, num_speculative_tokens_per_batch_size {table}"

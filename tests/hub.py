@@ -36,7 +36,26 @@ from specbench_methods.layers import rope_settings
 # hidden / heads, since Llama's released config names no head_dim
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 64, 2, 1, 32, 128
 TARGET_LAYERS = 8  # EAGLE-3's default feature layers (1, L/2-1, L-4) are three distinct layers from 8 up
-DRAFT_VOCAB = 256  # EAGLE-3 and DART draft heads: a part of the target's vocabulary, as 32,000 of 151,936
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big the hub's checkpoints are: tiny (every test), or the releases' own shapes with random weights
+    (`released`: the GPU check's real-format stage, built on `device`)."""
+
+    released: bool = False
+    device: str = "cpu"
+
+    @property
+    def draft_vocab(self) -> int:  # EAGLE-3's and DART's draft heads: a part of the target's vocabulary
+        return 32000 if self.released else 256  # 32,000 of 151,936 in every release
+
+    @property
+    def dflash(self) -> tuple[int, int]:  # (layers, block): z-lab's Qwen3 releases, or tiny
+        return (5, 16) if self.released else (2, 8)
+
+
+TINY = Sizes()
 QWEN_VOCAB = 640  # Qwen3's embedding is padded past its tokenizer (151,936 rows for 151,669 tokens)
 BPE_SIZE = 480  # the stand-in tokenizer's learned vocabulary (bytes and merges), before the special tokens
 
@@ -155,16 +174,18 @@ def write_tokenizer(folder: Path, family: str, texts: list[str]) -> dict[str, in
 
 
 # ---------------------------------------------------------------------------------------------- targets
-def shrunk_config(target: Target, vocab: int, ids: dict[str, int]) -> dict:
-    """The released config.json with its sizes shrunk and its token ids the stand-in tokenizer's; every
-    other key (rope settings, max_position_embeddings, dtype, the transformers version it was saved by) kept."""
+def shrunk_config(target: Target, vocab: int, ids: dict[str, int], sizes: Sizes = TINY) -> dict:
+    """The released config.json with its sizes shrunk (unless `sizes.released`) and its token ids the stand-in
+    tokenizer's; every other key (rope settings, max_position_embeddings, dtype, the transformers version it was
+    saved by) kept."""
     config = json.loads((ARCHITECTURES / target.architecture / "config.json").read_text())
-    config.update(hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                  intermediate_size=INTERMEDIATE, num_hidden_layers=target.layers, vocab_size=vocab)
-    if "head_dim" in config or target.family == "qwen3":
-        config["head_dim"] = HEAD_DIM
-    if "max_window_layers" in config:
-        config["max_window_layers"] = target.layers
+    if not sizes.released:
+        config.update(hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                      intermediate_size=INTERMEDIATE, num_hidden_layers=target.layers, vocab_size=vocab)
+        if "head_dim" in config or target.family == "qwen3":
+            config["head_dim"] = HEAD_DIM
+        if "max_window_layers" in config:
+            config["max_window_layers"] = target.layers
     if target.family == "qwen3":
         config.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
     else:
@@ -184,19 +205,23 @@ def generation_config(target: Target, ids: dict[str, int]) -> dict:
             "eos_token_id": [ids["<|end_of_text|>"], ids["<|eom_id|>"], ids["<|eot_id|>"]]}
 
 
-def write_target(folder: Path, target: Target, texts: list[str], seed: int) -> torch.nn.Module:
+def write_target(folder: Path, target: Target, texts: list[str], seed: int, sizes: Sizes = TINY) -> torch.nn.Module:
     """The target's folder: weights by save_pretrained (sharded with an index where the release is), the
-    released config shrunk, generation_config.json, the stand-in tokenizer. Returns the model (float32)."""
+    released config (shrunk), generation_config.json, the stand-in tokenizer. Returns the model (tiny: float32;
+    released: bfloat16 on `sizes.device`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
 
     from specbench_cli.random_weights import draw
 
     ids = write_tokenizer(folder, target.family, texts)
     size = BPE_SIZE + len(ids)
-    config = shrunk_config(target, QWEN_VOCAB if target.family == "qwen3" else size, ids)
+    config = shrunk_config(target, QWEN_VOCAB if target.family == "qwen3" else size, ids, sizes)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32,
-                                             attn_implementation="sdpa")
+    dtype = torch.bfloat16 if sizes.released else torch.float32
+    with torch.device(sizes.device), no_init_weights():  # an 8 B model: drawn once, on the device
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=dtype,
+                                                 attn_implementation="sdpa")
     model.tie_weights()
     draw(model, seed, 0.02)
     with torch.no_grad():  # a peaked next-token distribution, as a trained model has, so greedy ties are rare
@@ -207,7 +232,7 @@ def write_target(folder: Path, target: Target, texts: list[str], seed: int) -> t
     model.to(torch.bfloat16).save_pretrained(folder, max_shard_size=shard)
     (folder / "config.json").write_text(json.dumps(released, indent=2))
     (folder / "generation_config.json").write_text(json.dumps(generation_config(target, ids), indent=2))
-    return model.float().eval()
+    return (model if sizes.released else model.float()).eval()
 
 
 def shard_names(folder: Path) -> list[str]:
@@ -215,8 +240,12 @@ def shard_names(folder: Path) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- drafters
-def eagle3_tensors(target: torch.nn.Module, seed: int, extra: str = "") -> tuple:
-    """A flat-layout EAGLE-3 (or, with extra="dart", DART) draft for `target` at DRAFT_VOCAB tokens, with a
+def head_dim(t) -> int:
+    return getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+
+
+def eagle3_tensors(target: torch.nn.Module, seed: int, extra: str = "", sizes: Sizes = TINY) -> tuple:
+    """A flat-layout EAGLE-3 (or, with extra="dart", DART) draft for `target` at `sizes.draft_vocab`, with a
     sorted vocabulary map (d2t) as the releases build it, its weights drawn from `seed`: (its Eagle3Config, the
     config.json our export writes, the tensors in bf16)."""
     from specbench_cli.random_weights import draw
@@ -225,18 +254,20 @@ def eagle3_tensors(target: torch.nn.Module, seed: int, extra: str = "") -> tuple
 
     t = target.config
     c = Eagle3Config(hidden=t.hidden_size, target_hidden=t.hidden_size, heads=t.num_attention_heads,
-                     kv_heads=t.num_key_value_heads, head_dim=HEAD_DIM, intermediate=t.intermediate_size,
+                     kv_heads=t.num_key_value_heads, head_dim=head_dim(t), intermediate=t.intermediate_size,
                      eps=t.rms_norm_eps, rope_theta=rope_settings(t.to_dict())[0],
-                     rope_scaling=None, draft_vocab=DRAFT_VOCAB, vocab=t.vocab_size,
+                     rope_scaling=None, draft_vocab=sizes.draft_vocab, vocab=t.vocab_size,
                      capture=default_capture(t.num_hidden_layers), norm_before_residual=False, qk_norm=False,
                      layer_prefix="midlayer.", own_embedding=False, mask_slots=4 if extra == "dart" else 0)
-    draft = (DartDraft if extra == "dart" else Eagle3Draft)(c, target.get_input_embeddings().weight.detach())
+    embedding = target.get_input_embeddings().weight.detach()
+    with torch.device(embedding.device):
+        draft = (DartDraft if extra == "dart" else Eagle3Draft)(c, embedding).to(embedding.dtype)
     draw(draft, seed, 0.02)
     generator = torch.Generator().manual_seed(seed)
-    kept = torch.randperm(t.vocab_size, generator=generator)[:DRAFT_VOCAB].sort().values
-    draft.d2t.copy_(kept - torch.arange(DRAFT_VOCAB))  # target id = draft id + d2t[draft id]
+    kept = torch.randperm(t.vocab_size, generator=generator)[:sizes.draft_vocab].sort().values
+    draft.d2t.copy_(kept - torch.arange(sizes.draft_vocab))  # target id = draft id + d2t[draft id]
     config, tensors = draft.export()
-    return c, config, {k: v.detach().clone().to(torch.bfloat16 if v.is_floating_point() else v.dtype)
+    return c, config, {k: v.detach().to("cpu", torch.bfloat16 if v.is_floating_point() else v.dtype).clone()
                        for k, v in tensors.items()}
 
 
@@ -257,12 +288,12 @@ def flat_eagle3_config(c, target: torch.nn.Module, rope: bool, architecture: str
 
 
 def write_flat_eagle3(folder: Path, target: torch.nn.Module, seed: int, rope: bool, bin: bool,
-                      architecture: str = "LlamaForCausalLMEagle3") -> None:
+                      architecture: str = "LlamaForCausalLMEagle3", sizes: Sizes = TINY) -> None:
     """`bin`: a torch.save of the flat state dict in pytorch_model.bin (AngelSlim's Qwen3-8B, yuhuili's), else
     model.safetensors (AngelSlim's Qwen3-4B, whose config names `Eagle3LlamaForCausalLM`)."""
     from safetensors.torch import save_file
 
-    c, _, tensors = eagle3_tensors(target, seed)
+    c, _, tensors = eagle3_tensors(target, seed, sizes=sizes)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(flat_eagle3_config(c, target, rope, architecture), indent=2))
     if bin:
@@ -299,7 +330,8 @@ def write_trie(folder: Path, tokenizer_folder: Path, texts: list[str]) -> None:
     (folder / "README.md").write_text("n-gram tries for DART (stand-in tokenizer)\n")
 
 
-def write_dflash(folder: Path, target: torch.nn.Module, seed: int, nested: bool = False, block: int = 8) -> None:
+def write_dflash(folder: Path, target: torch.nn.Module, seed: int, nested: bool = False, block: int | None = None,
+                 sizes: Sizes = TINY) -> None:
     """z-lab's layout: `block_size` at the top level (the registered releases, read so by z-lab's model.py at
     44947fb) or inside `dflash_config` (`nested`: the later Qwen3.5 releases)."""
     from safetensors.torch import save_file
@@ -308,11 +340,13 @@ def write_dflash(folder: Path, target: torch.nn.Module, seed: int, nested: bool 
     from specbench_methods.dflash import DFlashConfig, DFlashDraft, default_capture
 
     t = target.config
+    layers, block = sizes.dflash[0], block or sizes.dflash[1]
     c = DFlashConfig(hidden=t.hidden_size, heads=t.num_attention_heads, kv_heads=t.num_key_value_heads,
-                     head_dim=HEAD_DIM, intermediate=t.intermediate_size, layers=2, eps=t.rms_norm_eps,
+                     head_dim=head_dim(t), intermediate=t.intermediate_size, layers=layers, eps=t.rms_norm_eps,
                      rope_theta=rope_settings(t.to_dict())[0], rope_scaling=None,
                      capture=default_capture(t.num_hidden_layers), block_size=block, mask_token_id=t.vocab_size - 1)
-    draft = DFlashDraft(c, target)
+    with torch.device(target.device):
+        draft = DFlashDraft(c, target).to(target.dtype)
     draw(draft, seed, 0.02)
     config, tensors = draft.export(t.num_hidden_layers)
     config.update(auto_map={"AutoModel": "dflash.DFlashDraftModel"}, torch_dtype="bfloat16",
@@ -322,7 +356,7 @@ def write_dflash(folder: Path, target: torch.nn.Module, seed: int, nested: bool 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "dflash.py").write_text("# the release's remote code, which specbench never runs\n")
-    save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in tensors.items()},
+    save_file({k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in tensors.items()},
               str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -361,38 +395,66 @@ class Hub:
         return {"HF_HUB_CACHE": str(self.cache), "HF_HUB_OFFLINE": "1"}
 
 
-def write_hub(root: Path, engine_python: str | None = None) -> Hub:
-    """Every repo the registry names, in `root/hub` (HF_HUB_CACHE), built in `root/build` first."""
+def write_hub(root: Path, engine_python: str | None = None, only: set[str] | None = None,
+              sizes: Sizes = TINY) -> Hub:
+    """Every repo the registry names (or those in `only`, with the targets their drafters are built for), in
+    `root/hub` (HF_HUB_CACHE), built in `root/build` first."""
     build, cache = root / "build", root / "hub"
     texts = corpus()
+    wanted = (lambda repo: True) if only is None else only.__contains__
+    bases = {"Qwen/Qwen3-8B", "Qwen/Qwen3-4B", "meta-llama/Llama-3.1-8B-Instruct"}  # the drafters' targets
     models: dict[str, torch.nn.Module] = {}
     folders: dict[str, Path] = {}
     for i, target in enumerate(TARGETS):
-        folder = build / target.repo
-        folder.mkdir(parents=True)
-        models[target.repo] = write_target(folder, target, texts, seed=i)
-        folders[target.repo] = folder
-    qwen8, qwen4, llama8 = (models[r] for r in ("Qwen/Qwen3-8B", "Qwen/Qwen3-4B", "meta-llama/Llama-3.1-8B-Instruct"))
+        if wanted(target.repo) or (only is None and target.repo in bases):
+            folder = build / target.repo
+            folder.mkdir(parents=True)
+            models[target.repo] = write_target(folder, target, texts, seed=i, sizes=sizes)
+            folders[target.repo] = folder
+    qwen8, qwen4, llama8 = (models.get(r) for r in ("Qwen/Qwen3-8B", "Qwen/Qwen3-4B", "meta-llama/Llama-3.1-8B-Instruct"))
     drafters = {
-        "AngelSlim/Qwen3-8B_eagle3": lambda f: write_flat_eagle3(f, qwen8, 11, rope=True, bin=True),
-        "AngelSlim/Qwen3-4B_eagle3": lambda f: write_flat_eagle3(f, qwen4, 12, rope=True, bin=False,
+        "AngelSlim/Qwen3-8B_eagle3": lambda f: write_flat_eagle3(f, qwen8, 11, rope=True, bin=True, sizes=sizes),
+        "AngelSlim/Qwen3-4B_eagle3": lambda f: write_flat_eagle3(f, qwen4, 12, rope=True, bin=False, sizes=sizes,
                                                                  architecture="Eagle3LlamaForCausalLM"),
-        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": lambda f: write_flat_eagle3(f, llama8, 13, rope=False, bin=True),
-        "z-lab/Qwen3-8B-DFlash-b16": lambda f: write_dflash(f, qwen8, 14),
-        "z-lab/Qwen3-4B-DFlash-b16": lambda f: write_dflash(f, qwen4, 15),
+        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": lambda f: write_flat_eagle3(f, llama8, 13, rope=False, bin=True,
+                                                                           sizes=sizes),
+        "z-lab/Qwen3-8B-DFlash-b16": lambda f: write_dflash(f, qwen8, 14, sizes=sizes),
+        "z-lab/Qwen3-4B-DFlash-b16": lambda f: write_dflash(f, qwen4, 15, sizes=sizes),
         # block 10 (a third party's pin of this drafter says K=10; the config itself was not seen)
-        "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat": lambda f: write_dflash(f, llama8, 16, block=10),
+        "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat": lambda f: write_dflash(f, llama8, 16, block=10, sizes=sizes),
         "fvliang/qwen8b-dart": lambda f: write_dart(f, qwen8, 17),
         "fvliang/qwen4b-dart": lambda f: write_dart(f, qwen4, 18),
         "fvliang/dart-qwen3-ngram": lambda f: write_trie(f, folders["Qwen/Qwen3-8B"], texts),
     }
     for repo, write in drafters.items():
-        write(build / repo)
-        folders[repo] = build / repo
-    if engine_python:  # the speculators layout, where the engine's Python has speculators to write it
+        if wanted(repo):
+            write(build / repo)
+            folders[repo] = build / repo
+    if engine_python and wanted("RedHatAI/Qwen3-8B-speculator.eagle3"):  # written by speculators, where installed
         repo = "RedHatAI/Qwen3-8B-speculator.eagle3"
         write_speculators(build / repo, qwen8, folders["Qwen/Qwen3-8B"], engine_python)
         folders[repo] = build / repo
+    del models
     snapshots = {repo: lay(cache, repo, folder) for repo, folder in folders.items()}
     shutil.rmtree(build)
     return Hub(cache, snapshots)
+
+
+def main() -> None:
+    """`python -m tests.hub ROOT [--released] [--device cuda] [--only REPO ...]`: write the hub (the GPU check)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--released", action="store_true", help="the releases' own shapes, random weights")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--only", nargs="*", help="these repos (and nothing else)")
+    a = parser.parse_args()
+    hub = write_hub(a.root, only=set(a.only) if a.only else None, sizes=Sizes(a.released, a.device))
+    for repo, snapshot in hub.snapshots.items():
+        size = sum(p.stat().st_size for p in snapshot.rglob("*") if p.is_file()) / 2**30
+        print(f"{repo}: {snapshot} ({size:.2f} GiB)")
+
+
+if __name__ == "__main__":
+    main()

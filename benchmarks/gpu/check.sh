@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu/check.sh seeds       # call 1 on the GPU (carry .gpu/a): keep part a in $STASH, then the
 #                                            # seeds-sized stage (random weights need only the tokenizer)
 #   bash benchmarks/gpu/check.sh run         # call 2 (carry .gpu/b): assemble, install, run the embedded stages
+#   bash benchmarks/gpu/check.sh hub         # call 3 (carry .gpu/a): the user's path at 8 B shapes (below)
 #   DEVICE=cpu SMALL=1 bash benchmarks/gpu/check.sh seeds|run   # the CPU rehearsal (tiny sizes; `seeds` hides
 #                                            # the wheel as the GPU machine lacks it, `run` uses the .venv's)
 #
@@ -18,6 +19,12 @@
 #                  EAGLE-3 (9-chain) and DFlash (block 16) at WhiFlash Table 9's MT-Bench tau by synthetic acceptance
 #                  (a projection, labelled so), phases by CUDA events; the rounds' verify ms give compiled c(10), c(16)
 #   compiled       benchmarks/engine.py bf16 compiled on random:qwen3-8b, sizes 1 and 64 (last: a graph per size)
+#
+# The hub stage (`hub`, call 3): Qwen/Qwen3-8B, AngelSlim/Qwen3-8B_eagle3 and z-lab/Qwen3-8B-DFlash-b16 written at their
+# released shapes and in their released formats (sharded safetensors with an index, EAGLE-3's flat
+# pytorch_model.bin, DFlash's config), random weights drawn on the GPU (tests/hub.py --released), into a hub cache laid
+# out as huggingface_hub lays one; then `run --model qwen3-8b --method baseline,eagle3,dflash` from it offline, the
+# registered model by its hub ids as a user runs it, every greedy turn replayed (about 19 GB written, then removed)
 #
 # Stages of `run` (each under its own timeout, each writing to $OUT as it ends, most wanted first):
 #   syncs          benchmarks/gpu/sync_check.py bf16: every method's host reads of device values a round as the CPU
@@ -51,6 +58,7 @@ export COLUMNS=200 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=fa
 if [ "$SMALL" = 1 ]; then   # rehearsal sizes: every command runs, nothing is worth timing
   REPS=2 NEW=16 LIMIT=2 TOKENS=16 BATCHES=1,2 BLIMIT=2 SIZES=1,4 CSIZES=1 BUCKET=4 RUN_LIMIT=400 CONTEXTS=128
   SEEDS="qwen3-0.6b" SEED_LIMIT=300 PLIMIT=1 PROJECTION_LIMIT=1200 SEED_CSIZES=1 SEED_COMPILED_LIMIT=900
+  HUB_SIZES="" HUB_WRITE_LIMIT=300 HUB_RUN_LIMIT=600   # tiny checkpoints in the released formats
 else
   # sized from the H100 call (benchmarks/results/gpu/h100-check.json): eager forwards there are host-bound, so the
   # eager runs of 8 x 128 tokens left no time for the batches; half that now. From the H200 calls: a run process
@@ -60,6 +68,7 @@ else
   # the seeds stage: on the H200 a compiled graph of the 30-layer embedded model took about a minute to build
   # (benchmarks/results/readme/h200-check.json: the compiled decode did not finish in 200 s), an 8 B model has 32-36
   SEEDS="qwen3-8b llama3.1-8b" SEED_LIMIT=90 PLIMIT=4 PROJECTION_LIMIT=240 SEED_CSIZES=1,64 SEED_COMPILED_LIMIT=200
+  HUB_SIZES="--released" HUB_WRITE_LIMIT=300 HUB_RUN_LIMIT=240   # 16 GB of target and 3 GB of drafters written first
 fi
 
 log() { echo "== $(date +%T) $*"; }  # each stage is tee'd into $OUT/check.log
@@ -217,6 +226,19 @@ EOF
   tar czf "$OUT/batches.tgz" -C "$WORK" batches 2>/dev/null
 }
 
+stage_hub() {  # the registered model by its hub ids, from a hub cache of the released formats (no network)
+  local repos="Qwen/Qwen3-8B AngelSlim/Qwen3-8B_eagle3 z-lab/Qwen3-8B-DFlash-b16"
+  log "hub: $repos ${HUB_SIZES:-tiny} (random weights) into a hub cache, then run qwen3-8b from it"
+  rm -rf "$WORK/hub" "$WORK/hub-runs"
+  timeout "$HUB_WRITE_LIMIT" $PY -m tests.hub "$WORK/hub" $HUB_SIZES --device "$DEVICE" --only $repos 2>&1 \
+      | grep -v -e "Writing model" -e "^W11" | tail -5
+  HF_HUB_CACHE="$WORK/hub/hub" timeout "$HUB_RUN_LIMIT" $PY -m specbench_cli.cli run --model qwen3-8b \
+      --method baseline,eagle3,dflash --dataset spec-bench --limit $LIMIT --max-new-tokens $TOKENS --dtype bfloat16 \
+      --device "$DEVICE" --paper-budget --out "$WORK/hub-runs" 2>&1 | grep -v -e "Converting" -e "^W11" | tail -25
+  tar czf "$OUT/hub_runs.tgz" -C "$WORK" hub-runs 2>/dev/null
+  rm -rf "$WORK/hub"
+}
+
 case "${1:-}" in
   pack) pack ;;
   stash) stash ;;
@@ -228,6 +250,11 @@ case "${1:-}" in
       $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
     } 2>&1 | tee -a "$OUT/seeds.log"
     stage_seeds 2>&1 | tee -a "$OUT/seeds.log"
+    log "done" ;;
+  hub)
+    stash >/dev/null
+    setup_text
+    stage_hub 2>&1 | tee -a "$OUT/hub.log"
     log "done" ;;
   run)
     rm -rf "$WORK"/runs "$WORK"/report_* "$WORK"/batches "$WORK"/profile   # a rerun starts clean (run refuses a used folder)

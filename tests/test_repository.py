@@ -9,8 +9,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # tracked files, all together: under the device tool's 64 MiB per call with room to carry a build (the GPU plan
-# travels a branch without the drafters, ~14 MiB: benchmarks/gpu/README.md); formerly 60
-LIMIT = 61 * 2**20
+# travels a branch without the drafters, ~14 MiB: benchmarks/gpu/README.md); formerly 60, then 61 (the hub of the
+# released formats' tests and the GPU check's hub stage passed it by a few KB)
+LIMIT = 62 * 2**20
 DRAFTERS_LIMIT = 60_000_000  # the committed drafters
 
 

@@ -105,8 +105,11 @@ def decoded(hub, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_the_headline_command_runs_after_the_calibrate_it_asks_for(hub, tmp_path):
+def test_the_headline_command_runs_after_the_calibrate_it_asks_for(hub, tmp_path, monkeypatch):
     """`run --method whiflash-neural --model qwen3-8b` names a calibrate command; after it, the same run runs."""
+    from specbench_cli import models
+
+    monkeypatch.setattr(models, "PROJECT_DRAFTERS", tmp_path / "drafters")  # calibrations of its own
     for method in ("whiflash-neural", "hvd"):
         line = one_line_error("run", "--method", method, "--model", "qwen3-4b", *BUDGET, "--out", str(tmp_path / method))
         assert f"specbench calibrate --method {method} --model qwen3-4b" in line

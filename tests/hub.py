@@ -235,10 +235,6 @@ def write_target(folder: Path, target: Target, texts: list[str], seed: int, size
     return (model if sizes.released else model.float()).eval()
 
 
-def shard_names(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.glob("*.safetensors"))
-
-
 # ---------------------------------------------------------------------------------------------- drafters
 def head_dim(t) -> int:
     return getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
@@ -390,9 +386,6 @@ def write_speculators(folder: Path, target: torch.nn.Module, target_folder: Path
 class Hub:
     cache: Path  # HF_HUB_CACHE
     snapshots: dict[str, Path]  # repo id -> its snapshot folder
-
-    def env(self) -> dict[str, str]:
-        return {"HF_HUB_CACHE": str(self.cache), "HF_HUB_OFFLINE": "1"}
 
 
 def write_hub(root: Path, engine_python: str | None = None, only: set[str] | None = None,

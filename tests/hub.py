@@ -1,4 +1,5 @@
-"""A Hugging Face hub of the released formats, offline: every repo id the registry names, with tiny weights.
+"""A Hugging Face hub of the released formats, offline: every repo id the registry names, with tiny weights (or, for
+the GPU check's hub stage, random weights at the releases' own shapes: `Sizes`).
 
 `write_hub(root)` lays each repo into a hub cache exactly as `huggingface_hub` lays one
 (`models--ORG--NAME/{refs/main, snapshots/<commit>/<file> -> ../../blobs/<hash>, blobs/}`), so that with

@@ -86,10 +86,6 @@ REVISIONS: dict[str, str] = {
 }
 
 
-def pinned_revision(repo: str) -> str | None:
-    return REVISIONS.get(repo)
-
-
 def hub(repo: str) -> str:
     """A registered hub reference: the repo at its pinned commit, where one is pinned."""
     return f"{repo}@{REVISIONS[repo]}" if repo in REVISIONS else repo

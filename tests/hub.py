@@ -25,6 +25,8 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,9 +115,9 @@ TARGETS = [
 # ---------------------------------------------------------------------------------------------- the cache
 def commit_of(repo: str, files: dict[str, bytes]) -> str:
     """The snapshot's name: the registry's pinned revision of `repo`, else a hash of its files."""
-    from specbench_cli.models import pinned_revision
+    from specbench_cli.models import REVISIONS
 
-    pinned = pinned_revision(repo)
+    pinned = REVISIONS.get(repo)
     if pinned:
         return pinned
     digest = hashlib.sha1(repo.encode())
@@ -432,6 +434,25 @@ def write_hub(root: Path, engine_python: str | None = None, only: set[str] | Non
     snapshots = {repo: lay(cache, repo, folder) for repo, folder in folders.items()}
     shutil.rmtree(build)
     return Hub(cache, snapshots)
+
+
+@contextmanager
+def offline_hub(tmp_path_factory, engine_python: str | None = None) -> Iterator[Hub]:
+    """A hub written for a test module, read as this process's and its children's hub cache (huggingface_hub reads
+    HF_HUB_CACHE into a constant at its import, so both are set), with a specbench cache and drafters folder of its
+    own (calibrate writes into the latter)."""
+    import pytest
+    from huggingface_hub import constants
+
+    from specbench_cli import models
+
+    built = write_hub(tmp_path_factory.mktemp("hub"), engine_python)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HUB_CACHE", str(built.cache))
+        patch.setenv("HF_HUB_CACHE", str(built.cache))
+        patch.setenv("SPECBENCH_CACHE", str(tmp_path_factory.mktemp("cache")))
+        patch.setattr(models, "PROJECT_DRAFTERS", tmp_path_factory.mktemp("drafters"))
+        yield built
 
 
 def main() -> None:

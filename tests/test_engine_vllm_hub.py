@@ -9,11 +9,9 @@ import json
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
-
-from specbench_cli.cli import app
 from specbench_cli.models import REVISIONS
 from tests.conftest import THREADS
+from tests.test_hub_path import cli
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 BUDGET = ["--limit", "2", "--max-new-tokens", "12", "--threads", THREADS, "--engine-arg", "enforce_eager=true"]
@@ -21,21 +19,10 @@ BUDGET = ["--limit", "2", "--max-new-tokens", "12", "--threads", THREADS, "--eng
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, engine_python):
-    from huggingface_hub import constants
+    from tests.hub import offline_hub
 
-    from tests.hub import write_hub
-
-    built = write_hub(tmp_path_factory.mktemp("hub"), engine_python)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(constants, "HF_HUB_CACHE", str(built.cache))
-        patch.setenv("HF_HUB_CACHE", str(built.cache))
-        patch.setenv("SPECBENCH_CACHE", str(tmp_path_factory.mktemp("cache")))
+    with offline_hub(tmp_path_factory, engine_python) as built:
         yield built
-
-
-def cli(*args: str) -> None:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, result.output
 
 
 def lossless(folder) -> None:

@@ -43,17 +43,9 @@ def runnable(model: str) -> list[str]:
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     """The hub cache, and the project's drafters folder moved to a temporary one (calibrate writes there)."""
-    from huggingface_hub import constants
+    from tests.hub import offline_hub
 
-    from specbench_cli import models
-    from tests.hub import write_hub
-
-    built = write_hub(tmp_path_factory.mktemp("hub"), speculators_python())
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(constants, "HF_HUB_CACHE", str(built.cache))
-        patch.setenv("HF_HUB_CACHE", str(built.cache))
-        patch.setenv("SPECBENCH_CACHE", str(tmp_path_factory.mktemp("cache")))
-        patch.setattr(models, "PROJECT_DRAFTERS", tmp_path_factory.mktemp("drafters"))
+    with offline_hub(tmp_path_factory, speculators_python()) as built:
         yield built
 
 
@@ -288,11 +280,12 @@ def test_vllm_is_sized_for_the_run(hub, tmp_path):
                              out=tmp_path / "out"), {})
     on_gpu = dataclasses.replace(planned, device=torch.device("cuda"), engine=EnginePlan())
     both = share_the_device([on_gpu, on_gpu], [ENGINES["vllm"], ENGINES["vllm"]])
-    args = vllm.sized(both[0], 300)
+    config = vllm.target_config(planned)
+    args = vllm.sized(both[0], 300, config)
     assert args == {"max_model_len": 300 + vllm.DRAFT_ROOM, "gpu_memory_utilization": 0.45}
-    assert vllm.sized(dataclasses.replace(on_gpu, engine=EnginePlan(args={"max_model_len": 4096})), 300) == \
+    assert vllm.sized(dataclasses.replace(on_gpu, engine=EnginePlan(args={"max_model_len": 4096})), 300, config) == \
         {"gpu_memory_utilization": 0.9}
-    assert vllm.cpu_kv_gib(planned, 300) == 1
+    assert vllm.cpu_kv_gib(planned, 300, config) == 1
 
 
 # ---------------------------------------------------------------------------------------------- every shown command

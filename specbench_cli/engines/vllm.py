@@ -82,8 +82,9 @@ def launch(plan: Plan, env: dict[str, str], longest: int | None = None) -> Launc
     c = plan.config
     if longest is None:
         longest = longest_needed(plan, load_text(plan.spec))
-    args: dict = {"model": target_folder(plan), "dtype": dtype_name(plan.dtype),
-                  "seed": c.seed, **sized(plan, longest)}
+    folder = target_folder(plan)  # a hub target's snapshot, resolved and checked once for the whole launch
+    config = json.loads((Path(folder) / "config.json").read_text())
+    args: dict = {"model": folder, "dtype": dtype_name(plan.dtype), "seed": c.seed, **sized(plan, longest, config)}
     engine = plan.engine
     if engine.speculative_config is not None:
         args |= {"speculative_config": engine.speculative_config, "per_request_spec_decode_metrics": "detailed"}
@@ -93,7 +94,7 @@ def launch(plan: Plan, env: dict[str, str], longest: int | None = None) -> Launc
     threads = str(c.threads or torch.get_num_threads())
     defaults = {**ENV_DEFAULTS, "OMP_NUM_THREADS": threads}
     if plan.device.type == "cpu":
-        defaults["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_gib(plan, args.get("max_model_len", longest)))
+        defaults["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_gib(plan, args.get("max_model_len", longest), config))
     worker_env = {k: env.get(k, v) for k, v in defaults.items()}
     return Launch(engine.python, args, worker_env, engine.speculative_config)
 
@@ -105,12 +106,12 @@ DRAFT_ROOM = 64
 GPU_MEMORY_UTILIZATION = 0.9
 
 
-def sized(plan: Plan, longest: int) -> dict:
+def sized(plan: Plan, longest: int, config: dict) -> dict:
     """What the run needs of the engine's memory, unless --engine-arg sets it: `max_model_len` the longest prompt
     plus --max-new-tokens and a round's drafts (vLLM otherwise sizes for the model's whole context, 131,072
     positions for Llama-3.1, whose KV cache alone is 16 GiB for one sequence), and on a GPU the engine's share of
-    its memory when a list of methods runs one engine each beside the others."""
-    context = target_context(plan)
+    its memory when a list of methods runs one engine each beside the others. `config`: the target's config.json."""
+    context = config.get("max_position_embeddings")
     args = {"max_model_len": min(longest + DRAFT_ROOM, context) if context else longest + DRAFT_ROOM}
     if plan.device.type == "cuda":
         args["gpu_memory_utilization"] = round(GPU_MEMORY_UTILIZATION * plan.engine.share, 4)
@@ -121,14 +122,10 @@ def target_config(plan: Plan) -> dict:
     return json.loads((Path(target_folder(plan)) / "config.json").read_text())
 
 
-def target_context(plan: Plan) -> int | None:
-    return target_config(plan).get("max_position_embeddings")
-
-
-def cpu_kv_gib(plan: Plan, positions: int) -> int:
+def cpu_kv_gib(plan: Plan, positions: int, config: dict) -> int:
     """GiB of KV cache for vLLM's CPU engine (VLLM_CPU_KVCACHE_SPACE, which it reserves whole): the target's keys
-    and values for `positions` per request in flight, doubled for the drafter's and for vLLM's blocks, at least 1."""
-    config = target_config(plan)
+    and values (its config.json's sizes) for `positions` per request in flight, doubled for the drafter's and for
+    vLLM's blocks, at least 1."""
     heads = config.get("num_attention_heads", 1)
     head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
     per_token = 2 * config.get("num_hidden_layers", 1) * config.get("num_key_value_heads", heads) * head_dim
@@ -625,4 +622,4 @@ def open_engine(plan: Plan, spec: Launch, log: Path):
 
 
 def longest_needed(plan: Plan, text: LoadedModel) -> int:
-    return check_lengths(plan, text, target_context(plan))
+    return check_lengths(plan, text, target_config(plan).get("max_position_embeddings"))
